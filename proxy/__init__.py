@@ -1,0 +1,12 @@
+"""ddmq consume proxy: ordered, per-key consumption of Redis Streams for thin pull clients.
+
+The engine lives in small modules, one noun each:
+
+- ``broker``: Redis Streams access (read, produce, commit, dead letters, topic metadata)
+- ``ordering``: :class:`UpstreamJobBlockingQueue`, the per-order-key gate
+- ``pull_buffer``: :class:`PullBuffer`, ready jobs, long polls, in-flight, retries, timeouts
+- ``offsets``: :class:`OffsetTracker`, the committable prefix per queue
+- ``reader``: :class:`QueueReader`, one per queue, in order, backpressured
+- ``group``: the runtime of one consumer group (its topics, chains and readers)
+- ``service``: :class:`ProxyService`, the facade the Thrift (and later HTTP) adapters call
+"""

@@ -1,0 +1,66 @@
+"""The proxy's error tree, and the codes they carry on the wire (``PullException.code``).
+
+::
+
+    DdmqError
+    ├── RequestError              the client's request is wrong; fix the request
+    │   ├── UnknownGroupError     1001
+    │   ├── UnknownTopicError     1002
+    │   ├── BadRequestError       1003
+    │   └── NotSupportedError     1004
+    ├── UnavailableError          1005  shutting down or not ready; retry elsewhere/later
+    ├── BrokerError               1006  Redis failed; retriable
+    └── ConfigError                     a config file is invalid (never on the wire)
+
+Code 1500 on the wire means an unexpected internal error (logged with a traceback by the proxy).
+"""
+
+from __future__ import annotations
+
+INTERNAL_ERROR_CODE = 1500
+
+
+class DdmqError(Exception):
+    code: int = INTERNAL_ERROR_CODE
+    retriable: bool = False
+
+
+class RequestError(DdmqError):
+    code = 1003
+
+
+class UnknownGroupError(RequestError):
+    code = 1001
+
+
+class UnknownTopicError(RequestError):
+    code = 1002
+
+
+class BadRequestError(RequestError):
+    code = 1003
+
+
+class NotSupportedError(RequestError):
+    code = 1004
+
+
+class UnavailableError(DdmqError):
+    code = 1005
+    retriable = True
+
+
+class BrokerError(DdmqError):
+    code = 1006
+    retriable = True
+
+
+class ConfigError(DdmqError):
+    """A config file could not be loaded; the message names the file and the bad field's path."""
+
+
+ERRORS_BY_CODE: dict[int, type[DdmqError]] = {
+    cls.code: cls
+    for cls in (UnknownGroupError, UnknownTopicError, BadRequestError, NotSupportedError,
+                UnavailableError, BrokerError)
+}

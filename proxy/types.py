@@ -1,0 +1,55 @@
+"""Small value types shared by the engine, the adapters and the client."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class QueueId(NamedTuple):
+    """One queue of a topic: a single Redis stream, read in order by one proxy."""
+
+    topic: str
+    qid: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}#{self.qid}"
+
+
+class StoredMessage(NamedTuple):
+    """A message as read from a queue's stream."""
+
+    offset: int
+    value: bytes
+    key: str
+    tag: str
+    properties: dict[str, str]
+    produce_ms: int
+
+
+class QueueResult(NamedTuple):
+    """Ack/fail offsets a client reports for one (topic, qid); one node of DDMQ's ConsumeResult list.
+
+    ``qid`` stays the wire's string: the engine parses it and ignores (counts) what it cannot match.
+    """
+
+    group: str
+    topic: str
+    qid: str
+    success: list[int]
+    fail: list[int]
+
+
+class PullBatch(NamedTuple):
+    """What one pull answers: messages of a single queue (``queue`` is None when empty)."""
+
+    queue: QueueId | None
+    messages: list[StoredMessage]
+
+
+class ConsumeStatsRow(NamedTuple):
+    """Per queue of one (group, topic): next offset to consume vs next offset to be produced."""
+
+    group: str
+    topic: str
+    consume_offsets: dict[str, int]
+    produce_offsets: dict[str, int]
