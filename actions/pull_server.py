@@ -1,0 +1,16 @@
+"""``PullServer``: park the job in the group's PullBuffer for pull clients (Thrift, HTTP)."""
+
+from __future__ import annotations
+
+from ddmq.actions.base import ChainContext, Status, register
+from ddmq.proxy.job import UpstreamJob
+
+
+@register("PullServer")
+class PullServerAction:
+    def __init__(self, ctx: ChainContext) -> None:
+        self._buffer = ctx.buffer
+
+    async def act(self, job: UpstreamJob) -> Status:
+        self._buffer.add(job)
+        return Status.ASYNC

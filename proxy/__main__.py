@@ -1,0 +1,5 @@
+import sys
+
+from ddmq.proxy.cli import main
+
+sys.exit(main())

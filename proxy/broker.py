@@ -1,0 +1,119 @@
+"""Redis Streams access for the proxy: reading queues, offsets, dead letters, topic metadata.
+
+Every Redis error leaves this module as :class:`BrokerError` (see :func:`map_redis_errors`), so the
+engine deals with one retriable error type. Entry fields are the producer's (``ddmq.client.producer``):
+``v`` body, ``k`` key, ``t`` tag, ``p`` properties (JSON object), ``ts`` produce time in ms.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from ddmq.client import keys
+from ddmq.proxy.errors import BrokerError
+from ddmq.proxy.types import StoredMessage
+from redis.exceptions import RedisError
+
+_EMPTY_PROPERTIES: dict[str, str] = {}
+
+
+@contextmanager
+def map_redis_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise BrokerError(f"redis failed while {what}: {exc}") from exc
+
+
+def decode_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> StoredMessage:
+    raw_props = fields.get(b"p")
+    properties = json.loads(raw_props) if raw_props else _EMPTY_PROPERTIES
+    ts = fields.get(b"ts")
+    return StoredMessage(
+        offset=keys.offset_of(entry_id),
+        value=fields.get(b"v", b""),
+        key=fields.get(b"k", b"").decode("utf-8", "replace"),
+        tag=fields.get(b"t", b"").decode("utf-8", "replace"),
+        properties=properties,
+        produce_ms=int(ts) if ts else 0,
+    )
+
+
+class Broker:
+    """The proxy's view of Redis. ``redis`` must return bytes (``decode_responses=False``)."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+
+    async def topic_queues(self, topic: str) -> int | None:
+        with map_redis_errors(f"reading metadata of topic {topic}"):
+            raw = await self.redis.hget(keys.topic_meta(topic), "queues")
+        return int(raw) if raw is not None else None
+
+    async def read(self, topic: str, qid: int, after: int, count: int, block_ms: int) -> list[StoredMessage]:
+        """Up to ``count`` messages with offset > ``after``, waiting up to ``block_ms`` for the first."""
+        stream = keys.stream(topic, qid)
+        with map_redis_errors(f"reading {topic}#{qid}"):
+            reply: Any = await self.redis.xread({stream: keys.stream_id_after(after)}, count=count, block=block_ms)
+        if not reply:
+            return []
+        entries = reply[0][1]
+        return [decode_entry(entry_id, fields) for entry_id, fields in entries]
+
+    async def committed_offset(self, group: str, topic: str, qid: int) -> int | None:
+        with map_redis_errors(f"reading the offset of {group}/{topic}#{qid}"):
+            raw = await self.redis.get(keys.committed(group, topic, qid))
+        return int(raw) if raw is not None else None
+
+    async def next_produce_offset(self, topic: str, qid: int) -> int:
+        with map_redis_errors(f"reading the produce offset of {topic}#{qid}"):
+            raw = await self.redis.get(keys.sequence(topic, qid))
+        return int(raw) + 1 if raw is not None else 1
+
+    async def produce_offsets(self, topic: str, queues: int) -> list[int]:
+        """Next offset to be produced, per qid."""
+        with map_redis_errors(f"reading produce offsets of {topic}"):
+            raws = await self.redis.mget([keys.sequence(topic, qid) for qid in range(queues)])
+        return [int(raw) + 1 if raw is not None else 1 for raw in raws]
+
+    async def init_offset(self, group: str, topic: str, qid: int, offset: int) -> int:
+        """Store ``offset`` as the group's starting point unless one exists; returns the one in force."""
+        key = keys.committed(group, topic, qid)
+        with map_redis_errors(f"initialising the offset of {group}/{topic}#{qid}"):
+            await self.redis.set(key, offset, nx=True)
+            raw = await self.redis.get(key)
+        return int(raw) if raw is not None else offset
+
+    async def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Write committed offsets (next offset to consume) for several queues in one round trip."""
+        if not offsets:
+            return
+        with map_redis_errors(f"committing offsets of {group}/{topic}"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for qid, offset in offsets.items():
+                    pipe.set(keys.committed(group, topic, qid), offset)
+                await pipe.execute()
+
+    async def dead_letter(
+        self, group: str, topic: str, qid: int, message: StoredMessage, attempts: int, error: str
+    ) -> None:
+        fields: dict[str, Any] = {
+            "v": message.value,
+            "k": message.key,
+            "t": message.tag,
+            "ts": message.produce_ms,
+            "qid": qid,
+            "offset": message.offset,
+            "attempts": attempts,
+            "error": error[:1000],
+            "dead_ms": int(time.time() * 1000),
+        }
+        if message.properties:
+            fields["p"] = json.dumps(message.properties, separators=(",", ":"))
+        with map_redis_errors(f"dead-lettering {group}/{topic}#{qid}@{message.offset}"):
+            await self.redis.xadd(keys.dead_letters(group, topic), fields)

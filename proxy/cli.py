@@ -1,0 +1,71 @@
+"""``ddmq-proxy --config FILE``: run the consume proxy until SIGTERM/SIGINT, then stop gracefully."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from ddmq.config import load
+from ddmq.proxy.errors import ConfigError, DdmqError
+from ddmq.proxy.service import ProxyService
+
+log = logging.getLogger("ddmq.proxy")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddmq-proxy", description=__doc__)
+    parser.add_argument("--config", "-c", required=True, help="the proxy's YAML config file")
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO"
+    )
+    parser.add_argument("--check", action="store_true", help="validate the config file and exit")
+    return parser
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def serve(service: ProxyService) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    try:
+        await stop.wait()
+        log.info("stopping: no more reads; clients have %d ms to ack", service.config.shutdown_grace_ms)
+    finally:
+        await service.close()
+        log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        config = load(args.config)
+    except ConfigError as exc:
+        print(f"ddmq-proxy: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"{args.config}: ok ({len(config.groups)} groups, {len(config.topics)} topics)")
+        return 0
+    try:
+        asyncio.run(serve(ProxyService(config)))
+    except DdmqError as exc:
+        print(f"ddmq-proxy: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

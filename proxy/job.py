@@ -1,0 +1,73 @@
+"""UpstreamJob: one message travelling through its group's action chain."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from ddmq.proxy.types import QueueId, StoredMessage
+
+if TYPE_CHECKING:
+    from ddmq.proxy.group import TopicConsumer
+
+
+class JobState(IntEnum):
+    NEW = 0  # read, running the actions before Order
+    WAITING = 1  # behind an unfinished job with the same order key
+    RUNNABLE = 2  # head of its key, queued for the rest of the chain
+    READY = 3  # in the PullBuffer, waiting for a pull
+    IN_FLIGHT = 4  # handed to a client, waiting for ack/fail/timeout
+    RETRY_WAIT = 5  # failed, waiting for its retry interval
+    FINISHED = 6  # acked, filtered, or dead-lettered
+
+
+#: ``data`` of a job whose body is not valid JSON (set by the Json action).
+INVALID_JSON: Any = object()
+#: ``data`` of a job no Json action has parsed.
+NOT_PARSED: Any = object()
+
+
+class UpstreamJob:
+    """A message plus its progress: chain position, order key, attempts, successor in its key chain."""
+
+    __slots__ = (
+        "attempts",
+        "consumer",
+        "data",
+        "deadline",
+        "index",
+        "last_error",
+        "message",
+        "next",
+        "order_key",
+        "qid",
+        "state",
+    )
+
+    def __init__(self, consumer: TopicConsumer, qid: int, message: StoredMessage) -> None:
+        self.consumer = consumer
+        self.qid = qid
+        self.message = message
+        self.index = 0
+        self.state = JobState.NEW
+        self.data: Any = NOT_PARSED
+        self.order_key: Hashable | None = None
+        self.next: UpstreamJob | None = None
+        self.attempts = 0
+        self.deadline = 0.0
+        self.last_error = ""
+
+    @property
+    def offset(self) -> int:
+        return self.message.offset
+
+    @property
+    def queue(self) -> QueueId:
+        return QueueId(self.consumer.topic, self.qid)
+
+    def __repr__(self) -> str:
+        return (
+            f"UpstreamJob({self.consumer.group}/{self.consumer.topic}#{self.qid}@{self.offset}, "
+            f"key={self.order_key!r}, {self.state.name}, attempts={self.attempts})"
+        )

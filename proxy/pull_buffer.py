@@ -1,0 +1,335 @@
+"""PullBuffer: where a group's runnable jobs wait for pull clients.
+
+One buffer per consumer group holds:
+
+- *ready* jobs per queue, served round-robin across queues, a batch of one queue per pull;
+- *parked* long-poll requests, answered as soon as jobs are ready or empty at their linger time;
+- every unfinished job that entered the buffer, by (queue, offset), so acks and fails find it;
+- one timer task (not a handle per message) that redelivers pulled jobs not acked within
+  ``timeout_ms`` and makes failed jobs ready again after their retry interval.
+
+A failed attempt (client fail, or timeout) is retried after ``retry_intervals_ms``; after
+``max_retry`` retries the job is written to the group's dead-letter stream and then finished. A job
+stays the head of its order key through all of this, so its key's order holds.
+
+An ack finishes the job whatever state it is in (a late ack after a timeout still counts: the
+message was processed). Acks and fails for offsets the buffer does not hold are counted and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ddmq.proxy.errors import DdmqError
+from ddmq.proxy.job import JobState, UpstreamJob
+from ddmq.proxy.types import PullBatch, QueueId
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 0.02
+_EMPTY = PullBatch(None, [])
+
+
+@dataclass
+class BufferStats:
+    delivered: int = 0
+    acked: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    unknown_acks: int = 0
+    unknown_fails: int = 0
+    late_acks: int = 0
+
+
+@dataclass(eq=False)
+class _Waiter:
+    topic: str | None
+    max_batch: int
+    future: asyncio.Future[PullBatch] = field(repr=False)
+
+
+class PullBuffer:
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.stats = BufferStats()
+        self._ready: dict[QueueId, deque[UpstreamJob]] = {}
+        self._ready_order: deque[QueueId] = deque()  # queues with ready jobs, round-robin
+        self._ready_count = 0
+        self._jobs: dict[QueueId, dict[int, UpstreamJob]] = {}
+        self._waiters: deque[_Waiter] = deque()
+        self._wake_scheduled = False
+        self._deadlines: dict[int, deque[tuple[float, int, UpstreamJob]]] = {}
+        self._retries: list[tuple[float, int, UpstreamJob]] = []
+        self._seq = itertools.count()
+        self._timer: asyncio.Task[None] | None = None
+        self._dead_letter_tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._timer is not None:
+            raise RuntimeError("PullBuffer already started")
+        self._loop = asyncio.get_running_loop()
+        self._timer = asyncio.create_task(self._run_timers(), name=f"pull-buffer-timers:{self.group}")
+
+    async def close(self) -> None:
+        """Answer parked pulls (empty), stop timers, wait for dead-letter writes under way."""
+        self._closed = True
+        self._answer_all_empty()
+        if self._timer is not None:
+            self._timer.cancel()
+            await asyncio.gather(self._timer, return_exceptions=True)
+        if self._dead_letter_tasks:
+            await asyncio.gather(*self._dead_letter_tasks, return_exceptions=True)
+
+    def stop_serving(self) -> None:
+        """From now on pulls answer empty at once (shutdown); acks keep working."""
+        self._closed = True
+        self._answer_all_empty()
+
+    # jobs in -----------------------------------------------------------------------------------
+
+    def add(self, job: UpstreamJob) -> None:
+        """A runnable job reached the PullServer action."""
+        queue = job.queue
+        jobs = self._jobs.get(queue)
+        if jobs is None:
+            jobs = self._jobs[queue] = {}
+        jobs[job.offset] = job
+        self._make_ready(job)
+
+    def _make_ready(self, job: UpstreamJob) -> None:
+        job.state = JobState.READY
+        queue = job.queue
+        ready = self._ready.get(queue)
+        if ready is None:
+            ready = self._ready[queue] = deque()
+        if not ready:
+            self._ready_order.append(queue)
+        ready.append(job)
+        self._ready_count += 1
+        if self._waiters and not self._wake_scheduled:
+            # Deferred so a reader's whole batch lands before parked pulls are answered.
+            self._wake_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._wake_waiters)
+
+    # pulls -------------------------------------------------------------------------------------
+
+    async def pull(self, topic: str | None, max_batch: int, linger_ms: int) -> PullBatch:
+        if not self._closed:
+            batch = self._take(topic, max_batch)
+            if batch.messages or linger_ms <= 0:
+                return batch
+        if self._closed:
+            return _EMPTY
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(topic, max_batch, loop.create_future())
+        self._waiters.append(waiter)
+        expiry = loop.call_later(linger_ms / 1000, _resolve, waiter.future, _EMPTY)
+        try:
+            return await waiter.future
+        finally:
+            expiry.cancel()
+            if not waiter.future.done():
+                waiter.future.cancel()
+
+    def _wake_waiters(self) -> None:
+        self._wake_scheduled = False
+        waiters = self._waiters
+        unserved: deque[_Waiter] = deque()
+        while waiters and self._ready_count:
+            waiter = waiters.popleft()
+            if waiter.future.done():
+                continue
+            batch = self._take(waiter.topic, waiter.max_batch)
+            if batch.messages:
+                waiter.future.set_result(batch)
+            else:
+                unserved.append(waiter)
+        unserved.extend(w for w in waiters if not w.future.done())
+        self._waiters = unserved
+
+    def _answer_all_empty(self) -> None:
+        while self._waiters:
+            _resolve(self._waiters.popleft().future, _EMPTY)
+
+    def _take(self, topic: str | None, max_batch: int) -> PullBatch:
+        order = self._ready_order
+        for _ in range(len(order)):
+            queue = order.popleft()
+            if topic is not None and queue.topic != topic:
+                order.append(queue)
+                continue
+            ready = self._ready[queue]
+            batch: list[UpstreamJob] = []
+            while ready and len(batch) < max_batch:
+                job = ready.popleft()
+                self._ready_count -= 1
+                if job.state is JobState.READY:
+                    batch.append(job)
+            if ready:
+                order.append(queue)
+            if batch:
+                self._deliver(batch)
+                return PullBatch(queue, [job.message for job in batch])
+        return _EMPTY
+
+    def _deliver(self, batch: list[UpstreamJob]) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        timeout_ms = batch[0].consumer.config.timeout_ms
+        deadline = now + timeout_ms / 1000
+        deadlines = self._deadlines.get(timeout_ms)
+        if deadlines is None:
+            deadlines = self._deadlines[timeout_ms] = deque()
+        for job in batch:
+            job.state = JobState.IN_FLIGHT
+            job.attempts += 1
+            job.deadline = deadline
+            deadlines.append((deadline, job.attempts, job))
+        self.stats.delivered += len(batch)
+
+    # results -----------------------------------------------------------------------------------
+
+    def ack(self, queue: QueueId, offsets: Iterable[int]) -> None:
+        jobs = self._jobs.get(queue)
+        stats = self.stats
+        for offset in offsets:
+            job = jobs.get(offset) if jobs is not None else None
+            if job is None or job.state is JobState.FINISHED:
+                stats.unknown_acks += 1
+                log.debug("ignoring ack for unknown offset %s@%s of group %s", queue, offset, self.group)
+                continue
+            if job.state is not JobState.IN_FLIGHT:
+                stats.late_acks += 1
+            stats.acked += 1
+            self._finish(job)
+
+    def fail(self, queue: QueueId, offsets: Iterable[int], reason: str = "client reported failure") -> None:
+        jobs = self._jobs.get(queue)
+        for offset in offsets:
+            job = jobs.get(offset) if jobs is not None else None
+            if job is None or job.state is not JobState.IN_FLIGHT:
+                self.stats.unknown_fails += 1
+                log.debug("ignoring fail for offset %s@%s not in flight (group %s)", queue, offset, self.group)
+                continue
+            self.stats.failed += 1
+            self._failed_attempt(job, reason)
+
+    def _failed_attempt(self, job: UpstreamJob, reason: str) -> None:
+        job.last_error = reason
+        config = job.consumer.config
+        if job.attempts > config.max_retry:
+            self.dead_letter(job, reason)
+            return
+        job.state = JobState.RETRY_WAIT
+        assert self._loop is not None
+        due = self._loop.time() + config.retry_delay_ms(job.attempts) / 1000
+        heapq.heappush(self._retries, (due, next(self._seq), job))
+
+    def dead_letter(self, job: UpstreamJob, reason: str) -> None:
+        """Write ``job`` to the dead-letter stream, then finish it (its key's successor runs next)."""
+        job.last_error = reason
+        job.state = JobState.RETRY_WAIT  # neither ready nor in flight while the write is under way
+        task = asyncio.create_task(self._dead_letter(job), name=f"dead-letter:{job.queue}@{job.offset}")
+        self._dead_letter_tasks.add(task)
+        task.add_done_callback(self._dead_letter_tasks.discard)
+
+    async def _dead_letter(self, job: UpstreamJob) -> None:
+        delay = 0.1
+        while True:
+            if job.state is JobState.FINISHED:  # acked late while we were trying
+                return
+            try:
+                await job.consumer.dead_letter(job)
+                break
+            except DdmqError as exc:
+                # Not finishing keeps the offset uncommitted: nothing is lost if we never succeed.
+                log.warning("dead-letter write for %r failed (%s); retrying in %.1fs", job, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        if job.state is not JobState.FINISHED:
+            self.stats.dead_lettered += 1
+            log.info("dead-lettered %r after %d attempts: %s", job, job.attempts, job.last_error)
+            self._finish(job)
+
+    def _finish(self, job: UpstreamJob) -> None:
+        job.state = JobState.FINISHED
+        jobs = self._jobs.get(job.queue)
+        if jobs is not None:
+            jobs.pop(job.offset, None)
+        job.consumer.finish(job)
+
+    def drop_queue(self, queue: QueueId) -> list[UpstreamJob]:
+        """Forget every job of ``queue`` (the queue moved away); returns them."""
+        jobs = self._jobs.pop(queue, {})
+        for job in jobs.values():
+            job.state = JobState.FINISHED
+        ready = self._ready.pop(queue, None)
+        if ready:
+            self._ready_count -= len(ready)
+            try:
+                self._ready_order.remove(queue)
+            except ValueError:
+                pass
+        return list(jobs.values())
+
+    # timers ------------------------------------------------------------------------------------
+
+    async def _run_timers(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_TICK_S)
+            try:
+                self._expire(loop.time())
+            except Exception:  # a bug here must not stop redelivery forever
+                log.exception("pull buffer timer failed for group %s", self.group)
+
+    def _expire(self, now: float) -> None:
+        for deadlines in self._deadlines.values():
+            while deadlines and deadlines[0][0] <= now:
+                _, attempt, job = deadlines.popleft()
+                if job.state is JobState.IN_FLIGHT and job.attempts == attempt:
+                    self.stats.timed_out += 1
+                    self._failed_attempt(job, f"not acked within {job.consumer.config.timeout_ms} ms")
+        retries = self._retries
+        while retries and retries[0][0] <= now:
+            _, _, job = heapq.heappop(retries)
+            if job.state is JobState.RETRY_WAIT:
+                self.stats.retried += 1
+                self._make_ready(job)
+
+    # views -------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> int:
+        return self._ready_count
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for jobs in self._jobs.values() for j in jobs.values() if j.state is JobState.IN_FLIGHT)
+
+    @property
+    def held(self) -> int:
+        """Unfinished jobs in the buffer (ready, in flight, or waiting for a retry)."""
+        return sum(len(jobs) for jobs in self._jobs.values())
+
+    @property
+    def parked(self) -> int:
+        return sum(1 for w in self._waiters if not w.future.done())
+
+
+def _resolve(future: asyncio.Future[PullBatch], batch: PullBatch) -> None:
+    if not future.done():
+        future.set_result(batch)

@@ -1,0 +1,84 @@
+"""QueueReader: reads one queue strictly in offset order, as fast as its consumer has room."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ddmq.proxy.errors import BrokerError
+
+if TYPE_CHECKING:
+    from ddmq.proxy.group import TopicConsumer
+
+log = logging.getLogger(__name__)
+
+#: How long one stream read blocks when the queue is empty.
+READ_BLOCK_MS = 1000
+
+
+class TokenBucket:
+    """``rate`` tokens per second, bursts up to one second's worth; shared by a topic's readers."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.capacity = max(1.0, rate)
+        self._tokens = self.capacity
+        self._stamp = time.monotonic()
+
+    async def take(self, wanted: int) -> int:
+        """Wait for at least one token; take up to ``wanted``. Returns how many were taken."""
+        while True:
+            now = time.monotonic()
+            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            if self._tokens >= 1:
+                granted = min(wanted, int(self._tokens))
+                self._tokens -= granted
+                return granted
+            await asyncio.sleep((1 - self._tokens) / self.rate)
+
+
+class QueueReader:
+    def __init__(self, consumer: TopicConsumer, qid: int) -> None:
+        self.consumer = consumer
+        self.qid = qid
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("QueueReader already started")
+        name = f"reader:{self.consumer.group}/{self.consumer.topic}#{self.qid}"
+        self._task = asyncio.create_task(self._run(), name=name)
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        consumer = self.consumer
+        broker = consumer.broker
+        tracker = consumer.trackers[self.qid]
+        batch_size = consumer.config.read_batch_size
+        limiter = consumer.limiter
+        backoff = 0.1
+        while True:
+            room = await consumer.wait_for_room()
+            wanted = min(batch_size, room)
+            if limiter is not None:
+                wanted = await limiter.take(wanted)
+            try:
+                messages = await broker.read(
+                    consumer.topic, self.qid, tracker.next_offset - 1, wanted, READ_BLOCK_MS
+                )
+            except BrokerError as exc:
+                log.warning("%s#%s: %s; retrying in %.1fs", consumer.topic, self.qid, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            for message in messages:
+                await consumer.accept(self.qid, message)

@@ -1,0 +1,239 @@
+"""ProxyService: the consume proxy as one object with a start/close lifecycle.
+
+It owns the Redis connection (and the embedded redis-server when configured), one
+:class:`~ddmq.proxy.group.ConsumerGroup` per configured group, the offset committer and the server
+adapters. Adapters call :meth:`pull`, :meth:`submit` and :meth:`consume_stats` (the
+:class:`~ddmq.proxy.api.ConsumeService` surface) and nothing else.
+
+>>> async with ProxyService(load("proxy.yaml")) as service:
+...     await service.wait_closed()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from types import TracebackType
+
+import redis.asyncio as aioredis
+from ddmq.config.schema import ProxyConfig
+from ddmq.proxy.broker import Broker, map_redis_errors
+from ddmq.proxy.errors import BadRequestError, DdmqError, UnknownGroupError, UnknownTopicError
+from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
+from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult
+
+log = logging.getLogger(__name__)
+
+#: Long-poll wait when a client does not say (``maxLingerTime`` unset).
+DEFAULT_LINGER_MS = 1000
+
+
+class ProxyService:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.counters: Counter[str] = Counter()
+        self.groups: dict[str, ConsumerGroup] = {}
+        self.redis_url = config.redis
+        self.redis: aioredis.Redis | None = None
+        self.broker: Broker | None = None
+        self.thrift_port: int | None = None
+        self._embedded: EmbeddedRedis | None = None
+        self._thrift: ThriftServer | None = None
+        self._committer: asyncio.Task[None] | None = None
+        self._state = "new"
+        self._closed = asyncio.Event()
+
+    # lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._state != "new":
+            raise RuntimeError("ProxyService.start() called twice")
+        self._state = "starting"
+        try:
+            await self._start()
+        except BaseException:
+            await self._release()
+            raise
+        self._state = "running"
+
+    async def _start(self) -> None:
+        config = self.config
+        if config.embedded:
+            embedded = config.embedded_redis
+            self._embedded = EmbeddedRedis(embedded.data_dir, port=embedded.port, executable=embedded.executable)
+            await asyncio.to_thread(self._embedded.start)
+            self.redis_url = self._embedded.url
+            log.info("embedded redis-server at %s (data in %s)", self.redis_url, embedded.data_dir)
+        self.redis = aioredis.Redis.from_url(self.redis_url, decode_responses=False)
+        with map_redis_errors(f"connecting to {self.redis_url}"):
+            await self.redis.ping()
+        self.broker = Broker(self.redis)
+        for topic, topic_config in config.topics.items():
+            await ensure_topic(self.redis, topic, topic_config.queues)
+        self.groups = build_groups(config, self.broker)
+        for group in self.groups.values():
+            group.start()
+        self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
+        thrift = config.thrift
+        self._thrift = ThriftServer(self, thrift.host, thrift.port, thrift.max_frame_bytes, thrift.max_linger_ms)
+        await self._thrift.start()
+        self.thrift_port = self._thrift.port
+        log.info(
+            "ddmq-proxy %s ready: thrift %s:%d, redis %s, groups %s",
+            config.instance_id, thrift.host, self.thrift_port, self.redis_url, sorted(self.groups),
+        )
+
+    async def close(self) -> None:
+        """Graceful stop: stop reading, answer parked pulls, let clients ack for ``shutdown_grace_ms``,
+        flush offsets, stop the servers, and stop Redis if it is embedded."""
+        if self._state in ("closing", "closed"):
+            await self._closed.wait()
+            return
+        was_running = self._state == "running"
+        self._state = "closing"
+        try:
+            if was_running:
+                await asyncio.gather(*(g.stop_reading() for g in self.groups.values()))
+                await self._grace()
+                if self._committer is not None:
+                    self._committer.cancel()
+                    await asyncio.gather(self._committer, return_exceptions=True)
+                await self._flush_all()
+        finally:
+            await self._release()
+            self._state = "closed"
+            self._closed.set()
+
+    async def _grace(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_grace_ms / 1000
+        # Polling keeps the hot ack path free of shutdown bookkeeping; this runs once per process.
+        while loop.time() < deadline and any(g.buffer.in_flight for g in self.groups.values()):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+    async def _release(self) -> None:
+        if self._thrift is not None:
+            await self._thrift.close()
+        await asyncio.gather(*(g.close() for g in self.groups.values()), return_exceptions=True)
+        if self._committer is not None and not self._committer.done():
+            self._committer.cancel()
+            await asyncio.gather(self._committer, return_exceptions=True)
+        if self.redis is not None:
+            await self.redis.aclose()
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> ProxyService:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # offsets -----------------------------------------------------------------------------------
+
+    async def _commit_periodically(self) -> None:
+        interval = self.config.commit_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self._flush_all()
+
+    async def _flush_all(self) -> None:
+        for group in self.groups.values():
+            try:
+                await group.flush_offsets()
+            except DdmqError as exc:
+                log.warning("committing offsets of group %s failed: %s (retried next interval)", group.name, exc)
+
+    # the ConsumeService surface ----------------------------------------------------------------
+
+    def _group(self, name: str) -> ConsumerGroup:
+        group = self.groups.get(name)
+        if group is None:
+            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self.groups)}")
+        return group
+
+    async def pull(
+        self,
+        group: str,
+        topic: str | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+        results: list[QueueResult],
+    ) -> PullBatch:
+        consumer_group = self._group(group)
+        self._apply(results)
+        topic = topic or None
+        if topic is not None:
+            consumer = consumer_group.consumers.get(topic)
+            if consumer is None:
+                raise UnknownTopicError(f"group {group!r} does not consume topic {topic!r}")
+            cap = consumer.config.max_pull_batch_size
+        else:
+            cap = max(c.config.max_pull_batch_size for c in consumer_group.consumers.values())
+        if max_batch is not None and max_batch < 0:
+            raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
+        batch = min(max_batch, cap) if max_batch else cap
+        if linger_ms is None:
+            linger_ms = DEFAULT_LINGER_MS
+        if self._state != "running":
+            linger_ms = 0
+        return await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
+
+    async def submit(self, results: list[QueueResult]) -> None:
+        self._apply(results)
+
+    def _apply(self, results: list[QueueResult]) -> None:
+        for result in results:
+            group = self.groups.get(result.group)
+            consumer = group.consumers.get(result.topic) if group is not None else None
+            try:
+                qid = int(result.qid)
+            except ValueError:
+                qid = -1
+            if group is None or consumer is None or not 0 <= qid < max(consumer.queues, 1):
+                self.counters["unknown_results"] += len(result.success) + len(result.fail)
+                log.debug("ignoring results for unknown %s/%s#%s", result.group, result.topic, result.qid)
+                continue
+            queue = QueueId(result.topic, qid)
+            if result.success:
+                group.buffer.ack(queue, result.success)
+            if result.fail:
+                group.buffer.fail(queue, result.fail)
+
+    async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
+        consumer_group = self._group(group)
+        topic = topic or None
+        if topic is not None and topic not in consumer_group.consumers:
+            raise UnknownTopicError(f"group {group!r} does not consume topic {topic!r}")
+        rows = []
+        for consumer in consumer_group.consumers.values():
+            if topic is None or consumer.topic == topic:
+                rows.append(await self._stats_row(consumer))
+        return rows
+
+    async def _stats_row(self, consumer: TopicConsumer) -> ConsumeStatsRow:
+        assert self.broker is not None
+        produce = await self.broker.produce_offsets(consumer.topic, consumer.queues) if consumer.queues else []
+        consume = {}
+        for qid in range(consumer.queues):
+            tracker = consumer.trackers.get(qid)
+            if tracker is not None:
+                consume[str(qid)] = tracker.commit_point
+            else:
+                committed = await self.broker.committed_offset(consumer.group, consumer.topic, qid)
+                consume[str(qid)] = committed if committed is not None else 1
+        return ConsumeStatsRow(
+            consumer.group, consumer.topic, consume, {str(qid): off for qid, off in enumerate(produce)}
+        )
+
+
+from ddmq.client.producer import ensure_topic  # noqa: E402
+from ddmq.proxy.embedded import EmbeddedRedis  # noqa: E402
+from ddmq.proxy.thrift_server import ThriftServer  # noqa: E402
