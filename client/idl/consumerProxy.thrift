@@ -1,0 +1,127 @@
+/*
+ * ddmq consume proxy: the Thrift contract of ConsumerService.
+ *
+ * Wire: framed transport (4-byte big-endian length, then one message) and the compact protocol.
+ * Default port 9713. Field ids and types are those of DDMQ's consumer proxy, so DDMQ's own client
+ * SDKs (Java, Go, C++) talk to ddmq-proxy unchanged.
+ *
+ * PullException.code (see proxy/errors.py for the error classes behind each code):
+ *   1001  unknown group
+ *   1002  unknown topic
+ *   1003  bad request (e.g. a missing required field)
+ *   1004  not supported (fetch/ack until the proxy-cluster release)
+ *   1005  unavailable: the proxy is shutting down or not ready; retry elsewhere or later
+ *   1006  broker (Redis) error; retriable
+ *   1500  internal error (logged with a traceback by the proxy)
+ * fetch and ack declare no exception, so their errors reach the client as a TApplicationException
+ * whose message starts with the code.
+ *
+ * Evolution: new capabilities only add optional fields under new ids; an existing id never changes
+ * its type or meaning, and a removed field's id is never reused.
+ */
+
+namespace java com.ddmq.proxy.thrift
+namespace go ddmq.proxy.thrift
+
+struct Message {
+    1: string key;
+    2: binary value;
+    3: string tag;
+    4: i64 offset;
+    5: optional map<string, string> properties;
+}
+
+/* One queue of one topic, as a consumer group sees it; qid is the queue number as a string. */
+struct Context {
+    1: string groupId;
+    2: string topic;
+    3: string qid;
+}
+
+/* Acks and fails for one (topic, qid); a list of queues is linked through nextResult. */
+struct ConsumeResult {
+    1: Context context;
+    3: list<i64> successOffsets;
+    4: list<i64> failOffsets;
+    10: optional ConsumeResult nextResult;
+}
+
+struct PullRequest {
+    1: required string groupId;
+    2: optional string topic;
+    10: optional i32 maxBatchSize;
+    /* Milliseconds to wait for messages when none are ready. */
+    11: optional i32 maxLingerTime;
+    /* Results of earlier pulls, applied before this pull is served. */
+    50: optional ConsumeResult result;
+    60: optional string version;
+}
+
+/* Messages of the single (topic, qid) named by context; empty when none arrived in time. */
+struct PullResponse {
+    1: Context context;
+    2: list<Message> messages;
+}
+
+struct ConsumeStatsRequest {
+    1: required string group;
+    2: optional string topic;
+    3: optional string version;
+}
+
+/* Offsets keyed by qid (as a string). */
+struct ConsumeStats {
+    1: string group;
+    2: string topic;
+    3: map<string, i64> consumeOffsets;
+    4: map<string, i64> produceOffsets;
+}
+
+struct FetchRequest {
+    1: required string consumerId;
+    2: required string groupId;
+    3: required string cluster;
+    /* topic -> qid -> offset to read from */
+    4: optional map<string, map<string, i64>> fetchOffset;
+    10: optional i32 maxBatchSize;
+    11: optional i32 maxLingerTime;
+    60: optional string version;
+}
+
+struct QidResponse {
+    1: required string topic;
+    2: required string qid;
+    3: optional i64 nextRequestOffset;
+    10: required list<Message> messages;
+}
+
+struct FetchResponse {
+    1: optional i32 code;
+    10: required list<QidResponse> results;
+}
+
+struct AckResult {
+    1: required string consumerId;
+    2: required string groupId;
+    3: required string cluster;
+    /* topic -> qid -> offset */
+    4: required map<string, map<string, i64>> offsets;
+}
+
+exception PullException {
+    1: i32 code;
+    2: string message;
+}
+
+service ConsumerService {
+    PullResponse pull(1: PullRequest request) throws (1: PullException error);
+
+    bool submit(1: ConsumeResult result) throws (1: PullException error);
+
+    list<ConsumeStats> getConsumeStats(1: ConsumeStatsRequest request) throws (1: PullException error);
+
+    /* Low-level API: the client names per-(topic, qid) offsets; no ordering gates. */
+    FetchResponse fetch(1: FetchRequest request);
+
+    bool ack(1: AckResult result);
+}
