@@ -1,0 +1,607 @@
+"""The Thrift contract on the wire: the IDL's struct classes and a framed + compact codec.
+
+Both the proxy's server and the clients use this module, so they agree byte for byte::
+
+    frame   = length (4 bytes, big-endian, signed) + payload
+    payload = one Thrift message in the compact protocol (name, type, seqid, then one struct)
+
+Encoding uses thriftpy2's own ``TCompactProtocol``. Decoding uses a small reader of our own, because
+a payload comes from an untrusted peer: every declared string, container size and nesting level is
+checked against what the payload can actually hold, so a 20-byte frame can neither make us allocate
+gigabytes nor loop for billions of iterations. Whatever is wrong with a payload surfaces as one
+exception, :class:`FrameDecodeError`.
+
+>>> frame = encode("submit", TMessageType.CALL, 7, ConsumerService.submit_args(result=None))
+>>> frame_length(frame[:4]) == len(frame) - 4
+True
+>>> decode(frame[4:], lambda name, mtype: ConsumerService.submit_args()).seqid
+7
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import thriftpy2
+from thriftpy2.protocol.compact import TCompactProtocol
+from thriftpy2.thrift import TApplicationException, TException, TMessageType, TPayload, TType
+from thriftpy2.transport import TMemoryBuffer
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_PORT",
+    "FRAME_HEADER_BYTES",
+    "IDL_PATH",
+    "MAX_NESTING",
+    "AckResult",
+    "ConsumeResult",
+    "ConsumeStats",
+    "ConsumeStatsRequest",
+    "ConsumerService",
+    "Context",
+    "Envelope",
+    "FetchRequest",
+    "FetchResponse",
+    "FrameDecodeError",
+    "Message",
+    "PullException",
+    "PullRequest",
+    "PullResponse",
+    "QidResponse",
+    "TApplicationException",
+    "TMessageType",
+    "consumer_thrift",
+    "decode",
+    "encode",
+    "frame_length",
+    "iter_results",
+    "link_results",
+]
+
+IDL_PATH: Final = Path(__file__).resolve().parent / "idl" / "consumerProxy.thrift"
+DEFAULT_PORT: Final = 9713
+FRAME_HEADER_BYTES: Final = 4
+# Requests are small (a pull, a list of offsets); this bounds what one peer can make us buffer.
+DEFAULT_MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+# Structs and containers nested deeper than this are refused. The deepest legitimate shape is the
+# ConsumeResult list (one level per (topic, qid)); the limit keeps the recursive reader and thriftpy2's
+# recursive writer far from Python's recursion limit.
+MAX_NESTING: Final = 200
+
+_FRAME_HEADER: Final = struct.Struct("!i")
+_DOUBLE: Final = struct.Struct("<d")
+_MAX_SEQID: Final = 0xFFFFFFFF  # compact writes the i32 seqid as an unsigned varint
+
+# thriftpy2's compact writer and memory buffer carry no annotations; reach them through Any.
+_MemoryBuffer: Any = TMemoryBuffer
+_CompactWriter: Any = TCompactProtocol
+
+consumer_thrift: ModuleType = thriftpy2.load(str(IDL_PATH), module_name="consumerProxy_thrift")
+"""The IDL loaded as a module: structs, ``ConsumerService`` and its ``<method>_args/_result``."""
+
+ConsumerService: Any = consumer_thrift.ConsumerService
+
+
+if TYPE_CHECKING:
+    # Typed views of the classes thriftpy2 generates from the IDL (fields are None when unset).
+
+    class Message(TPayload):
+        key: str | None
+        value: bytes | None
+        tag: str | None
+        offset: int | None
+        properties: dict[str, str] | None
+
+        def __init__(
+            self,
+            key: str | None = None,
+            value: bytes | None = None,
+            tag: str | None = None,
+            offset: int | None = None,
+            properties: dict[str, str] | None = None,
+        ) -> None: ...
+
+    class Context(TPayload):
+        groupId: str | None
+        topic: str | None
+        qid: str | None
+
+        def __init__(self, groupId: str | None = None, topic: str | None = None, qid: str | None = None) -> None: ...
+
+    class ConsumeResult(TPayload):
+        context: Context | None
+        successOffsets: list[int] | None
+        failOffsets: list[int] | None
+        nextResult: ConsumeResult | None
+
+        def __init__(
+            self,
+            context: Context | None = None,
+            successOffsets: list[int] | None = None,
+            failOffsets: list[int] | None = None,
+            nextResult: ConsumeResult | None = None,
+        ) -> None: ...
+
+    class PullRequest(TPayload):
+        groupId: str | None
+        topic: str | None
+        maxBatchSize: int | None
+        maxLingerTime: int | None
+        result: ConsumeResult | None
+        version: str | None
+
+        def __init__(
+            self,
+            groupId: str | None = None,
+            topic: str | None = None,
+            maxBatchSize: int | None = None,
+            maxLingerTime: int | None = None,
+            result: ConsumeResult | None = None,
+            version: str | None = None,
+        ) -> None: ...
+
+    class PullResponse(TPayload):
+        context: Context | None
+        messages: list[Message] | None
+
+        def __init__(self, context: Context | None = None, messages: list[Message] | None = None) -> None: ...
+
+    class ConsumeStatsRequest(TPayload):
+        group: str | None
+        topic: str | None
+        version: str | None
+
+        def __init__(self, group: str | None = None, topic: str | None = None, version: str | None = None) -> None: ...
+
+    class ConsumeStats(TPayload):
+        group: str | None
+        topic: str | None
+        consumeOffsets: dict[str, int] | None
+        produceOffsets: dict[str, int] | None
+
+        def __init__(
+            self,
+            group: str | None = None,
+            topic: str | None = None,
+            consumeOffsets: dict[str, int] | None = None,
+            produceOffsets: dict[str, int] | None = None,
+        ) -> None: ...
+
+    class FetchRequest(TPayload):
+        consumerId: str | None
+        groupId: str | None
+        cluster: str | None
+        fetchOffset: dict[str, dict[str, int]] | None
+        maxBatchSize: int | None
+        maxLingerTime: int | None
+        version: str | None
+
+        def __init__(
+            self,
+            consumerId: str | None = None,
+            groupId: str | None = None,
+            cluster: str | None = None,
+            fetchOffset: dict[str, dict[str, int]] | None = None,
+            maxBatchSize: int | None = None,
+            maxLingerTime: int | None = None,
+            version: str | None = None,
+        ) -> None: ...
+
+    class QidResponse(TPayload):
+        topic: str | None
+        qid: str | None
+        nextRequestOffset: int | None
+        messages: list[Message] | None
+
+        def __init__(
+            self,
+            topic: str | None = None,
+            qid: str | None = None,
+            nextRequestOffset: int | None = None,
+            messages: list[Message] | None = None,
+        ) -> None: ...
+
+    class FetchResponse(TPayload):
+        code: int | None
+        results: list[QidResponse] | None
+
+        def __init__(self, code: int | None = None, results: list[QidResponse] | None = None) -> None: ...
+
+    class AckResult(TPayload):
+        consumerId: str | None
+        groupId: str | None
+        cluster: str | None
+        offsets: dict[str, dict[str, int]] | None
+
+        def __init__(
+            self,
+            consumerId: str | None = None,
+            groupId: str | None = None,
+            cluster: str | None = None,
+            offsets: dict[str, dict[str, int]] | None = None,
+        ) -> None: ...
+
+    class PullException(TException):
+        code: int | None
+        message: str | None
+
+        def __init__(self, code: int | None = None, message: str | None = None) -> None: ...
+
+else:
+    Message = consumer_thrift.Message
+    Context = consumer_thrift.Context
+    ConsumeResult = consumer_thrift.ConsumeResult
+    PullRequest = consumer_thrift.PullRequest
+    PullResponse = consumer_thrift.PullResponse
+    ConsumeStatsRequest = consumer_thrift.ConsumeStatsRequest
+    ConsumeStats = consumer_thrift.ConsumeStats
+    FetchRequest = consumer_thrift.FetchRequest
+    QidResponse = consumer_thrift.QidResponse
+    FetchResponse = consumer_thrift.FetchResponse
+    AckResult = consumer_thrift.AckResult
+    PullException = consumer_thrift.PullException
+
+
+class FrameDecodeError(ValueError):
+    """A frame payload is not one well-formed compact Thrift message of the expected shape."""
+
+
+class Envelope(NamedTuple):
+    """One decoded message. ``body`` is None when the caller had no struct for ``name`` (skipped)."""
+
+    name: str
+    type: int
+    seqid: int
+    body: TPayload | None
+
+
+def frame_length(header: bytes) -> int:
+    """The payload length a 4-byte frame header declares (may be negative or absurd: check it)."""
+    length: int = _FRAME_HEADER.unpack(header)[0]
+    return length
+
+
+def encode(name: str, mtype: int, seqid: int, body: TPayload) -> bytes:
+    """One complete frame (header + payload) carrying ``body`` as message ``name``."""
+    if not 0 <= seqid <= _MAX_SEQID:
+        raise ValueError(f"seqid {seqid} is outside the unsigned 32-bit range")
+    buffer = _MemoryBuffer()
+    protocol = _CompactWriter(buffer)
+    protocol.write_message_begin(name, mtype, seqid)
+    body.write(protocol)
+    protocol.write_message_end()
+    payload: bytes = buffer.getvalue()
+    return _FRAME_HEADER.pack(len(payload)) + payload
+
+
+def decode(payload: bytes, body_for: Callable[[str, int], TPayload | None]) -> Envelope:
+    """Decode one frame payload (without its length header).
+
+    ``body_for(name, message_type)`` returns an empty struct to fill, or None to skip the body (an
+    unknown method, say). The payload must hold exactly one message: trailing bytes are an error.
+    Raises :class:`FrameDecodeError` for anything malformed.
+    """
+    reader = _CompactReader(payload)
+    try:
+        name, mtype, seqid = reader.read_message_begin()
+        body = body_for(name, mtype)
+        if body is None:
+            reader.skip(_CompactType.STRUCT)
+        else:
+            reader.read_struct(body)
+        reader.expect_end()
+    except UnicodeDecodeError as exc:
+        raise FrameDecodeError(f"a string field is not valid UTF-8: {exc}") from exc
+    except RecursionError as exc:  # a guard behind MAX_NESTING, in case the caller's stack is deep
+        raise FrameDecodeError("payload nests too deeply") from exc
+    return Envelope(name, mtype, seqid, body)
+
+
+def iter_results(head: ConsumeResult | None) -> Iterator[ConsumeResult]:
+    """Walk a ``ConsumeResult`` list through ``nextResult`` (without recursion)."""
+    node = head
+    while node is not None:
+        yield node
+        node = node.nextResult
+
+
+def link_results(nodes: Iterable[ConsumeResult]) -> ConsumeResult | None:
+    """Chain ``nodes`` through ``nextResult`` in the given order; None for no nodes."""
+    head: ConsumeResult | None = None
+    for node in reversed(list(nodes)):
+        node.nextResult = head
+        head = node
+    return head
+
+
+class _CompactType:
+    """Type ids of the compact protocol (they differ from the TType numbers in ``thrift_spec``)."""
+
+    STOP = 0
+    TRUE = 1
+    FALSE = 2
+    BYTE = 3
+    I16 = 4
+    I32 = 5
+    I64 = 6
+    DOUBLE = 7
+    BINARY = 8
+    LIST = 9
+    SET = 10
+    MAP = 11
+    STRUCT = 12
+
+
+_COMPACT_OF_TTYPE: Final[dict[int, int]] = {
+    TType.BOOL: _CompactType.TRUE,
+    TType.BYTE: _CompactType.BYTE,
+    TType.I16: _CompactType.I16,
+    TType.I32: _CompactType.I32,
+    TType.I64: _CompactType.I64,
+    TType.DOUBLE: _CompactType.DOUBLE,
+    TType.STRING: _CompactType.BINARY,
+    TType.BINARY: _CompactType.BINARY,
+    TType.LIST: _CompactType.LIST,
+    TType.SET: _CompactType.SET,
+    TType.MAP: _CompactType.MAP,
+    TType.STRUCT: _CompactType.STRUCT,
+}
+_PROTOCOL_ID: Final = 0x82
+_VERSION: Final = 1
+_VARINT_MAX_BYTES: Final = 10  # enough for 64 bits
+
+
+def _same_type(ctype: int, ttype: int) -> bool:
+    """Whether a value of compact type ``ctype`` on the wire can fill a field declared ``ttype``."""
+    if ctype == _CompactType.FALSE:
+        ctype = _CompactType.TRUE
+    return _COMPACT_OF_TTYPE.get(ttype) == ctype
+
+
+def _split_spec(spec: Any) -> tuple[int, Any]:
+    """``thrift_spec`` writes an element type either as a bare TType or as ``(TType, sub_spec)``."""
+    if isinstance(spec, tuple):
+        return spec[0], spec[1]
+    return spec, None
+
+
+class _CompactReader:
+    """Reads one compact-protocol message from bytes, trusting no declared size."""
+
+    __slots__ = ("_data", "_depth", "_pos")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+        self._depth = 0
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def _remaining(self) -> int:
+        return len(self._data) - self._pos
+
+    def _byte(self) -> int:
+        pos = self._pos
+        if pos >= len(self._data):
+            raise FrameDecodeError(f"payload truncated at byte {pos}")
+        self._pos = pos + 1
+        return self._data[pos]
+
+    def _take(self, size: int) -> bytes:
+        end = self._pos + size
+        if end > len(self._data):
+            raise FrameDecodeError(f"payload truncated: {size} bytes declared at byte {self._pos}")
+        chunk = self._data[self._pos : end]
+        self._pos = end
+        return chunk
+
+    def _varint(self) -> int:
+        result = 0
+        for index in range(_VARINT_MAX_BYTES):
+            byte = self._byte()
+            result |= (byte & 0x7F) << (7 * index)
+            if not byte & 0x80:
+                return result
+        raise FrameDecodeError(f"varint longer than {_VARINT_MAX_BYTES} bytes")
+
+    def _zigzag(self) -> int:
+        value = self._varint()
+        return (value >> 1) ^ -(value & 1)
+
+    def _size(self, min_bytes_each: int) -> int:
+        """A declared size, refused when the rest of the payload cannot hold that many items."""
+        size = self._varint()
+        if size * min_bytes_each > self._remaining():
+            raise FrameDecodeError(f"declared size {size} exceeds the {self._remaining()} bytes left in the payload")
+        return size
+
+    def _enter(self) -> None:
+        self._depth += 1
+        if self._depth > MAX_NESTING:
+            raise FrameDecodeError(f"structs/containers nested deeper than {MAX_NESTING}")
+
+    def _leave(self) -> None:
+        self._depth -= 1
+
+    # -- message -------------------------------------------------------------------------------
+
+    def read_message_begin(self) -> tuple[str, int, int]:
+        protocol_id = self._byte()
+        if protocol_id != _PROTOCOL_ID:
+            raise FrameDecodeError(f"not a compact protocol message (first byte 0x{protocol_id:02x})")
+        version_type = self._byte()
+        version = version_type & 0x1F
+        if version != _VERSION:
+            raise FrameDecodeError(f"unsupported compact protocol version {version}")
+        mtype = version_type >> 5
+        if mtype not in (TMessageType.CALL, TMessageType.REPLY, TMessageType.EXCEPTION, TMessageType.ONEWAY):
+            raise FrameDecodeError(f"unknown message type {mtype}")
+        seqid = self._varint()
+        if seqid > _MAX_SEQID:
+            raise FrameDecodeError(f"seqid {seqid} does not fit 32 bits")
+        name = self._take(self._size(1)).decode("utf-8")
+        return name, mtype, seqid
+
+    def expect_end(self) -> None:
+        if self._remaining():
+            raise FrameDecodeError(f"{self._remaining()} trailing bytes after the message")
+
+    # -- structs -------------------------------------------------------------------------------
+
+    def _field_header(self, last_fid: int) -> tuple[int, int]:
+        """(compact type, field id); compact type STOP ends the struct."""
+        header = self._byte()
+        ctype = header & 0x0F
+        if ctype == _CompactType.STOP:
+            return ctype, 0
+        delta = header >> 4
+        fid = last_fid + delta if delta else self._zigzag()
+        return ctype, fid
+
+    def read_struct(self, obj: TPayload) -> None:
+        """Fill ``obj``'s fields from the payload; unknown or mistyped fields are skipped."""
+        self._enter()
+        spec = obj.thrift_spec
+        last_fid = 0
+        while True:
+            ctype, fid = self._field_header(last_fid)
+            if ctype == _CompactType.STOP:
+                break
+            last_fid = fid
+            field = spec.get(fid)
+            if field is None or not _same_type(ctype, field[0]):
+                self.skip(ctype)
+                continue
+            if ctype in (_CompactType.TRUE, _CompactType.FALSE):
+                value: Any = ctype == _CompactType.TRUE  # a bool field lives in its header
+            else:
+                value = self._read_value(field[0], field[2] if len(field) == 4 else None)
+            setattr(obj, field[1], value)
+        self._leave()
+
+    def _read_value(self, ttype: int, spec: Any) -> Any:
+        if ttype == TType.STRING:
+            return self._take(self._size(1)).decode("utf-8")
+        if ttype == TType.BINARY:
+            return self._take(self._size(1))
+        if ttype in (TType.I16, TType.I32, TType.I64):
+            return self._zigzag()
+        if ttype == TType.BYTE:
+            byte = self._byte()
+            return byte - 256 if byte > 127 else byte
+        if ttype == TType.BOOL:
+            return self._byte() == _CompactType.TRUE
+        if ttype == TType.DOUBLE:
+            return _DOUBLE.unpack(self._take(8))[0]
+        if ttype == TType.STRUCT:
+            obj = spec()
+            self.read_struct(obj)
+            return obj
+        if ttype in (TType.LIST, TType.SET):
+            return self._read_list(spec)
+        if ttype == TType.MAP:
+            return self._read_map(spec)
+        raise FrameDecodeError(f"cannot read thrift type {ttype}")
+
+    def _read_list(self, spec: Any) -> list[Any]:
+        elem_ttype, elem_spec = _split_spec(spec)
+        ctype, size = self._collection_header()
+        if size and not _same_type(ctype, elem_ttype):
+            raise FrameDecodeError(f"list elements have compact type {ctype}, expected thrift type {elem_ttype}")
+        self._enter()
+        items = []
+        for _ in range(size):
+            items.append(self._read_value(elem_ttype, elem_spec))
+        self._leave()
+        return items
+
+    def _read_map(self, spec: Any) -> dict[Any, Any]:
+        key_ttype, key_spec = _split_spec(spec[0])
+        value_ttype, value_spec = _split_spec(spec[1])
+        size, key_ctype, value_ctype = self._map_header()
+        if size and not (_same_type(key_ctype, key_ttype) and _same_type(value_ctype, value_ttype)):
+            raise FrameDecodeError(
+                f"map entries have compact types ({key_ctype}, {value_ctype}), "
+                f"expected thrift types ({key_ttype}, {value_ttype})"
+            )
+        self._enter()
+        result = {}
+        for _ in range(size):
+            key = self._read_value(key_ttype, key_spec)
+            result[key] = self._read_value(value_ttype, value_spec)
+        self._leave()
+        return result
+
+    def _collection_header(self) -> tuple[int, int]:
+        header = self._byte()
+        ctype = header & 0x0F
+        size = header >> 4
+        if size == 15:
+            size = self._size(1)
+        elif size > self._remaining():
+            raise FrameDecodeError(f"declared size {size} exceeds the payload")
+        if size and not _CompactType.TRUE <= ctype <= _CompactType.STRUCT:
+            # A STOP element type would take zero bytes each: a billion of them must not loop.
+            raise FrameDecodeError(f"invalid list element type {ctype}")
+        return ctype, size
+
+    def _map_header(self) -> tuple[int, int, int]:
+        size = self._size(2)
+        if not size:
+            return 0, _CompactType.STOP, _CompactType.STOP
+        types = self._byte()
+        key_ctype, value_ctype = types >> 4, types & 0x0F
+        for ctype in (key_ctype, value_ctype):
+            if not _CompactType.TRUE <= ctype <= _CompactType.STRUCT:
+                raise FrameDecodeError(f"invalid map key/value type {ctype}")
+        return size, key_ctype, value_ctype
+
+    # -- skipping ------------------------------------------------------------------------------
+
+    def skip(self, ctype: int) -> None:
+        """Consume one value of compact type ``ctype`` (a field's bool lives in its header)."""
+        if ctype in (_CompactType.TRUE, _CompactType.FALSE):
+            return
+        if ctype == _CompactType.BYTE:
+            self._byte()
+        elif ctype in (_CompactType.I16, _CompactType.I32, _CompactType.I64):
+            self._varint()
+        elif ctype == _CompactType.DOUBLE:
+            self._take(8)
+        elif ctype == _CompactType.BINARY:
+            self._take(self._size(1))
+        elif ctype == _CompactType.STRUCT:
+            self._enter()
+            last_fid = 0
+            while True:
+                field_ctype, last_fid = self._field_header(last_fid)
+                if field_ctype == _CompactType.STOP:
+                    break
+                self.skip(field_ctype)
+            self._leave()
+        elif ctype in (_CompactType.LIST, _CompactType.SET):
+            elem_ctype, size = self._collection_header()
+            self._enter()
+            for _ in range(size):
+                self._skip_element(elem_ctype)
+            self._leave()
+        elif ctype == _CompactType.MAP:
+            size, key_ctype, value_ctype = self._map_header()
+            self._enter()
+            for _ in range(size):
+                self._skip_element(key_ctype)
+                self._skip_element(value_ctype)
+            self._leave()
+        else:
+            raise FrameDecodeError(f"invalid compact type {ctype}")
+
+    def _skip_element(self, ctype: int) -> None:
+        # Inside containers a bool takes one byte of its own.
+        if ctype in (_CompactType.TRUE, _CompactType.FALSE):
+            self._byte()
+        else:
+            self.skip(ctype)
