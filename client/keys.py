@@ -65,6 +65,11 @@ def stream_id(offset: int) -> str:
     return f"0-{offset}"
 
 
+def stream_id_after(offset: int) -> str:
+    """The id to pass to XREAD to read entries with an offset greater than ``offset``."""
+    return f"0-{offset}" if offset > 0 else "0-0"
+
+
 def offset_of(entry_id: bytes | str) -> int:
     """Inverse of :func:`stream_id`."""
     if isinstance(entry_id, bytes):

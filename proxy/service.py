@@ -17,6 +17,7 @@ from collections import Counter
 from types import TracebackType
 
 import redis.asyncio as aioredis
+
 from ddmq.config.schema import ProxyConfig
 from ddmq.proxy.broker import Broker, map_redis_errors
 from ddmq.proxy.errors import BadRequestError, DdmqError, UnknownGroupError, UnknownTopicError

@@ -1,0 +1,108 @@
+"""Config loading: examples load, and every kind of broken file fails naming the bad field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddmq.actions import registered_names
+from ddmq.config import load, parse
+from ddmq.config.schema import ACTION_NAMES
+from ddmq.proxy.errors import ConfigError
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "config" / "examples").glob("*.yaml"))
+
+ISSUE_SHAPE = """
+instance_id: proxy-1
+redis: redis://127.0.0.1:6379/0        # or: embedded
+thrift: {host: 127.0.0.1, port: 9713}
+http: {host: 127.0.0.1, port: 0}       # 0 = off until the HTTP issue
+topics:
+  rides: {queues: 8}
+groups:
+  cg_rides:
+    rides:
+      actions: [Json, Order, PullServer]
+      order_key: "$.rider_id"
+      timeout_ms: 5000
+      max_retry: 3
+"""
+
+
+def test_action_names_match_the_registry() -> None:
+    assert registered_names() == ACTION_NAMES
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_load(path: Path) -> None:
+    config = load(path)
+    assert config.groups
+
+
+def test_the_documented_shape_loads_with_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "proxy.yaml"
+    path.write_text(ISSUE_SHAPE)
+    config = load(path)
+    rides = config.groups["cg_rides"]["rides"]
+    assert (rides.order_key, rides.timeout_ms, rides.max_retry) == ("$.rider_id", 5000, 3)
+    assert rides.concurrency == 1000 and config.topics["rides"].queues == 8
+    assert rides.retry_delay_ms(1) == 100 and rides.retry_delay_ms(9) == 5000
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("groups: {g: {t: {timeout_ms: soon}}}", "groups.g.t.timeout_ms"),
+        ("groups: {g: {t: {actions: [Json, Groovy, PullServer]}}}", "unknown action(s) ['Groovy']"),
+        ("groups: {g: {t: {actions: [PullServer, Json]}}}", "must end with PullServer"),
+        ("groups: {g: {t: {order_key: '$.a', actions: [Order, PullServer]}}}", "needs the Json action"),
+        ("groups: {g: {t: {order_key: '$[[['}}}", "invalid JSONPath"),
+        ("groups: {g: {t: {order_key: rider}}}", "groups.g.t.order_key"),
+        ("groups: {g: {t: {timeout: 5}}}", "groups.g.t.timeout: Extra inputs are not permitted"),
+        ("topics: {rides: {queues: 0}}", "topics.rides.queues"),
+        ("redis: localhost:6379", "redis: Value error"),
+        ("groups: {'bad name': {}}", "invalid topic or group name"),
+        ("thrift: {port: 70000}", "thrift.port"),
+        ("- just\n- a list", "top level must be a mapping"),
+        ("groups: {g: [unclosed", "not valid YAML"),
+    ],
+)
+def test_broken_files_name_the_problem(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert expected in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "nope.yaml")
+
+
+def test_empty_file_gives_defaults() -> None:
+    config = parse(None)
+    assert config.redis == "embedded" and config.thrift.port == 9713
+
+
+def test_proxy_refuses_a_broken_file_at_start_up(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("groups: {g: {t: {max_retry: -1}}}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddmq.proxy", "--config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "groups.g.t.max_retry" in proc.stderr
+
+
+def test_check_flag_validates_without_starting() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddmq.proxy", "--config", str(EXAMPLES[0]), "--check"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ok" in proc.stdout

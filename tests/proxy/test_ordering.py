@@ -1,0 +1,153 @@
+"""UpstreamJobBlockingQueue: only a key's head runs; successors are reactivated first; keys never wait on each other."""
+
+from __future__ import annotations
+
+import random
+
+import redis.asyncio as aioredis
+
+from ddmq.config.schema import TopicGroupConfig
+from ddmq.proxy.broker import Broker
+from ddmq.proxy.group import TopicConsumer
+from ddmq.proxy.job import JobState, UpstreamJob
+from ddmq.proxy.ordering import UpstreamJobBlockingQueue
+from ddmq.proxy.pull_buffer import PullBuffer
+from ddmq.proxy.types import StoredMessage
+
+
+def make_consumer() -> TopicConsumer:
+    # Built but never started: the queue only needs jobs that know their consumer.
+    return TopicConsumer("g", "t", TopicGroupConfig(), Broker(aioredis.Redis()), PullBuffer("g"))
+
+
+def make_job(consumer: TopicConsumer, offset: int, key: object) -> UpstreamJob:
+    job = UpstreamJob(consumer, 0, StoredMessage(offset, b"", "", "", {}, 0))
+    job.order_key = key  # type: ignore[assignment]
+    return job
+
+
+def drain(queue: UpstreamJobBlockingQueue) -> list[UpstreamJob]:
+    out = []
+    while (job := queue.pop()) is not None:
+        out.append(job)
+    return out
+
+
+async def test_only_the_head_of_a_key_is_runnable() -> None:
+    consumer = make_consumer()
+    queue = UpstreamJobBlockingQueue()
+    jobs = [make_job(consumer, i, "k") for i in range(1, 4)]
+    assert [queue.put(j) for j in jobs] == [True, False, False]
+    assert drain(queue) == [jobs[0]]
+    assert jobs[1].state is JobState.WAITING
+    assert queue.chain_length("k") == 3
+    assert queue.release(jobs[0]) is jobs[1]
+    assert drain(queue) == [jobs[1]]
+    queue.release(jobs[1])
+    assert drain(queue) == [jobs[2]]
+    queue.release(jobs[2])
+    assert queue.active_keys == 0 and queue.chain_length("k") == 0
+
+
+async def test_reactivated_jobs_are_served_before_the_main_queue() -> None:
+    consumer = make_consumer()
+    queue = UpstreamJobBlockingQueue()
+    a1, a2 = make_job(consumer, 1, "a"), make_job(consumer, 2, "a")
+    queue.put(a1)
+    queue.put(a2)
+    assert drain(queue) == [a1]
+    fresh = [make_job(consumer, 10 + i, f"k{i}") for i in range(3)]
+    for job in fresh:
+        queue.put(job)
+    queue.release(a1)
+    assert drain(queue) == [a2, *fresh]
+
+
+async def test_a_stalled_key_does_not_hold_back_other_keys() -> None:
+    consumer = make_consumer()
+    queue = UpstreamJobBlockingQueue()
+    jobs = [make_job(consumer, i, "stuck" if i % 10 == 0 else f"k{i % 7}") for i in range(1, 1001)]
+    for job in jobs:
+        queue.put(job)
+    delivered: list[UpstreamJob] = []
+    while True:
+        runnable = drain(queue)
+        if not runnable:
+            break
+        for job in runnable:
+            delivered.append(job)
+            if job.order_key != "stuck":
+                queue.release(job)  # every key but "stuck" finishes its head
+    others = [j for j in jobs if j.order_key != "stuck"]
+    assert sorted(j.offset for j in delivered if j.order_key != "stuck") == [j.offset for j in others]
+    assert [j.order_key for j in delivered].count("stuck") == 1
+    assert queue.chain_length("stuck") == 100
+
+
+async def test_keys_are_exact_not_hashed() -> None:
+    consumer = make_consumer()
+    queue = UpstreamJobBlockingQueue()
+    assert hash(-1) == hash(-2)  # CPython: a real collision
+    first, second = make_job(consumer, 1, -1), make_job(consumer, 2, -2)
+    assert queue.put(first) and queue.put(second)
+    assert drain(queue) == [first, second]
+
+
+async def test_jobs_without_a_key_are_always_runnable() -> None:
+    consumer = make_consumer()
+    queue = UpstreamJobBlockingQueue()
+    jobs = [make_job(consumer, i, None) for i in range(5)]
+    assert all(queue.put(j) for j in jobs)
+    assert drain(queue) == jobs
+    assert queue.release(jobs[0]) is None
+
+
+async def test_random_interleaving_keeps_per_key_order_and_one_running_job_per_key() -> None:
+    rng = random.Random(7)
+    consumer = make_consumer()
+    queue = UpstreamJobBlockingQueue()
+    keys = [f"k{i}" for i in range(20)] + [None]
+    produced: dict[object, list[int]] = {}
+    running: dict[object, UpstreamJob] = {}
+    unkeyed_running: list[UpstreamJob] = []
+    served: dict[object, list[int]] = {}
+    offset = 0
+    for _ in range(5000):
+        action = rng.random()
+        if action < 0.5:
+            offset += 1
+            key = rng.choice(keys)
+            produced.setdefault(key, []).append(offset)
+            queue.put(make_job(consumer, offset, key))
+        elif action < 0.8:
+            job = queue.pop()
+            if job is not None:
+                served.setdefault(job.order_key, []).append(job.offset)
+                if job.order_key is None:
+                    unkeyed_running.append(job)
+                else:
+                    assert job.order_key not in running, "two jobs of one key ran at once"
+                    running[job.order_key] = job
+        else:
+            if running and rng.random() < 0.8:
+                key = rng.choice(list(running))
+                queue.release(running.pop(key))
+            elif unkeyed_running:
+                queue.release(unkeyed_running.pop())
+    # finish everything left
+    while True:
+        for job in list(running.values()):
+            queue.release(job)
+        running.clear()
+        job = queue.pop()
+        if job is None:
+            break
+        served.setdefault(job.order_key, []).append(job.offset)
+        if job.order_key is not None:
+            running[job.order_key] = job
+        while (more := queue.pop()) is not None:
+            served.setdefault(more.order_key, []).append(more.offset)
+            if more.order_key is not None:
+                assert more.order_key not in running
+                running[more.order_key] = more
+    assert served == produced

@@ -1,0 +1,221 @@
+"""PullBuffer, offsets and the service surface against a real Redis: ack, retry schedule, timeout
+redelivery, dead letters, long polls, unknown acks, commit points and restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from ddmq.client import keys
+from ddmq.client.producer import AsyncProducer
+from ddmq.proxy.errors import UnknownGroupError, UnknownTopicError
+from ddmq.proxy.service import ProxyService
+from ddmq.proxy.types import PullBatch, QueueResult
+
+from .conftest import running_proxy
+
+
+def ack(batch: PullBatch) -> list[QueueResult]:
+    assert batch.queue is not None
+    return [QueueResult("g", batch.queue.topic, str(batch.queue.qid), [m.offset for m in batch.messages], [])]
+
+
+def fail(batch: PullBatch) -> list[QueueResult]:
+    assert batch.queue is not None
+    return [QueueResult("g", batch.queue.topic, str(batch.queue.qid), [], [m.offset for m in batch.messages])]
+
+
+async def produce(redis_url: str, messages: list[tuple[str | None, str]], qid: int | None = None) -> None:
+    producer = AsyncProducer(redis_url)
+    try:
+        for key, value in messages:
+            await producer.send("t", value, key=key, qid=qid)
+    finally:
+        await producer.close()
+
+
+async def pull(service: ProxyService, linger_ms: int = 2000, results: list[QueueResult] | None = None,
+               max_batch: int | None = None) -> PullBatch:
+    return await service.pull("g", "t", max_batch, linger_ms, results or [])
+
+
+async def test_one_key_is_delivered_one_at_a_time_in_order(redis_url: str) -> None:
+    async with running_proxy(redis_url, {"order_key": "KEY"}) as service:
+        await produce(redis_url, [("k", f"m{i}") for i in range(10)])
+        seen = []
+        results: list[QueueResult] = []
+        for _ in range(10):
+            batch = await pull(service, results=results)
+            assert len(batch.messages) == 1, "only the head of a key may be out"
+            seen.append(batch.messages[0].value)
+            results = ack(batch)
+        await service.submit(results)
+        assert seen == [f"m{i}".encode() for i in range(10)]
+        assert (await pull(service, linger_ms=0)).messages == []
+
+
+async def test_fail_retries_on_schedule_then_dead_letters_and_releases_the_successor(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    config = {"order_key": "KEY", "max_retry": 2, "retry_intervals_ms": [300, 600]}
+    async with running_proxy(redis_url, config) as service:
+        await produce(redis_url, [("k", "poison"), ("k", "next")])
+        first = await pull(service)
+        assert [m.value for m in first.messages] == [b"poison"]
+        gaps = []
+        batch = first
+        for _ in range(2):
+            failed_at = time.monotonic()
+            batch = await pull(service, results=fail(batch))
+            gaps.append(time.monotonic() - failed_at)
+            assert [m.value for m in batch.messages] == [b"poison"], "the successor must wait"
+        assert gaps[0] >= 0.25 and gaps[1] >= 0.55, f"retried before its interval: {gaps}"
+        after_dead = await pull(service, results=fail(batch))
+        assert [m.value for m in after_dead.messages] == [b"next"]
+        dead = await redis_client.xrange(keys.dead_letters("g", "t"))
+        assert len(dead) == 1
+        fields = dead[0][1]
+        assert fields[b"v"] == b"poison" and fields[b"attempts"] == b"3"
+        assert b"client reported failure" in fields[b"error"]
+        assert service.groups["g"].buffer.stats.dead_lettered == 1
+
+
+async def test_unacked_message_is_redelivered_after_timeout_and_late_ack_finishes_it(redis_url: str) -> None:
+    config = {"order_key": "KEY", "timeout_ms": 300, "retry_intervals_ms": [0]}
+    async with running_proxy(redis_url, config) as service:
+        await produce(redis_url, [("k", "slow"), ("k", "after")])
+        first = await pull(service)
+        again = await pull(service)
+        assert [m.offset for m in again.messages] == [first.messages[0].offset]
+        assert service.groups["g"].buffer.stats.timed_out == 1
+        # The first delivery's ack arrives late: it still finishes the message.
+        nxt = await pull(service, results=ack(first))
+        assert [m.value for m in nxt.messages] == [b"after"]
+        assert service.groups["g"].buffer.stats.late_acks == 0  # it was in flight again when acked
+
+
+async def test_long_poll_wakes_on_new_message_and_expires_empty(redis_url: str) -> None:
+    async with running_proxy(redis_url) as service:
+        started = time.monotonic()
+        empty = await pull(service, linger_ms=300)
+        assert empty.messages == [] and time.monotonic() - started >= 0.25
+        parked = asyncio.create_task(pull(service, linger_ms=10_000))
+        await asyncio.sleep(0.2)
+        assert not parked.done()
+        await produce(redis_url, [("k", "wake")])
+        batch = await asyncio.wait_for(parked, 8)
+        assert [m.value for m in batch.messages] == [b"wake"]
+
+
+async def test_acks_for_unknown_offsets_queues_and_groups_are_ignored(redis_url: str) -> None:
+    async with running_proxy(redis_url) as service:
+        await produce(redis_url, [("k", "x")])
+        batch = await pull(service)
+        bogus = [
+            QueueResult("g", "t", str(batch.queue.qid if batch.queue else 0), [123456], [654321]),
+            QueueResult("g", "t", "not-a-qid", [1], []),
+            QueueResult("g", "t", "99", [1], []),
+            QueueResult("g", "other", "0", [1], []),
+            QueueResult("nope", "t", "0", [1], []),
+        ]
+        await service.submit(bogus)
+        stats = service.groups["g"].buffer.stats
+        assert stats.unknown_acks == 1 and stats.unknown_fails == 1
+        assert service.counters["unknown_results"] == 4
+        # still serving, and the real ack still works
+        await service.submit(ack(batch))
+        assert stats.acked == 1
+
+
+async def test_unknown_group_and_topic_are_clear_errors(redis_url: str) -> None:
+    async with running_proxy(redis_url) as service:
+        with pytest.raises(UnknownGroupError, match="unknown group 'ghost'"):
+            await service.pull("ghost", None, None, 0, [])
+        with pytest.raises(UnknownTopicError):
+            await service.pull("g", "ghost", None, 0, [])
+        with pytest.raises(UnknownGroupError):
+            await service.consume_stats("ghost", None)
+
+
+async def test_commit_never_passes_an_unfinished_offset_and_restart_resumes_there(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    config = {"order_key": "KEY"}
+    async with running_proxy(redis_url, config) as service:
+        await produce(redis_url, [(f"k{i}", f"m{i}") for i in range(1, 6)], qid=0)
+        batch = await pull(service, max_batch=10)
+        assert [m.offset for m in batch.messages] == [1, 2, 3, 4, 5]
+        await service.submit([QueueResult("g", "t", "0", [2, 3, 4, 5], [])])
+        await asyncio.sleep(0.2)
+        assert await redis_client.get(keys.committed("g", "t", 0)) == b"1"
+        stats = await service.consume_stats("g", "t")
+        assert stats[0].consume_offsets["0"] == 1 and stats[0].produce_offsets["0"] == 6
+    # The proxy stopped with offset 1 unfinished: a new one starts there and redelivers only m1.
+    async with running_proxy(redis_url, config) as service:
+        batch = await pull(service, max_batch=10)
+        assert [m.offset for m in batch.messages] == [1]
+        await service.submit(ack(batch))
+        await asyncio.sleep(0.2)
+        assert await redis_client.get(keys.committed("g", "t", 0)) == b"6"
+    async with running_proxy(redis_url, config) as service:
+        await produce(redis_url, [("k9", "m6")], qid=0)
+        batch = await pull(service, max_batch=10)
+        assert [m.offset for m in batch.messages] == [6]
+
+
+async def test_a_stalled_key_does_not_block_other_keys(redis_url: str) -> None:
+    async with running_proxy(redis_url, {"order_key": "KEY", "timeout_ms": 60_000}) as service:
+        messages = [("stuck", f"s{i}") for i in range(5)] + [(f"k{i % 50}", f"m{i}") for i in range(500)]
+        await produce(redis_url, messages, qid=0)
+        delivered: dict[str, list[str]] = {}
+        results: list[QueueResult] = []
+        while True:
+            batch = await pull(service, linger_ms=500, results=results)
+            if not batch.messages:
+                break
+            results = []
+            for m in batch.messages:
+                delivered.setdefault(m.key, []).append(m.value.decode())
+            # never ack the stuck key's head
+            ok = [m.offset for m in batch.messages if m.key != "stuck"]
+            assert batch.queue is not None
+            results = [QueueResult("g", "t", str(batch.queue.qid), ok, [])]
+        assert delivered.pop("stuck") == ["s0"]
+        for i in range(50):
+            assert delivered[f"k{i}"] == [f"m{j}" for j in range(i, 500, 50)]
+
+
+async def test_backpressure_reads_no_more_than_concurrency(redis_url: str) -> None:
+    async with running_proxy(redis_url, {"order_key": "NONE", "concurrency": 10, "read_batch_size": 4}) as service:
+        await produce(redis_url, [(None, f"m{i}") for i in range(100)], qid=0)
+        consumer = service.groups["g"].consumers["t"]
+        got = []
+        batch = await pull(service, max_batch=100)
+        got += batch.messages
+        await asyncio.sleep(0.3)
+        assert consumer.unfinished <= 10
+        results = ack(batch)
+        while len(got) < 100:
+            batch = await pull(service, max_batch=100, results=results)
+            assert consumer.unfinished <= 10
+            got += batch.messages
+            results = ack(batch)
+        await service.submit(results)
+        assert sorted(m.offset for m in got) == list(range(1, 101))
+
+
+async def test_body_that_is_not_json_follows_the_fallback_rule(redis_url: str) -> None:
+    async with running_proxy(redis_url, {"order_key": "$.rider.id"}) as service:
+        await produce(redis_url, [("a", "not json {"), ("a", json.dumps({"rider": {"id": 7}})), ("a", "[]")])
+        batch = await pull(service, max_batch=10, linger_ms=1000)
+        values = [m.value for m in batch.messages]
+        while len(values) < 3:
+            more = await pull(service, max_batch=10, linger_ms=1000)
+            values += [m.value for m in more.messages]
+        assert sorted(values) == sorted([b"not json {", b'{"rider": {"id": 7}}', b"[]"])
+        counters = service.groups["g"].consumers["t"].counters
+        assert counters["json_invalid"] == 1 and counters["order_key_missing"] == 2
