@@ -17,10 +17,11 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from jsonpath_ng.ext import parse as parse_jsonpath
+
 from ddmq.actions.base import ChainContext, Status, register
 from ddmq.config.schema import ORDER_KEY_KEY, ORDER_KEY_NONE, ORDER_KEY_QID
 from ddmq.proxy.job import INVALID_JSON, UpstreamJob
-from jsonpath_ng.ext import parse as parse_jsonpath
 
 log = logging.getLogger(__name__)
 

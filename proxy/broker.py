@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
 from ddmq.client import keys
 from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
-from redis.exceptions import RedisError
 
 _EMPTY_PROPERTIES: dict[str, str] = {}
 

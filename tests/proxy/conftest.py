@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +26,9 @@ def proxy_config(redis_url: str, topic_config: dict[str, Any] | None = None, que
 
 
 @asynccontextmanager
-async def running_proxy(redis_url: str, topic_config: dict[str, Any] | None = None, **kw: Any) -> AsyncIterator[ProxyService]:
+async def running_proxy(
+    redis_url: str, topic_config: dict[str, Any] | None = None, **kw: Any
+) -> AsyncIterator[ProxyService]:
     service = ProxyService(proxy_config(redis_url, topic_config, **kw))
     await service.start()
     try:
@@ -34,5 +36,3 @@ async def running_proxy(redis_url: str, topic_config: dict[str, Any] | None = No
     finally:
         await service.close()
 
-
-ProxyFactory = Callable[..., Any]
