@@ -1,0 +1,332 @@
+"""ThriftServer: DDMQ's ``ConsumerService`` over framed compact Thrift, in front of a ConsumeService.
+
+A thin adapter: it reads frames, decodes them with :mod:`ddmq.client.wire`, calls one method of the
+:class:`~ddmq.proxy.api.ConsumeService` and encodes the answer. Ordering, offsets and retries live in
+the engine. Built on :func:`asyncio.start_server` rather than thriftpy2's server so that every frame
+is size-checked before it is buffered and every payload is decoded by the bounded reader.
+
+Per connection, requests are served one after another (a long-poll ``pull`` holds its connection);
+connections are served concurrently. A frame whose declared length is not in ``1..max_frame_bytes``
+or whose payload does not decode closes that connection only.
+
+>>> async with ThriftServer(service, "0.0.0.0", 9713, max_frame_bytes=1 << 20, max_linger_ms=30_000):
+...     await stop.wait()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Final
+
+from ddmq.client.wire import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FRAME_HEADER_BYTES,
+    ConsumeResult,
+    ConsumerService,
+    ConsumeStats,
+    Context,
+    Envelope,
+    FrameDecodeError,
+    Message,
+    PullException,
+    PullResponse,
+    TApplicationException,
+    TMessageType,
+    decode,
+    encode,
+    frame_length,
+    iter_results,
+)
+from ddmq.proxy.api import ConsumeService
+from ddmq.proxy.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
+from ddmq.proxy.types import PullBatch, QueueResult
+
+log = logging.getLogger(__name__)
+
+#: Upper bound for a client's ``maxLingerTime`` unless the server is told otherwise.
+DEFAULT_MAX_LINGER_MS: Final = 30_000
+
+_ARGS: Final[dict[str, Any]] = {
+    name: getattr(ConsumerService, f"{name}_args") for name in ConsumerService.thrift_services
+}
+_RESULTS: Final[dict[str, Any]] = {
+    name: getattr(ConsumerService, f"{name}_result") for name in ConsumerService.thrift_services
+}
+
+
+class ThriftServer:
+    """Serves ``ConsumerService`` (pull, submit, getConsumeStats; fetch/ack not yet) on one port.
+
+    ``port=0`` binds a free port; read it back from :attr:`port` after :meth:`start`. Counters for
+    metrics: :attr:`connections` (accepted so far), :attr:`frames_rejected` (bad length),
+    :attr:`decode_errors` (undecodable payload).
+    """
+
+    def __init__(
+        self,
+        service: ConsumeService,
+        host: str,
+        port: int,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_linger_ms: int = DEFAULT_MAX_LINGER_MS,
+    ) -> None:
+        if max_frame_bytes < 1:
+            raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
+        if max_linger_ms < 0:
+            raise ValueError(f"max_linger_ms must not be negative, got {max_linger_ms}")
+        self._service = service
+        self._host = host
+        self._requested_port = port
+        self._max_frame_bytes = max_frame_bytes
+        self._max_linger_ms = max_linger_ms
+        self._server: asyncio.Server | None = None
+        self._started = False
+        self._connection_tasks: set[asyncio.Task[Any]] = set()
+        self._handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
+            "pull": self._pull,
+            "submit": self._submit,
+            "getConsumeStats": self._get_consume_stats,
+            "fetch": self._not_supported,
+            "ack": self._not_supported,
+        }
+        self.connections = 0
+        self.frames_rejected = 0
+        self.decode_errors = 0
+
+    # lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            raise RuntimeError("ThriftServer.start() called twice")
+        self._started = True
+        self._server = await asyncio.start_server(self._serve_connection, self._host, self._requested_port)
+        log.info("thrift server listening on %s:%d", self._host, self.port)
+
+    async def close(self) -> None:
+        """Stop listening and drop every connection (an in-flight call is cancelled)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        tasks = list(self._connection_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
+        log.info("thrift server on %s closed", self._host)
+
+    @property
+    def port(self) -> int:
+        """The bound port (the chosen one when constructed with port 0)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("ThriftServer is not listening")
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def active_connections(self) -> int:
+        return len(self._connection_tasks)
+
+    async def __aenter__(self) -> ThriftServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # connections -------------------------------------------------------------------------------
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connection_tasks.add(task)
+        self.connections += 1
+        peer = _peer_name(writer)
+        log.debug("thrift connection from %s", peer)
+        try:
+            await self._serve_frames(reader, writer, peer)
+        except (ConnectionError, TimeoutError) as exc:
+            log.debug("thrift connection from %s lost: %s", peer, exc)
+        except Exception:
+            log.exception("thrift connection from %s failed", peer)
+        finally:
+            if task is not None:
+                self._connection_tasks.discard(task)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, TimeoutError):
+                pass
+
+    async def _serve_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        while True:
+            try:
+                header = await reader.readexactly(FRAME_HEADER_BYTES)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    log.debug("%s closed the connection inside a frame header", peer)
+                return
+            length = frame_length(header)
+            if not 0 < length <= self._max_frame_bytes:
+                self.frames_rejected += 1
+                log.warning(
+                    "closing thrift connection from %s: frame length %d is outside 1..%d",
+                    peer,
+                    length,
+                    self._max_frame_bytes,
+                )
+                return
+            try:
+                payload = await reader.readexactly(length)
+            except asyncio.IncompleteReadError as exc:
+                log.info("%s closed the connection after %d of %d frame bytes", peer, len(exc.partial), length)
+                return
+            try:
+                envelope = decode(payload, _args_for)
+            except FrameDecodeError as exc:
+                self.decode_errors += 1
+                log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)
+                return
+            reply = await self._dispatch(envelope, peer)
+            if reply is not None:
+                writer.write(reply)
+                await writer.drain()
+
+    async def _dispatch(self, envelope: Envelope, peer: str) -> bytes | None:
+        name, mtype, seqid, args = envelope
+        if mtype not in (TMessageType.CALL, TMessageType.ONEWAY):
+            return _application_error(
+                name, seqid, TApplicationException.INVALID_MESSAGE_TYPE, f"expected a call, got type {mtype}"
+            )
+        handler = self._handlers.get(name)
+        if handler is None or args is None:
+            log.debug("%s called unknown method %r", peer, name)
+            return _application_error(name, seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {name!r}")
+        result = _RESULTS[name]()
+        try:
+            result.success = await handler(args)
+        except Exception as exc:
+            error = _pull_exception(exc, name, peer)
+            if "error" in (field[1] for field in result.thrift_spec.values()):
+                result.error = error
+            else:
+                # fetch/ack declare no exception: a standard client sees a TApplicationException.
+                kind = (
+                    TApplicationException.UNKNOWN_METHOD
+                    if error.code == NotSupportedError.code
+                    else TApplicationException.INTERNAL_ERROR
+                )
+                return _application_error(name, seqid, kind, f"{error.code}: {error.message}")
+        if mtype == TMessageType.ONEWAY:
+            return None
+        try:
+            return encode(name, TMessageType.REPLY, seqid, result)
+        except Exception:
+            log.exception("could not encode the %s reply for %s", name, peer)
+            return _application_error(
+                name, seqid, TApplicationException.INTERNAL_ERROR, "internal error: the reply could not be encoded"
+            )
+
+    # handlers: decode the request, call the service once, encode the answer --------------------
+
+    async def _pull(self, args: Any) -> PullResponse:
+        request = args.request
+        if request is None or not request.groupId:
+            raise BadRequestError("PullRequest.groupId is required")
+        linger_ms = request.maxLingerTime
+        if linger_ms is not None:
+            linger_ms = min(max(linger_ms, 0), self._max_linger_ms)
+        batch = await self._service.pull(
+            request.groupId,
+            request.topic,
+            request.maxBatchSize,
+            linger_ms,
+            queue_results(request.result, default_group=request.groupId),
+        )
+        return pull_response(request.groupId, request.topic, batch)
+
+    async def _submit(self, args: Any) -> bool:
+        await self._service.submit(queue_results(args.result, default_group=""))
+        return True
+
+    async def _get_consume_stats(self, args: Any) -> list[ConsumeStats]:
+        request = args.request
+        if request is None or not request.group:
+            raise BadRequestError("ConsumeStatsRequest.group is required")
+        rows = await self._service.consume_stats(request.group, request.topic)
+        return [
+            ConsumeStats(
+                group=row.group,
+                topic=row.topic,
+                consumeOffsets=dict(row.consume_offsets),
+                produceOffsets=dict(row.produce_offsets),
+            )
+            for row in rows
+        ]
+
+    async def _not_supported(self, args: Any) -> Any:
+        raise NotSupportedError("fetch/ack arrive with the proxy-cluster release")
+
+
+def queue_results(head: ConsumeResult | None, default_group: str) -> list[QueueResult]:
+    """The ``nextResult`` list as engine values, one per node; a node without groupId gets ``default_group``.
+
+    Missing pieces become empty values (the engine ignores and counts what it cannot match).
+    """
+    results = []
+    for node in iter_results(head):
+        context = node.context if node.context is not None else Context()
+        results.append(
+            QueueResult(
+                group=context.groupId or default_group,
+                topic=context.topic or "",
+                qid=context.qid or "",
+                success=list(node.successOffsets or ()),
+                fail=list(node.failOffsets or ()),
+            )
+        )
+    return results
+
+
+def pull_response(group: str, topic: str | None, batch: PullBatch) -> PullResponse:
+    """The wire answer for ``batch``; an empty batch keeps the asked-for topic and an empty qid."""
+    if batch.queue is None:
+        return PullResponse(context=Context(groupId=group, topic=topic or "", qid=""), messages=[])
+    return PullResponse(
+        context=Context(groupId=group, topic=batch.queue.topic, qid=str(batch.queue.qid)),
+        messages=[
+            Message(key=m.key, value=m.value, tag=m.tag, offset=m.offset, properties=dict(m.properties))
+            for m in batch.messages
+        ],
+    )
+
+
+def _pull_exception(exc: Exception, method: str, peer: str) -> PullException:
+    """Map an error raised while serving ``method`` to what goes on the wire."""
+    if isinstance(exc, DdmqError):
+        level = logging.DEBUG if isinstance(exc, RequestError) else logging.WARNING
+        log.log(level, "%s from %s failed: %s (code %d)", method, peer, exc, exc.code)
+        return PullException(code=exc.code, message=str(exc) or type(exc).__name__)
+    log.error("internal error serving %s from %s", method, peer, exc_info=exc)
+    return PullException(code=INTERNAL_ERROR_CODE, message="internal error")
+
+
+def _args_for(name: str, mtype: int) -> Any:
+    args_class = _ARGS.get(name)
+    return args_class() if args_class is not None else None
+
+
+def _application_error(name: str, seqid: int, kind: int, message: str) -> bytes:
+    return encode(name, TMessageType.EXCEPTION, seqid, TApplicationException(kind, message))
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
