@@ -1,0 +1,589 @@
+"""Pull consumers: a pool of pullers that long-poll the proxies and report results on their next pull.
+
+Like DDMQ's Carrera consumer pool, each puller (a thread in :class:`PullConsumer`, a task in
+:class:`AsyncPullConsumer`) owns one connection to one proxy, the servers being dealt out round-robin.
+A puller loops: pull (carrying the results of its previous batch), hand the messages to the processor
+in order, remember which offsets succeeded and which failed, pull again. When it stops, it sends what
+it still holds with a final ``submit``. Results always go back to the proxy that handed the messages
+out, so a puller never switches servers; after a connection error it reconnects with backoff and
+keeps its results for the next successful call.
+
+>>> def process(message: ConsumedMessage) -> bool:
+...     print(message.topic, message.qid, message.offset, message.value)
+...     return True  # False (or an exception) fails the message: it is retried later
+>>> with PullConsumer("proxy-1:9713,proxy-2:9713", "rides", process, threads=4):
+...     wait_for_shutdown()
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+
+from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError
+from ddmq.client.wire import DEFAULT_PORT, ConsumeResult, Context, PullRequest, PullResponse, link_results
+
+__all__ = [
+    "AsyncPullConsumer",
+    "ConsumedMessage",
+    "ConsumerStats",
+    "PullConsumer",
+    "add_cli",
+    "parse_servers",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETRY_SLEEP_MS: Final = 100
+DEFAULT_MAX_BACKOFF_MS: Final = 5000
+
+
+@dataclass(frozen=True)
+class ConsumedMessage:
+    """One message as a processor sees it; ``qid`` is the queue number as the wire carries it (a string)."""
+
+    topic: str
+    qid: str
+    offset: int
+    key: str
+    value: bytes
+    tag: str
+    properties: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ConsumerStats:
+    """Counters since start: messages pulled, acked (processor True) and failed, and pull/submit errors."""
+
+    pulled: int = 0
+    acked: int = 0
+    failed: int = 0
+    errors: int = 0
+
+
+def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"h1:9713,h2"`` or ``["h1:9713", "[::1]:9713"]`` → ``[(host, port), ...]`` (port defaults to 9713)."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    addresses = []
+    for item in (part.strip() for part in items):
+        if not item:
+            continue
+        host, port = item, DEFAULT_PORT
+        if item.startswith("["):  # [v6 address]:port
+            end = item.find("]")
+            if end < 0:
+                raise ValueError(f"bad server address {item!r}")
+            host, rest = item[1:end], item[end + 1 :]
+            if rest:
+                if not rest.startswith(":"):
+                    raise ValueError(f"bad server address {item!r}")
+                port = _parse_port(rest[1:], item)
+        elif item.count(":") == 1:
+            host, port_text = item.split(":")
+            port = _parse_port(port_text, item)
+        if not host:
+            raise ValueError(f"bad server address {item!r}")
+        addresses.append((host, port))
+    if not addresses:
+        raise ValueError("no proxy server given")
+    return addresses
+
+
+def _parse_port(text: str, item: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise ValueError(f"bad port in server address {item!r}") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"bad port in server address {item!r}")
+    return port
+
+
+class _Counters:
+    """Thread-safe counters behind :class:`ConsumerStats`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pulled = self._acked = self._failed = self._errors = 0
+
+    def add(self, *, pulled: int = 0, acked: int = 0, failed: int = 0, errors: int = 0) -> None:
+        with self._lock:
+            self._pulled += pulled
+            self._acked += acked
+            self._failed += failed
+            self._errors += errors
+
+    def snapshot(self) -> ConsumerStats:
+        with self._lock:
+            return ConsumerStats(self._pulled, self._acked, self._failed, self._errors)
+
+
+class _PendingResults:
+    """Offsets a puller has processed but not yet reported, per (topic, qid) in first-seen order."""
+
+    def __init__(self, group: str) -> None:
+        self._group = group
+        self._queues: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(success) + len(fail) for success, fail in self._queues.values())
+
+    def record(self, message: ConsumedMessage, ok: bool) -> None:
+        success, fail = self._queues.setdefault((message.topic, message.qid), ([], []))
+        (success if ok else fail).append(message.offset)
+
+    def to_wire(self) -> ConsumeResult | None:
+        """A fresh ``ConsumeResult`` list, one node per queue (None when nothing is pending)."""
+        return link_results(
+            ConsumeResult(
+                context=Context(groupId=self._group, topic=topic, qid=qid),
+                successOffsets=list(success),
+                failOffsets=list(fail),
+            )
+            for (topic, qid), (success, fail) in self._queues.items()
+        )
+
+    def clear(self) -> None:
+        self._queues.clear()
+
+
+class _Backoff:
+    """Doubling sleeps after consecutive errors, from ``initial_ms`` up to ``max_ms``."""
+
+    def __init__(self, initial_ms: int, max_ms: int) -> None:
+        self._initial_ms = max(initial_ms, 1)
+        self._max_ms = max(max_ms, self._initial_ms)
+        self._next_ms = self._initial_ms
+
+    def next_s(self) -> float:
+        delay_ms = self._next_ms
+        self._next_ms = min(self._next_ms * 2, self._max_ms)
+        return delay_ms / 1000
+
+    def reset(self) -> None:
+        self._next_ms = self._initial_ms
+
+
+def _consumed_messages(response: PullResponse) -> list[ConsumedMessage]:
+    context = response.context if response.context is not None else Context()
+    topic, qid = context.topic or "", context.qid or ""
+    messages = []
+    for message in response.messages or ():
+        if message.offset is None:
+            log.warning("dropping a message of %s#%s without an offset", topic, qid)
+            continue
+        messages.append(
+            ConsumedMessage(
+                topic=topic,
+                qid=qid,
+                offset=message.offset,
+                key=message.key or "",
+                value=message.value or b"",
+                tag=message.tag or "",
+                properties=dict(message.properties or {}),
+            )
+        )
+    return messages
+
+
+class _PullerSettings:
+    """What every puller of one consumer shares (validated once)."""
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        group: str,
+        topic: str | None,
+        pullers: int,
+        batch_size: int,
+        linger_ms: int,
+        retry_sleep_ms: int,
+        max_backoff_ms: int,
+        timeout_s: float,
+    ) -> None:
+        if not group:
+            raise ValueError("group is required")
+        if pullers < 1:
+            raise ValueError(f"at least one puller is needed, got {pullers}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if linger_ms < 0 or retry_sleep_ms < 0:
+            raise ValueError("linger_ms and retry_sleep_ms must not be negative")
+        self.servers = parse_servers(servers)
+        self.group = group
+        self.topic = topic or None
+        self.pullers = pullers
+        self.batch_size = batch_size
+        self.linger_ms = linger_ms
+        self.retry_sleep_ms = retry_sleep_ms
+        self.max_backoff_ms = max_backoff_ms
+        self.timeout_s = timeout_s
+
+    def server_for(self, index: int) -> tuple[str, int]:
+        return self.servers[index % len(self.servers)]
+
+    def request(self, pending: _PendingResults) -> PullRequest:
+        return PullRequest(
+            groupId=self.group,
+            topic=self.topic,
+            maxBatchSize=self.batch_size,
+            maxLingerTime=self.linger_ms,
+            result=pending.to_wire(),
+        )
+
+    def returned_early(self, elapsed_s: float) -> bool:
+        """An empty pull that came back well before the linger time did not long-poll: pause a little."""
+        return self.linger_ms == 0 or elapsed_s * 1000 < self.linger_ms / 2
+
+
+class PullConsumer:
+    """Consume a group with ``threads`` puller threads spread round-robin over ``servers``.
+
+    ``processor(message)`` runs in the puller threads (so it must be thread-safe) and returns True to
+    ack, False to fail (an exception counts as False). ``topic=None`` pulls every topic of the group.
+    :meth:`close` stops pulling, waits for the current batches (at most a long-poll of ``linger_ms``
+    plus processing) and submits their results.
+    """
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        group: str,
+        processor: Callable[[ConsumedMessage], bool],
+        topic: str | None = None,
+        threads: int = 4,
+        batch_size: int = 32,
+        linger_ms: int = 1000,
+        retry_sleep_ms: int = DEFAULT_RETRY_SLEEP_MS,
+        max_backoff_ms: int = DEFAULT_MAX_BACKOFF_MS,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._settings = _PullerSettings(
+            servers, group, topic, threads, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s
+        )
+        self._processor = processor
+        self._counters = _Counters()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    @property
+    def stats(self) -> ConsumerStats:
+        return self._counters.snapshot()
+
+    def start(self) -> None:
+        if self._started:
+            raise RuntimeError("PullConsumer.start() called twice")
+        self._started = True
+        for index in range(self._settings.pullers):
+            host, port = self._settings.server_for(index)
+            thread = threading.Thread(
+                target=self._run_puller, args=(host, port), name=f"ddmq-puller-{index}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self) -> None:
+        """Ask the pullers to stop after their current batch; returns at once (safe from a processor)."""
+        self._stopping.set()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop, wait up to ``timeout`` seconds (None: as long as it takes) for the pullers' final submits."""
+        self.stop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            if thread is threading.current_thread():
+                raise RuntimeError("PullConsumer.close() called from a processor; use stop()")
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        alive = [thread.name for thread in self._threads if thread.is_alive()]
+        if alive:
+            log.warning("pullers still busy after %s s: %s", timeout, ", ".join(alive))
+
+    def __enter__(self) -> PullConsumer:
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _run_puller(self, host: str, port: int) -> None:
+        settings = self._settings
+        pending = _PendingResults(settings.group)
+        backoff = _Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
+        with ProxyClient(host, port, settings.timeout_s) as client:
+            while not self._stopping.is_set():
+                started = time.monotonic()
+                try:
+                    response = client.pull(settings.request(pending))
+                except ProxyClientError as exc:
+                    self._counters.add(errors=1)
+                    delay_s = backoff.next_s()
+                    log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
+                    self._stopping.wait(delay_s)
+                    continue
+                pending.clear()
+                backoff.reset()
+                messages = _consumed_messages(response)
+                if not messages:
+                    if settings.returned_early(time.monotonic() - started):
+                        self._stopping.wait(settings.retry_sleep_ms / 1000)
+                    continue
+                self._counters.add(pulled=len(messages))
+                for message in messages:
+                    pending.record(message, self._process(message))
+            if pending:
+                try:
+                    client.submit(pending.to_wire())
+                except ProxyClientError as exc:
+                    self._counters.add(errors=1)
+                    log.warning(
+                        "final submit of %d results to %s:%d failed: %s (they will be redelivered)",
+                        len(pending),
+                        host,
+                        port,
+                        exc,
+                    )
+
+    def _process(self, message: ConsumedMessage) -> bool:
+        try:
+            ok = bool(self._processor(message))
+        except Exception:
+            log.exception("processor failed on %s#%s offset %d", message.topic, message.qid, message.offset)
+            ok = False
+        self._counters.add(acked=int(ok), failed=int(not ok))
+        return ok
+
+
+class AsyncPullConsumer:
+    """The asyncio twin of :class:`PullConsumer`: ``concurrency`` puller tasks, an async processor.
+
+    >>> async with AsyncPullConsumer("127.0.0.1:9713", "rides", handle, concurrency=8):
+    ...     await stop.wait()
+    """
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        group: str,
+        processor: Callable[[ConsumedMessage], Awaitable[bool]],
+        topic: str | None = None,
+        concurrency: int = 4,
+        batch_size: int = 32,
+        linger_ms: int = 1000,
+        retry_sleep_ms: int = DEFAULT_RETRY_SLEEP_MS,
+        max_backoff_ms: int = DEFAULT_MAX_BACKOFF_MS,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._settings = _PullerSettings(
+            servers, group, topic, concurrency, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s
+        )
+        self._processor = processor
+        self._counters = _Counters()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+
+    @property
+    def stats(self) -> ConsumerStats:
+        return self._counters.snapshot()
+
+    async def start(self) -> None:
+        if self._started:
+            raise RuntimeError("AsyncPullConsumer.start() called twice")
+        self._started = True
+        for index in range(self._settings.pullers):
+            host, port = self._settings.server_for(index)
+            self._tasks.append(asyncio.create_task(self._run_puller(host, port), name=f"ddmq-puller-{index}"))
+
+    def stop(self) -> None:
+        """Ask the pullers to stop after their current batch; returns at once."""
+        self._stopping.set()
+
+    async def close(self, grace_s: float | None = None) -> None:
+        """Stop and wait up to ``grace_s`` seconds (None: as long as it takes) for the final submits;
+        then cancel the pullers still busy (their unreported messages are redelivered by the proxy)."""
+        self.stop()
+        if not self._tasks:
+            return
+        _, busy = await asyncio.wait(self._tasks, timeout=grace_s)
+        for task in busy:
+            task.cancel()
+        if busy:
+            log.warning("cancelled %d pullers still busy after %s s", len(busy), grace_s)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> AsyncPullConsumer:
+        if not self._started:
+            await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, waking early when the consumer stops."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+        except TimeoutError:
+            pass
+
+    async def _run_puller(self, host: str, port: int) -> None:
+        settings = self._settings
+        pending = _PendingResults(settings.group)
+        backoff = _Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
+        async with AsyncProxyClient(host, port, settings.timeout_s) as client:
+            while not self._stopping.is_set():
+                started = time.monotonic()
+                try:
+                    response = await client.pull(settings.request(pending))
+                except ProxyClientError as exc:
+                    self._counters.add(errors=1)
+                    delay_s = backoff.next_s()
+                    log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
+                    await self._pause(delay_s)
+                    continue
+                pending.clear()
+                backoff.reset()
+                messages = _consumed_messages(response)
+                if not messages:
+                    if settings.returned_early(time.monotonic() - started):
+                        await self._pause(settings.retry_sleep_ms / 1000)
+                    continue
+                self._counters.add(pulled=len(messages))
+                for message in messages:
+                    pending.record(message, await self._process(message))
+            if pending:
+                try:
+                    await client.submit(pending.to_wire())
+                except ProxyClientError as exc:
+                    self._counters.add(errors=1)
+                    log.warning(
+                        "final submit of %d results to %s:%d failed: %s (they will be redelivered)",
+                        len(pending),
+                        host,
+                        port,
+                        exc,
+                    )
+
+    async def _process(self, message: ConsumedMessage) -> bool:
+        try:
+            ok = bool(await self._processor(message))
+        except Exception:
+            log.exception("processor failed on %s#%s offset %d", message.topic, message.qid, message.offset)
+            ok = False
+        self._counters.add(acked=int(ok), failed=int(not ok))
+        return ok
+
+
+# -- ddmq consume ---------------------------------------------------------------------------------
+
+
+def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``ddmq consume``: print messages as JSON lines and ack them."""
+    parser = sub.add_parser(
+        "consume",
+        help="pull messages from proxies and print them as JSON lines",
+        description=(
+            "Pull a consumer group's messages from one or more proxies, print each as a JSON line "
+            "(value as text, or base64 under value_b64 when it is not UTF-8) and ack it. "
+            "With --count, messages pulled beyond the count are failed so that they are redelivered soon."
+        ),
+    )
+    parser.add_argument("--server", required=True, help="proxy address(es): host:port[,host:port...]")
+    parser.add_argument("--group", required=True, help="consumer group")
+    parser.add_argument("--topic", default=None, help="only this topic (default: every topic of the group)")
+    parser.add_argument("--count", type=int, default=None, help="stop after this many messages")
+    parser.add_argument("--threads", type=int, default=1, help="puller threads (default 1)")
+    parser.add_argument("--batch-size", type=int, default=32, help="max messages per pull (default 32)")
+    parser.add_argument("--linger-ms", type=int, default=1000, help="long-poll wait per pull (default 1000)")
+    parser.set_defaults(func=_consume_command)
+
+
+def message_json(message: ConsumedMessage) -> str:
+    """One output line of ``ddmq consume``."""
+    record: dict[str, Any] = {
+        "topic": message.topic,
+        "qid": message.qid,
+        "offset": message.offset,
+        "key": message.key,
+        "tag": message.tag,
+        "properties": message.properties,
+    }
+    try:
+        record["value"] = message.value.decode("utf-8")
+    except UnicodeDecodeError:
+        record["value_b64"] = base64.b64encode(message.value).decode("ascii")
+    return json.dumps(record, ensure_ascii=False)
+
+
+class _Printer:
+    """The CLI's processor: prints and acks up to ``limit`` messages, then stops the consumer."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self.printed = 0
+        self.done = threading.Event()
+        self.on_done: Callable[[], None] = lambda: None
+
+    def __call__(self, message: ConsumedMessage) -> bool:
+        with self._lock:
+            if self._limit is not None and self.printed >= self._limit:
+                return False
+            sys.stdout.write(message_json(message) + "\n")
+            sys.stdout.flush()
+            self.printed += 1
+            if self._limit is not None and self.printed >= self._limit:
+                self.done.set()
+                self.on_done()
+            return True
+
+
+def _consume_command(args: argparse.Namespace) -> int:
+    if args.count is not None and args.count < 1:
+        print("ddmq consume: --count must be positive", file=sys.stderr)
+        return 2
+    batch_size = args.batch_size if args.count is None else min(args.batch_size, args.count)
+    printer = _Printer(args.count)
+    try:
+        consumer = PullConsumer(
+            args.server,
+            args.group,
+            printer,
+            topic=args.topic,
+            threads=args.threads,
+            batch_size=batch_size,
+            linger_ms=args.linger_ms,
+        )
+    except ValueError as exc:
+        print(f"ddmq consume: {exc}", file=sys.stderr)
+        return 2
+    printer.on_done = consumer.stop
+    consumer.start()
+    interrupted = False
+    try:
+        while not printer.done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        consumer.close()
+    stats = consumer.stats
+    log.info("consumed %d messages (%d pulled, %d errors)", printer.printed, stats.pulled, stats.errors)
+    return 130 if interrupted else 0
