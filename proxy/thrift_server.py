@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: Upper bound for a client's ``maxLingerTime`` unless the server is told otherwise.
 DEFAULT_MAX_LINGER_MS: Final = 30_000
+#: Payloads above this size are decoded in a worker thread, so one big frame cannot stall the loop.
+INLINE_DECODE_MAX_BYTES: Final = 64 * 1024
 
 _ARGS: Final[dict[str, Any]] = {
     name: getattr(ConsumerService, f"{name}_args") for name in ConsumerService.thrift_services
@@ -187,7 +189,10 @@ class ThriftServer:
                 log.info("%s closed the connection after %d of %d frame bytes", peer, len(exc.partial), length)
                 return
             try:
-                envelope = decode(payload, _args_for)
+                if length > INLINE_DECODE_MAX_BYTES:
+                    envelope = await asyncio.to_thread(decode, payload, _args_for)
+                else:
+                    envelope = decode(payload, _args_for)
             except FrameDecodeError as exc:
                 self.decode_errors += 1
                 log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)
