@@ -311,25 +311,30 @@ _REQUEST = b"\x1c\x18\x01g"
 # field 50 (long form: type byte, then zigzag i16 id 100), a ConsumeResult; 0x39: its field 3, a list
 _RESULT_LIST = _REQUEST + b"\x0c" + _varint(100) + b"\x39"
 
+# Sizes a payload declares but cannot hold: refused up front, before any allocation or loop.
+HUGE_SIZES: dict[str, bytes] = {
+    "huge name": bytes([0x82, 0x21, 0x01]) + _varint(2**31) + b"pull",
+    "huge list of i64": _message(_RESULT_LIST + b"\xf6" + _varint(2**31 - 1) + b"\x02\x04"),
+    "huge list, 64-bit size": _message(_RESULT_LIST + b"\xf6" + _varint(2**63) + b"\x02"),
+    "huge list of zero-byte elements": _message(b"\x99\xf0" + _varint(2**62) + b"\x00"),
+    "huge skipped list": _message(b"\x99\xf3" + _varint(2**40) + b"\x01\x02"),
+    "huge skipped map": _message(b"\x9b" + _varint(2**40) + b"\x33\x01\x02"),
+    "huge skipped string": _message(b"\x98" + _varint(2**40) + b"abc"),
+    "huge groupId": _message(b"\x1c\x18" + _varint(2**35) + b"g"),
+}
+
 HOSTILE: dict[str, bytes] = {
+    **HUGE_SIZES,
     "empty": b"",
     "not compact": b"GET / HTTP/1.1\r\n\r\n",
     "binary protocol": b"\x80\x01\x00\x01\x00\x00\x00\x04pull\x00\x00\x00\x01\x00",
     "bad version": bytes([0x82, 0x22]) + _varint(1) + b"\x04pull\x00",
     "bad message type": bytes([0x82, 0xE1]) + _varint(1) + b"\x04pull\x00",
     "seqid beyond 32 bits": bytes([0x82, 0x21]) + _varint(2**40) + b"\x04pull\x00",
-    "huge name": bytes([0x82, 0x21, 0x01]) + _varint(2**31) + b"pull",
     "name not utf-8": _message(b"\x00", name=b"\xff\xfe"),
     "endless varint": bytes([0x82, 0x21]) + b"\xff" * 64,
-    "huge list of i64": _message(_RESULT_LIST + b"\xf6" + _varint(2**31 - 1) + b"\x02\x04"),
-    "huge list, 64-bit size": _message(_RESULT_LIST + b"\xf6" + _varint(2**63) + b"\x02"),
-    "huge list of zero-byte elements": _message(b"\x99\xf0" + _varint(2**62) + b"\x00"),
     "list of zero-byte elements": _message(b"\x99\x40" + b"\x00" * 8),
-    "huge skipped list": _message(b"\x99\xf3" + _varint(2**40) + b"\x01\x02"),
-    "huge skipped map": _message(b"\x9b" + _varint(2**40) + b"\x33\x01\x02"),
     "map of zero-byte entries": _message(b"\x9b" + _varint(4) + b"\x00" + b"\x00" * 16),
-    "huge skipped string": _message(b"\x98" + _varint(2**40) + b"abc"),
-    "huge groupId": _message(b"\x1c\x18" + _varint(2**35) + b"g"),
     "string not utf-8": _message(b"\x1c\x18\x02\xc3\x28\x00\x00"),
     "list of mismatched elements": _message(_RESULT_LIST + b"\x28\x01\x02\x00\x00\x00\x00"),
     "invalid field type": _message(b"\x1d\x00"),
@@ -344,6 +349,13 @@ HOSTILE: dict[str, bytes] = {
 @pytest.mark.parametrize("payload", HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_payload_raises_frame_decode_error(payload: bytes) -> None:
     with pytest.raises(FrameDecodeError):
+        wire.decode(payload, _pull_args_decoder)
+
+
+@pytest.mark.timeout(5)
+@pytest.mark.parametrize("payload", HUGE_SIZES.values(), ids=HUGE_SIZES.keys())
+def test_declared_sizes_are_checked_against_the_payload(payload: bytes) -> None:
+    with pytest.raises(FrameDecodeError, match="declared size"):
         wire.decode(payload, _pull_args_decoder)
 
 
