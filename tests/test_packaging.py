@@ -1,0 +1,119 @@
+"""The distribution installs everything under the ``ddmq`` namespace, editable and as a wheel."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("ddmq.proxy", "ddmq.client", "ddmq.config", "ddmq.actions")
+FOLDERS = {"ddmq.proxy": "proxy", "ddmq.client": "client", "ddmq.config": "config", "ddmq.actions": "actions"}
+GENERIC_NAMES = ("client", "config", "proxy", "actions")
+
+# Prints where each package was found and whether a generic top-level name is importable.
+_PROBE = f"""
+import importlib, importlib.util, json
+found = {{}}
+for name in {PACKAGES!r}:
+    module = importlib.import_module(name)
+    found[name] = {{"file": module.__file__, "path": list(module.__path__)}}
+generic = {{name: importlib.util.find_spec(name) is not None for name in {GENERIC_NAMES!r}}}
+print(json.dumps({{"found": found, "generic": generic}}))
+"""
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _probe(args: list[str], cwd: Path) -> dict[str, dict[str, object]]:
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, dict[str, object]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _under(path: str | None, root: Path) -> bool:
+    return path is not None and Path(path).resolve().is_relative_to(root.resolve())
+
+
+def test_editable_install_imports_from_the_repo(tmp_path: Path) -> None:
+    probe = _probe(["-c", _PROBE], cwd=tmp_path)
+    for name, where in probe["found"].items():
+        assert isinstance(where, dict)
+        folder = REPO / FOLDERS[name]
+        assert where["path"] and all(_under(p, folder) for p in where["path"]), (name, where)
+        if where["file"] is not None:  # None for a namespace package (no __init__.py yet)
+            assert _under(where["file"], folder), (name, where)
+    assert probe["generic"] == dict.fromkeys(GENERIC_NAMES, False)
+
+
+def _copy_sources(dest: Path) -> Path:
+    """Build from a copy: an in-tree build/ keeps stale files and would race other builds."""
+    shutil.copytree(
+        REPO,
+        dest,
+        ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".venv", "ddmq-data", "tests"
+        ),
+    )
+    return dest
+
+
+def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
+    src = _copy_sources(tmp_path / "src")
+    wheels = tmp_path / "wheels"
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels), str(src)],
+        cwd=tmp_path, env=_clean_env(), capture_output=True, timeout=120, check=True,
+    )
+    (wheel,) = wheels.glob("ddmq_proxy-*.whl")
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
+        entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
+    files = [n for n in names if not n.startswith(dist_info + "/")]
+
+    assert files and all(n.startswith("ddmq/") for n in files), files
+    assert "ddmq/__init__.py" not in files  # ddmq stays a namespace others can share
+    assert not any(n.split("/")[0] in GENERIC_NAMES for n in names)
+    assert "ddmq/proxy/__init__.py" in files
+    assert "ddmq/client/keys.py" in files and "ddmq/client/py.typed" in files
+    for thrift in sorted((REPO / "client" / "idl").glob("*.thrift")):
+        assert f"ddmq/client/idl/{thrift.name}" in files
+    for example in sorted((REPO / "config" / "examples").glob("*.yaml")):
+        assert f"ddmq/config/examples/{example.name}" in files
+    assert "ddmq-proxy = ddmq.proxy.cli:main" in entry_points
+    assert "ddmq = ddmq.client.cli:main" in entry_points
+
+    target = tmp_path / "target"
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
+        cwd=tmp_path, env=_clean_env(), capture_output=True, timeout=120, check=True,
+    )
+    # -S: skip site so the editable install's import hook stays out; dependencies come from
+    # site-packages appended after the target folder, without running their .pth files.
+    site_dirs = [*site.getsitepackages()]
+    bootstrap = f"import sys; sys.path[:0] = [{str(target)!r}]; sys.path.extend({site_dirs!r})\n"
+    neutral = tmp_path / "neutral"
+    neutral.mkdir()
+    probe = _probe(["-S", "-c", bootstrap + _PROBE], cwd=neutral)
+    for name, where in probe["found"].items():
+        assert isinstance(where, dict)
+        assert where["path"] and all(_under(p, target) for p in where["path"]), (name, where)
+        assert not any(_under(p, REPO) for p in where["path"])
+        if where["file"] is not None:
+            assert _under(where["file"], target), (name, where)
+    assert probe["generic"] == dict.fromkeys(GENERIC_NAMES, False)
