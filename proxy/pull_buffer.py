@@ -251,6 +251,8 @@ class PullBuffer:
         while True:
             if job.state is JobState.FINISHED:  # acked late while we were trying
                 return
+            if self._closed and delay > 1:
+                return  # shutting down with Redis away: unfinished, so redelivered after restart
             try:
                 await job.consumer.dead_letter(job)
                 break

@@ -45,6 +45,7 @@ class QueueReader:
         self.consumer = consumer
         self.qid = qid
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         if self._task is not None:
@@ -55,6 +56,9 @@ class QueueReader:
     async def stop(self) -> None:
         if self._task is None:
             return
+        # The flag, not only the cancel: Python 3.11's asyncio.timeout (used by redis-py around
+        # reads) can lose a cancel that races its own timeout, so the loop also checks the flag.
+        self._stopping = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
@@ -65,7 +69,7 @@ class QueueReader:
         batch_size = consumer.config.read_batch_size
         limiter = consumer.limiter
         backoff = 0.1
-        while True:
+        while not self._stopping:
             room = await consumer.wait_for_room()
             wanted = min(batch_size, room)
             if limiter is not None:
@@ -80,5 +84,7 @@ class QueueReader:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
+            if self._stopping:
+                return  # not tracked, so never committed: the next reader reads them again
             for message in messages:
                 await consumer.accept(self.qid, message)

@@ -141,7 +141,7 @@ class ProxyService:
 
     async def _commit_periodically(self) -> None:
         interval = self.config.commit_interval_ms / 1000
-        while True:
+        while self._state in ("starting", "running"):
             await asyncio.sleep(interval)
             await self._flush_all()
 
