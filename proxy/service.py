@@ -18,10 +18,21 @@ from types import TracebackType
 
 import redis.asyncio as aioredis
 
+from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
 from ddmq.proxy.broker import Broker, map_redis_errors
-from ddmq.proxy.errors import BadRequestError, DdmqError, UnknownGroupError, UnknownTopicError
+from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
+from ddmq.proxy.errors import (
+    BadRequestError,
+    BrokerError,
+    ConfigError,
+    DdmqError,
+    UnavailableError,
+    UnknownGroupError,
+    UnknownTopicError,
+)
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
+from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult
 
 log = logging.getLogger(__name__)
@@ -63,7 +74,11 @@ class ProxyService:
         if config.embedded:
             embedded = config.embedded_redis
             self._embedded = EmbeddedRedis(embedded.data_dir, port=embedded.port, executable=embedded.executable)
-            await asyncio.to_thread(self._embedded.start)
+            try:
+                await asyncio.to_thread(self._embedded.start)
+            except EmbeddedRedisError as exc:
+                self._embedded = None
+                raise UnavailableError(f"cannot start the embedded redis-server: {exc}") from exc
             self.redis_url = self._embedded.url
             log.info("embedded redis-server at %s (data in %s)", self.redis_url, embedded.data_dir)
         self.redis = aioredis.Redis.from_url(self.redis_url, decode_responses=False)
@@ -71,7 +86,12 @@ class ProxyService:
             await self.redis.ping()
         self.broker = Broker(self.redis)
         for topic, topic_config in config.topics.items():
-            await ensure_topic(self.redis, topic, topic_config.queues)
+            try:
+                await ensure_topic(self.redis, topic, topic_config.queues)
+            except TopicMismatchError as exc:
+                raise ConfigError(f"topics.{topic}.queues: {exc}") from exc
+            except ProduceError as exc:
+                raise BrokerError(str(exc)) from exc
         self.groups = build_groups(config, self.broker)
         for group in self.groups.values():
             group.start()
@@ -182,7 +202,7 @@ class ProxyService:
             raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
         batch = min(max_batch, cap) if max_batch else cap
         if linger_ms is None:
-            linger_ms = DEFAULT_LINGER_MS
+            linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
         if self._state != "running":
             linger_ms = 0
         return await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
@@ -234,7 +254,3 @@ class ProxyService:
             consumer.group, consumer.topic, consume, {str(qid): off for qid, off in enumerate(produce)}
         )
 
-
-from ddmq.client.producer import ensure_topic  # noqa: E402
-from ddmq.proxy.embedded import EmbeddedRedis  # noqa: E402
-from ddmq.proxy.thrift_server import ThriftServer  # noqa: E402
