@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from jsonpath_ng.ext import parse as parse_jsonpath
+from jsonpath_ng.ext.parser import parse as parse_jsonpath
 
 from ddmq.actions.base import ChainContext, Status, register
 from ddmq.config.schema import ORDER_KEY_KEY, ORDER_KEY_NONE, ORDER_KEY_QID

@@ -111,7 +111,7 @@ class TopicGroupConfig(_Model):
         if not value.startswith("$"):
             raise ValueError("order_key must be QID, KEY, NONE or a JSONPath starting with '$'")
         from jsonpath_ng.exceptions import JsonPathParserError
-        from jsonpath_ng.ext import parse as parse_jsonpath
+        from jsonpath_ng.ext.parser import parse as parse_jsonpath
 
         try:
             parse_jsonpath(value)

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from ddmq.client import keys
 from ddmq.proxy.errors import BrokerError
@@ -109,7 +110,7 @@ class Broker:
     async def dead_letter(
         self, group: str, topic: str, qid: int, message: StoredMessage, attempts: int, error: str
     ) -> None:
-        fields: dict[str, Any] = {
+        fields: dict[FieldT, EncodableT] = {
             "v": message.value,
             "k": message.key,
             "t": message.tag,

@@ -261,7 +261,7 @@ class PullBuffer:
                 log.warning("dead-letter write for %r failed (%s); retrying in %.1fs", job, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        if job.state is not JobState.FINISHED:
+        if not _finished(job):  # an ack may have come in during the write
             self.stats.dead_lettered += 1
             log.info("dead-lettered %r after %d attempts: %s", job, job.attempts, job.last_error)
             self._finish(job)
@@ -330,6 +330,10 @@ class PullBuffer:
     @property
     def parked(self) -> int:
         return sum(1 for w in self._waiters if not w.future.done())
+
+
+def _finished(job: UpstreamJob) -> bool:
+    return job.state is JobState.FINISHED
 
 
 def _resolve(future: asyncio.Future[PullBatch], batch: PullBatch) -> None:

@@ -108,6 +108,11 @@ async def wait_until_done(checker: OrderChecker, produced: dict[str, int], timeo
         await asyncio.sleep(0.1)
 
 
+async def acked_at_least(checker: OrderChecker, count: int) -> None:
+    while sum(checker.acked_upto.values()) < count:  # noqa: ASYNC110 - the clients' tasks move it
+        await asyncio.sleep(0.01)
+
+
 async def committed_reaches_end(port: int, timeout_s: float = 15) -> dict[str, int]:
     async with AsyncProxyClient("127.0.0.1", port, timeout_s=5) as client:
         loop = asyncio.get_running_loop()
@@ -145,8 +150,7 @@ async def test_ordered_no_loss_with_fails_drops_and_a_sigkill(redis_url: str, tm
 
         # Phase 2: 10k more; SIGKILL the proxy mid-stream, restart it, finish.
         await asyncio.to_thread(produce, redis_url, produced, 10_000, rng)
-        while sum(checker.acked_upto.values()) < 24_000:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(acked_at_least(checker, 24_000), 60)
         proxy.kill()
         checker.new_epoch()
         proxy.start()
