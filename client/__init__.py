@@ -1,1 +1,29 @@
-"""ddmq client SDK: producer, pull consumers and the wire contract (IDL, key names, queue hash)."""
+"""ddmq client SDK: produce to a topic, consume through the proxy, and the wire contract.
+
+>>> from ddmq.client import Producer, PullConsumer
+>>> with Producer("redis://127.0.0.1:6379/0") as producer:
+...     producer.send("rides", '{"rider_id": "r1", "event": "call"}', key="r1")
+>>> consumer = PullConsumer("127.0.0.1:9713", "cg_rides", lambda message: True, threads=4)
+>>> consumer.start()
+"""
+
+from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer
+from ddmq.client.hashing import queue_for_key
+from ddmq.client.producer import AsyncProducer, OutgoingMessage, ProduceError, Producer, SendResult
+from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError, PullError
+
+__all__ = [
+    "AsyncProducer",
+    "AsyncProxyClient",
+    "AsyncPullConsumer",
+    "ConsumedMessage",
+    "OutgoingMessage",
+    "ProduceError",
+    "Producer",
+    "ProxyClient",
+    "ProxyClientError",
+    "PullConsumer",
+    "PullError",
+    "SendResult",
+    "queue_for_key",
+]

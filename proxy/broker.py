@@ -70,8 +70,15 @@ class Broker:
             reply: Any = await self.redis.xread({stream: keys.stream_id_after(after)}, count=count, block=block_ms)
         if not reply:
             return []
-        entries = reply[0][1]
-        return [decode_entry(entry_id, fields) for entry_id, fields in entries]
+        messages: list[StoredMessage] = []
+        for entry_id, fields in reply[0][1]:
+            try:
+                messages.append(decode_entry(entry_id, fields))
+            except ValueError as exc:
+                if messages:
+                    break  # deliver what precedes it; the next read stops right here
+                raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc
+        return messages
 
     async def committed_offset(self, group: str, topic: str, qid: int) -> int | None:
         with map_redis_errors(f"reading the offset of {group}/{topic}#{qid}"):

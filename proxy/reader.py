@@ -52,6 +52,11 @@ class QueueReader:
             raise RuntimeError("QueueReader already started")
         name = f"reader:{self.consumer.group}/{self.consumer.topic}#{self.qid}"
         self._task = asyncio.create_task(self._run(), name=name)
+        self._task.add_done_callback(self._report_crash)
+
+    def _report_crash(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("reader %s stopped by an unexpected error", task.get_name(), exc_info=task.exception())
 
     async def stop(self) -> None:
         if self._task is None:

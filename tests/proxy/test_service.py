@@ -220,3 +220,20 @@ async def test_body_that_is_not_json_follows_the_fallback_rule(redis_url: str) -
         assert sorted(values) == sorted([b"not json {", b'{"rider": {"id": 7}}', b"[]"])
         counters = service.groups["g"].consumers["t"].counters
         assert counters["json_invalid"] == 1 and counters["order_key_missing"] == 2
+
+
+async def test_an_entry_not_written_by_the_producer_stops_that_queue_only(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    async with running_proxy(redis_url, {"order_key": "KEY"}) as service:
+        await produce(redis_url, [("a", "before")], qid=0)
+        await redis_client.xadd(keys.stream("t", 0), {"v": b"foreign"})  # a plain XADD *: id ms-seq
+        await produce(redis_url, [("b", "other queue")], qid=1)
+        values = []
+        results: list[QueueResult] = []
+        for _ in range(2):
+            batch = await pull(service, results=results)
+            values += [m.value for m in batch.messages]
+            results = ack(batch)
+        assert sorted(values) == [b"before", b"other queue"]
+        assert (await pull(service, linger_ms=300, results=results)).messages == []
