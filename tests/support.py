@@ -41,8 +41,11 @@ class ProxyProcess:
         }
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Counts starts: connections opened after a start talk to that incarnation.
+        self.incarnation = 0
 
     def start(self, timeout_s: float = 30) -> ProxyProcess:
+        self.incarnation += 1
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ddmq.proxy", "--config", str(self.config_path)],
@@ -80,43 +83,44 @@ class ProxyProcess:
 
 @dataclass
 class OrderChecker:
-    """Per-key order and no-loss over a whole run, across crashes.
+    """Per-key order and no-loss over a whole run, across proxy crashes.
 
-    Each key's messages carry ``seq`` 0, 1, 2, ... A delivery is legal when it is the key's current
-    head (first delivery, or a redelivery of the head) within the current *epoch*. After a proxy
-    crash (:meth:`new_epoch`) a key may replay from its committed offset: its first delivery in the
-    epoch may be any seq up to what was acked, and from there it must again go head by head. A
-    delivery past an unacked predecessor is a violation, always.
+    Each key's messages carry ``seq`` 0, 1, 2, ... Every delivery is tagged with the *epoch* (proxy
+    incarnation) of the connection it came on. Within an epoch a delivery is legal when it is the
+    key's head (first delivery, or a redelivery of the head). A key's first delivery in a new epoch
+    may replay from its committed offset: any seq up to what was acked, and from there head by head
+    again. A delivery from an older epoch (a response the dead proxy had already sent) is stale and
+    does not move the new epoch's head. A delivery past an unacked predecessor is always a violation.
     """
 
     acked_upto: dict[str, int] = field(default_factory=dict)  # key -> seqs 0..n-1 acked at least once
-    epoch_head: dict[str, int] = field(default_factory=dict)
+    heads: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (epoch, head seq)
     deliveries: int = 0
     duplicates: int = 0
+    stale: int = 0
     violations: list[str] = field(default_factory=list)
 
-    def delivered(self, key: str, seq: int) -> None:
+    def delivered(self, key: str, seq: int, epoch: int = 0) -> None:
         self.deliveries += 1
-        head = self.epoch_head.get(key)
         acked = self.acked_upto.get(key, 0)
-        if head is None:
-            if seq > acked:
-                self.violations.append(f"{key}: seq {seq} delivered before seq {acked} was acked")
-            elif seq < acked:
-                self.duplicates += 1
-            self.epoch_head[key] = seq
-        elif seq != head:
-            self.violations.append(f"{key}: seq {seq} delivered while the head is {head}")
+        if seq > acked:
+            self.violations.append(f"{key}: seq {seq} delivered before seq {acked} was acked (epoch {epoch})")
         elif seq < acked:
             self.duplicates += 1
+        known_epoch, head = self.heads.get(key, (-1, 0))
+        if epoch < known_epoch:
+            self.stale += 1
+        elif epoch > known_epoch:
+            self.heads[key] = (epoch, seq)  # start of this epoch's replay (or first delivery ever)
+        elif seq != head:
+            self.violations.append(f"{key}: seq {seq} delivered while the head is {head} (epoch {epoch})")
 
-    def acked(self, key: str, seq: int) -> None:
-        self.epoch_head[key] = seq + 1
+    def acked(self, key: str, seq: int, epoch: int = 0) -> None:
         if seq + 1 > self.acked_upto.get(key, 0):
             self.acked_upto[key] = seq + 1
-
-    def new_epoch(self) -> None:
-        self.epoch_head.clear()
+        known_epoch, _ = self.heads.get(key, (-1, 0))
+        if epoch == known_epoch:
+            self.heads[key] = (epoch, seq + 1)
 
     def missing(self, produced: dict[str, int]) -> dict[str, tuple[int, int]]:
         """Keys whose acked prefix is shorter than what was produced: key -> (acked, produced)."""
