@@ -1,0 +1,38 @@
+"""The scenarios P1-P6, by id, in the order they run.
+
+A scenario is a function ``(Settings) -> list[Row]`` that starts its own Redis and proxy, runs its
+loads, stops both and returns its rows (P1 returns three: KEY, JSONPath and QID order keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench.report import Row
+from bench.scenarios.base import Settings
+from bench.scenarios.throughput import isolation, throughput
+
+__all__ = ["SCENARIOS", "Scenario", "Settings"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    what: str
+    run: Callable[[Settings], list[Row]]
+
+
+def failover(settings: Settings) -> list[Row]:
+    reason = "n/a (needs the cluster release)"
+    return [Row("P6", "failover", reason, "-", None, None, {}, {"skipped": True, "reason": reason}, verdict="n/a")]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.id: s
+    for s in (
+        Scenario("P1", "throughput, ordered by KEY / $.k / QID, vs XREADGROUP+XACK", throughput),
+        Scenario("P2", "head-of-line isolation: one key never acked", isolation),
+        Scenario("P6", "failover", failover),
+    )
+}

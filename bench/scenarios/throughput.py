@@ -1,0 +1,187 @@
+"""P1 throughput and P2 head-of-line isolation: draining a pre-produced backlog.
+
+P1, for each order key (KEY, ``$.k``, QID): the baseline drains the backlog with XREADGROUP + XACK
+(batch 64, its own consumer group), then a fresh proxy drains the same streams for its own group
+through Thrift pull clients (batch 64, acks on the next pull). The proxy's clock stops when
+``getConsumeStats`` shows its consume offsets at the produce offsets (everything acked and
+committable); the time until the last message reached a client is recorded too. Each baseline runs
+right before its proxy run, so each ratio pairs two measurements taken seconds apart.
+
+P2: the same backlog plus one key, ``poison``, as frequent as any other, whose messages the client
+never acks (its head times out after ``timeout_ms`` and is redelivered, ``max_retry`` is high). The
+figure is the other keys' msg/s with the poison key stuck, divided by the msg/s of a control run on
+the same data with the same config in which every key is acked (P1's setup).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bench.clients import ProxyDrain, RawDrain, drain_proxy, drain_raw
+from bench.dataset import QUEUES, produce_backlog, streams
+from bench.report import Row, Target
+from bench.scenarios.base import ORDER_KEYS, Settings, log, proxy_sections, run_load
+from bench.stack import Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds
+
+__all__ = ["isolation", "throughput"]
+
+BATCH = 64
+CONNECTIONS = 8
+KEYS = 1000
+ROW_IDS = {"KEY": "P1", "JSONPath": "P1j", "QID": "P1q"}
+
+
+@dataclass
+class Drained:
+    """One drain: the client load's result and the CPU the proxy and Redis spent meanwhile."""
+
+    result: dict[str, Any]
+    proxy_cpu_s: float
+    redis_cpu_s: float
+    profile: ProfileReport | None = None
+
+
+def _load_timeout_s(messages: int) -> float:
+    return 120 + messages / 200
+
+
+def drain_baseline(redis_server: RedisServer, group: str, messages: int) -> Drained:
+    before = cpu_seconds(redis_server.pid)
+    result = run_load(
+        drain_raw, RawDrain(redis_server.url, group, tuple(streams()), BATCH), _load_timeout_s(messages)
+    )
+    if result["messages"] != messages:
+        log(f"warning: the baseline consumed {result['messages']} of {messages} messages")
+    return Drained(result, 0.0, cpu_seconds(redis_server.pid) - before)
+
+
+def drain_via_proxy(
+    redis_server: RedisServer,
+    group: str,
+    expected: int,
+    topic_config: dict[str, Any],
+    *,
+    poison_key: str | None = None,
+    wait_commit: bool = True,
+    profiler: Profiler | None = None,
+) -> Drained:
+    marks: dict[str, float] = {}
+    with ProxyRun(redis_server.url, **proxy_sections(group, **topic_config), profiler=profiler) as proxy:
+
+        def on_ready() -> None:
+            marks["proxy"] = proxy.cpu_seconds()
+            marks["redis"] = cpu_seconds(redis_server.pid)
+
+        spec = ProxyDrain(
+            proxy.port, group, expected, CONNECTIONS, BATCH, poison_key=poison_key, wait_commit=wait_commit
+        )
+        result = run_load(drain_proxy, spec, _load_timeout_s(expected), on_ready=on_ready)
+        proxy_cpu = proxy.cpu_seconds() - marks["proxy"]
+        redis_cpu = cpu_seconds(redis_server.pid) - marks["redis"]
+    return Drained(result, proxy_cpu, redis_cpu, proxy.profile)
+
+
+def _rate(messages: int, seconds: float | None) -> float | None:
+    return messages / seconds if seconds else None
+
+
+def _fmt(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:,.0f} msg/s"
+
+
+def throughput(settings: Settings) -> list[Row]:
+    messages = settings.size(30_000, 200_000)
+    rows = []
+    with RedisServer() as redis_server:
+        log(f"P1: producing {messages:,} messages over {KEYS} keys, {QUEUES} queues")
+        produce_backlog(redis_server.url, messages, keys=KEYS)
+        for variant, (order_key, actions) in ORDER_KEYS.items():
+            row_id = ROW_IDS[variant]
+            log(f"{row_id}: baseline XREADGROUP+XACK drain")
+            baseline = drain_baseline(redis_server, f"raw-{row_id}", messages)
+            profiler = None
+            if settings.profile and row_id == "P1":
+                profiler = Profiler(settings.results_dir, "p1-profile")
+                log(f"{row_id}: profiling the proxy with {profiler.tool or '(no profiler installed)'}")
+            log(f"{row_id}: proxy drain, order_key {order_key}")
+            proxy = drain_via_proxy(
+                redis_server, f"cg-{row_id}", messages, {"actions": actions, "order_key": order_key},
+                profiler=profiler,
+            )
+            rows.append(_throughput_row(row_id, variant, order_key, actions, messages, baseline, proxy))
+    return rows
+
+
+def _throughput_row(
+    row_id: str, variant: str, order_key: str, actions: list[str], messages: int, baseline: Drained, proxy: Drained
+) -> Row:
+    baseline_rate = messages / baseline.result["elapsed_s"]
+    committed_rate = _rate(messages, proxy.result["committed_s"])
+    delivered_rate = _rate(messages, proxy.result["delivered_s"])
+    assert committed_rate is not None and delivered_rate is not None
+    data: dict[str, Any] = {
+        "proxy_msgs_per_s": round(committed_rate),
+        "baseline_msgs_per_s": round(baseline_rate),
+        "proxy_delivered_msgs_per_s": round(delivered_rate),
+        "ratio_delivered": round(delivered_rate / baseline_rate, 3),
+        "proxy_committed_s": round(proxy.result["committed_s"], 3),
+        "proxy_delivered_s": round(proxy.result["delivered_s"], 3),
+        "baseline_s": round(baseline.result["elapsed_s"], 3),
+        "duplicates": proxy.result["duplicates"],
+        "cpu_s": {
+            "proxy": {"proxy": round(proxy.proxy_cpu_s, 2), "redis": round(proxy.redis_cpu_s, 2),
+                      "clients": round(proxy.result["client_cpu_s"], 2)},
+            "baseline": {"redis": round(baseline.redis_cpu_s, 2),
+                         "clients": round(baseline.result["client_cpu_s"], 2)},
+        },
+    }
+    if proxy.profile is not None:
+        data["profile"] = proxy.profile.as_json()
+    params = {
+        "messages": messages, "keys": KEYS, "queues": QUEUES, "batch": BATCH, "connections": CONNECTIONS,
+        "order_key": order_key, "actions": "+".join(actions),
+    }
+    return Row(
+        row_id, f"throughput, order key {variant}", _fmt(committed_rate), _fmt(baseline_rate),
+        committed_rate / baseline_rate, Target(">=", 0.5), params, data,
+    )
+
+
+POISON_KEY = "poison"
+
+
+def isolation(settings: Settings) -> list[Row]:
+    messages = settings.size(30_000, 200_000)
+    config = {
+        "actions": ["Order", "PullServer"], "order_key": "KEY",
+        "timeout_ms": 1000, "max_retry": 1_000_000, "retry_intervals_ms": [100],
+    }
+    with RedisServer() as redis_server:
+        log(f"P2: producing {messages:,} messages over {KEYS} keys + {POISON_KEY!r}")
+        backlog = produce_backlog(redis_server.url, messages, keys=KEYS, extra_keys=(POISON_KEY,))
+        others = backlog.total - backlog.per_key[POISON_KEY]
+        log("P2: control drain, every key acked")
+        control = drain_via_proxy(redis_server, "cg-control", backlog.total, config, wait_commit=False)
+        log(f"P2: drain with {POISON_KEY!r} never acked")
+        stuck = drain_via_proxy(
+            redis_server, "cg-stuck", others, config, poison_key=POISON_KEY, wait_commit=False
+        )
+    control_rate = backlog.total / control.result["delivered_s"]
+    stuck_rate = others / stuck.result["delivered_s"]
+    data = {
+        "proxy_msgs_per_s": round(stuck_rate),
+        "control_msgs_per_s": round(control_rate),
+        "poison_messages": backlog.per_key[POISON_KEY],
+        "poison_deliveries": stuck.result["poison_deliveries"],
+        "other_duplicates": stuck.result["duplicates"],
+        "clock": "until the last message of the other keys reached a client (the poison key never commits)",
+    }
+    params = {
+        "messages": backlog.total, "keys": f"{KEYS}+1", "batch": BATCH, "connections": CONNECTIONS,
+        "timeout_ms": 1000, "max_retry": 1_000_000,
+    }
+    return [Row(
+        "P2", "other keys' msg/s with one key stuck, / control", _fmt(stuck_rate), _fmt(control_rate) + " (ctl)",
+        stuck_rate / control_rate, Target(">=", 0.95), params, data,
+    )]
