@@ -36,6 +36,7 @@ __all__ = [
     "drain_raw",
     "keyed_work",
     "latency_pair",
+    "sleep_floor",
     "slow_drain",
 ]
 
@@ -389,6 +390,29 @@ async def _ack_sender(client: AsyncProxyClient, state: _WorkState) -> None:
             state.done_at = time.perf_counter()
             state.done.set()
             return
+
+
+async def sleep_floor(work_ms: list[float], ready: Ready) -> dict[str, Any]:
+    """The same work with no proxy at all: 100 slots fed from memory, so the wall time over the ideal
+    is what asyncio's timers alone cost (``epoll`` waits whole milliseconds, so short sleeps overshoot)."""
+    ready()
+    slots = asyncio.Semaphore(100)
+    slept = 0.0
+
+    async def one(work_s: float) -> None:
+        nonlocal slept
+        began = time.perf_counter()
+        await asyncio.sleep(work_s)
+        slept += time.perf_counter() - began
+        slots.release()
+
+    tasks = []
+    start = time.perf_counter()
+    for work in work_ms:
+        await slots.acquire()
+        tasks.append(asyncio.create_task(one(work / 1000)))
+    await asyncio.gather(*tasks)
+    return {"wall_s": time.perf_counter() - start, "slept_s": slept}
 
 
 # -- P4: latency, proxy and XREAD BLOCK side by side ----------------------------------------------

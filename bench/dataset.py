@@ -42,10 +42,10 @@ def body(key: str, seq: int, **extra: float) -> str:
 
 @dataclass
 class Backlog:
-    """What was produced: per-key counts, the total, and (P3) the summed work in milliseconds."""
+    """What was produced: per-key counts, the total, and (P3) each message's work in milliseconds."""
 
     per_key: Counter[str] = field(default_factory=Counter)
-    work_ms: float = 0.0
+    work_ms: list[float] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -82,7 +82,7 @@ def produce_backlog(
                 value = body(key, seq)
             else:
                 work = round(rng.uniform(*work_ms), 3)
-                backlog.work_ms += work
+                backlog.work_ms.append(work)
                 value = body(key, seq, w=work)
             batch.append({"key": key, "value": value})
             if len(batch) == _BATCH:

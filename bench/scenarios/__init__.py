@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from bench.report import Row
 from bench.scenarios.base import Settings
 from bench.scenarios.throughput import isolation, throughput
+from bench.scenarios.work import key_parallel_work
 
 __all__ = ["SCENARIOS", "Scenario", "Settings"]
 
@@ -33,6 +34,7 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("P1", "throughput, ordered by KEY / $.k / QID, vs XREADGROUP+XACK", throughput),
         Scenario("P2", "head-of-line isolation: one key never acked", isolation),
+        Scenario("P3", "key-parallel work, 100 in flight", key_parallel_work),
         Scenario("P6", "failover", failover),
     )
 }
