@@ -72,18 +72,25 @@ async def _finish(tasks: Iterable[asyncio.Task[Any]], grace_s: float) -> None:
 
 
 async def _wait_for(done: asyncio.Event, tasks: list[asyncio.Task[Any]], timeout_s: float, what: str) -> None:
-    """Wait for ``done``; a task that fails first, or the timeout, raises."""
+    """Wait for ``done``; a task that fails first, or the timeout, raises. Tasks may end early."""
     waiter = asyncio.create_task(done.wait())
+    pending: set[asyncio.Task[Any]] = {waiter, *tasks}
+    deadline = time.monotonic() + timeout_s
     try:
-        finished, _ = await asyncio.wait([waiter, *tasks], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        while not done.is_set():
+            remaining = deadline - time.monotonic()
+            finished, pending = (
+                await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if remaining > 0 else (set(), pending)
+            )
+            if not finished:
+                raise TimeoutError(f"{what}: not done within {timeout_s:.0f}s")
+            for task in finished:
+                error = None if task is waiter else task.exception()
+                if error is not None:
+                    raise error
     finally:
         waiter.cancel()
-    for task in finished:
-        error = None if task is waiter else task.exception()
-        if error is not None:
-            raise error
-    if not done.is_set():
-        raise TimeoutError(f"{what}: not done within {timeout_s:.0f}s")
 
 
 async def _wait_committed(client: AsyncProxyClient, group: str, timeout_s: float = 60.0) -> float:
