@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from bench.report import Row
 from bench.scenarios.base import Settings
 from bench.scenarios.latency import latency
+from bench.scenarios.memory import memory
 from bench.scenarios.throughput import isolation, throughput
 from bench.scenarios.work import key_parallel_work
 
@@ -37,6 +38,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("P2", "head-of-line isolation: one key never acked", isolation),
         Scenario("P3", "key-parallel work, 100 in flight", key_parallel_work),
         Scenario("P4", "latency produce -> client, vs XREAD BLOCK", latency),
+        Scenario("P5", "proxy RSS under a large backlog", memory),
         Scenario("P6", "failover", failover),
     )
 }
