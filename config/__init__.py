@@ -10,6 +10,7 @@ from ddmq.config.loader import load, parse
 from ddmq.config.schema import (
     ACTION_NAMES,
     EmbeddedRedisConfig,
+    LeaseConfig,
     ListenConfig,
     ProxyConfig,
     StartFrom,
@@ -20,6 +21,7 @@ from ddmq.config.schema import (
 __all__ = [
     "ACTION_NAMES",
     "EmbeddedRedisConfig",
+    "LeaseConfig",
     "ListenConfig",
     "ProxyConfig",
     "StartFrom",

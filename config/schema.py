@@ -135,6 +135,22 @@ class TopicGroupConfig(_Model):
         return self.retry_intervals_ms[min(retry, len(self.retry_intervals_ms)) - 1]
 
 
+class LeaseConfig(_Model):
+    """Queue leases (see ``ddmq.proxy.leases`` for why these numbers)."""
+
+    #: A queue whose owner stopped renewing moves to another proxy after this.
+    ttl_ms: Annotated[int, Field(ge=200)] = 30_000
+    renew_ms: Annotated[int, Field(ge=50)] = 10_000
+    #: How often a proxy tries to take queues it should own but does not hold yet.
+    claim_interval_ms: Annotated[int, Field(ge=50)] = 1_000
+
+    @model_validator(mode="after")
+    def _renew_in_time(self) -> LeaseConfig:
+        if self.renew_ms * 2 > self.ttl_ms:
+            raise ValueError("renew_ms must be at most half of ttl_ms, so one slow renewal never loses a lease")
+        return self
+
+
 class ProxyConfig(_Model):
     instance_id: str = Field(default_factory=_default_instance_id)
     #: ``embedded`` (a private redis-server owned by the proxy) or a ``redis://`` / ``rediss://`` URL.
@@ -146,6 +162,7 @@ class ProxyConfig(_Model):
     commit_interval_ms: Annotated[int, Field(ge=10)] = 1000
     #: On shutdown, how long clients may still ack in-flight messages before offsets are flushed.
     shutdown_grace_ms: Annotated[int, Field(ge=0)] = 2000
+    leases: LeaseConfig = LeaseConfig()
     topics: dict[str, TopicConfig] = {}
     groups: dict[str, dict[str, TopicGroupConfig]] = {}
 

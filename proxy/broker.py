@@ -104,16 +104,6 @@ class Broker:
             raw = await self.redis.get(key)
         return int(raw) if raw is not None else offset
 
-    async def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        """Write committed offsets (next offset to consume) for several queues in one round trip."""
-        if not offsets:
-            return
-        with map_redis_errors(f"committing offsets of {group}/{topic}"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for qid, offset in offsets.items():
-                    pipe.set(keys.committed(group, topic, qid), offset)
-                await pipe.execute()
-
     async def dead_letter(
         self, group: str, topic: str, qid: int, message: StoredMessage, attempts: int, error: str
     ) -> None:

@@ -8,15 +8,16 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from ddmq.actions import Action, Status, build_chain
-from ddmq.config.schema import ProxyConfig, StartFrom, TopicGroupConfig
+from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
 from ddmq.proxy.broker import Broker
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
+from ddmq.proxy.leases import Lease, LeaseStore
 from ddmq.proxy.offsets import OffsetTracker
 from ddmq.proxy.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.pull_buffer import PullBuffer
 from ddmq.proxy.reader import QueueReader, TokenBucket
-from ddmq.proxy.types import StoredMessage
+from ddmq.proxy.types import QueueId, StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +27,27 @@ _METADATA_POLL_S = 1.0
 class TopicConsumer:
     """One group consuming one topic: the chain runs here, and finished jobs come back here."""
 
-    def __init__(self, group: str, topic: str, config: TopicGroupConfig, broker: Broker, buffer: PullBuffer) -> None:
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        config: TopicGroupConfig,
+        broker: Broker,
+        buffer: PullBuffer,
+        leases: LeaseStore,
+        lease_config: LeaseConfig,
+    ) -> None:
         self.group = group
         self.topic = topic
         self.config = config
         self.broker = broker
         self.buffer = buffer
+        self.leases = leases
+        self.lease_config = lease_config
+        #: Leases this proxy holds, by qid, and when each was last confirmed (loop time before the call).
+        self.held: dict[int, Lease] = {}
+        self._confirmed_at: dict[int, float] = {}
+        self._lease_s = lease_config.ttl_ms / 1000
         self.blocking_queue = UpstreamJobBlockingQueue()
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
@@ -77,15 +93,87 @@ class TopicConsumer:
                 warned = True
             await asyncio.sleep(_METADATA_POLL_S)
         self.queues = queues
-        for qid in range(queues):
-            await self.open_queue(qid)
+        await self._maintain_leases()
 
-    async def open_queue(self, qid: int) -> None:
+    def wanted(self) -> range:
+        """The queues this proxy should own."""
+        return range(self.queues)
+
+    async def _maintain_leases(self) -> None:
+        """Claim wanted queues that are free, renew held ones, and drop a queue whose lease is gone."""
+        loop = asyncio.get_running_loop()
+        claim_s = self.lease_config.claim_interval_ms / 1000
+        renew_s = self.lease_config.renew_ms / 1000
+        next_renew = loop.time() + renew_s
+        while True:
+            for qid in self.wanted():
+                if qid not in self.held:
+                    await self._claim(qid)
+            if loop.time() >= next_renew:
+                next_renew = loop.time() + renew_s
+                for qid, lease in list(self.held.items()):
+                    await self._renew(qid, lease)
+            await asyncio.sleep(claim_s)
+
+    async def _claim(self, qid: int) -> None:
+        asked_at = asyncio.get_running_loop().time()
+        try:
+            lease = await self.leases.acquire(self.group, self.topic, qid)
+        except DdmqError as exc:
+            log.warning("%s/%s#%d: cannot claim: %s", self.group, self.topic, qid, exc)
+            return
+        if lease is None:
+            return
+        self.held[qid] = lease
+        self._confirmed_at[qid] = asked_at
+        await self.open_queue(qid, lease.term)
+
+    async def _renew(self, qid: int, lease: Lease) -> None:
+        asked_at = asyncio.get_running_loop().time()
+        try:
+            renewed = await self.leases.renew(lease)
+        except DdmqError as exc:
+            # Keep it: it stays valid until its TTL runs out, and may_serve() stops serving then.
+            log.warning("%s/%s#%d: lease renewal failed: %s", self.group, self.topic, qid, exc)
+            return
+        if renewed and self.held.get(qid) == lease:
+            self._confirmed_at[qid] = asked_at
+        elif not renewed:
+            log.warning("%s/%s#%d: lease term %d was taken over; dropping the queue", self.group, self.topic, qid,
+                        lease.term)
+            await self.drop_queue(qid)
+
+    def may_serve(self, qid: int) -> bool:
+        """True while this proxy's lease on ``qid`` is surely valid (checked before every delivery)."""
+        confirmed = self._confirmed_at.get(qid)
+        return confirmed is not None and asyncio.get_running_loop().time() - confirmed < self._lease_s
+
+    async def open_queue(self, qid: int, term: int) -> None:
         start = await self._with_retry(lambda: self._start_offset(qid), f"start offset of #{qid}")
         self.trackers[qid] = OffsetTracker(start)
         reader = self.readers[qid] = QueueReader(self, qid)
         reader.start()
-        log.info("%s/%s#%d: reading from offset %d", self.group, self.topic, qid, start)
+        log.info("%s/%s#%d: lease term %d, reading from offset %d", self.group, self.topic, qid, term, start)
+
+    async def drop_queue(self, qid: int, release: bool = False) -> None:
+        """Stop reading ``qid`` and forget its unfinished jobs (they stay uncommitted, so the queue's
+        next owner delivers them again). With ``release``, free the lease for the next owner."""
+        reader = self.readers.pop(qid, None)
+        if reader is not None:
+            await reader.stop()
+        tracker = self.trackers.pop(qid, None)
+        if tracker is not None:
+            tracker.dropped = True
+        for job in self.buffer.drop_queue(QueueId(self.topic, qid)):
+            self.finish(job)
+        lease = self.held.pop(qid, None)
+        self._confirmed_at.pop(qid, None)
+        if release and lease is not None:
+            try:
+                await self.leases.release(lease)
+            except DdmqError as exc:
+                log.warning("%s/%s#%d: releasing the lease failed (%s); it expires by itself",
+                            self.group, self.topic, qid, exc)
 
     async def _start_offset(self, qid: int) -> int:
         committed = await self.broker.committed_offset(self.group, self.topic, qid)
@@ -109,9 +197,10 @@ class TopicConsumer:
                 delay = min(delay * 2, 5.0)
 
     async def stop_reading(self) -> None:
+        if self._tasks:  # first the lease loop, so that no claim opens a reader behind our back
+            self._tasks[0].cancel()
+            await asyncio.gather(self._tasks[0], return_exceptions=True)
         await asyncio.gather(*(reader.stop() for reader in self.readers.values()))
-        if self._tasks:
-            self._tasks[0].cancel()  # _open, if still waiting for metadata
 
     async def close(self) -> None:
         await self.stop_reading()
@@ -140,7 +229,7 @@ class TopicConsumer:
             return
         self.unfinished += 1
         self.counters["read"] += 1
-        await self.run(UpstreamJob(self, qid, message))
+        await self.run(UpstreamJob(self, qid, message, tracker))
 
     # the chain ---------------------------------------------------------------------------------
 
@@ -173,6 +262,10 @@ class TopicConsumer:
         while True:
             await queue.wait()
             while (job := queue.pop()) is not None:
+                if job.tracker.dropped:  # its queue moved away: let its key's successor go on
+                    job.state = JobState.FINISHED
+                    self.finish(job)
+                    continue
                 await self.run(job)
 
     # finishing ---------------------------------------------------------------------------------
@@ -180,9 +273,7 @@ class TopicConsumer:
     def finish(self, job: UpstreamJob) -> None:
         """``job`` is done (acked, filtered, dead-lettered): release its key, mark its offset."""
         self.blocking_queue.release(job)
-        tracker = self.trackers.get(job.qid)
-        if tracker is not None:
-            tracker.finish(job.offset)
+        job.tracker.finish(job.offset)
         self.unfinished -= 1
         if not self._room.is_set() and self.unfinished <= self.config.concurrency - self._refill:
             self._room.set()
@@ -193,23 +284,37 @@ class TopicConsumer:
     # offsets -----------------------------------------------------------------------------------
 
     async def flush_offsets(self) -> None:
-        """Write commit points that moved since the last flush."""
-        moved = {qid: t.commit_point for qid, t in self.trackers.items() if t.commit_point != t.committed}
-        if not moved:
-            return
-        await self.broker.commit(self.group, self.topic, moved)
-        for qid, offset in moved.items():
-            self.trackers[qid].committed = offset
+        """Write commit points that moved since the last flush, each fenced by the queue's lease."""
+        for qid, tracker in list(self.trackers.items()):
+            point = tracker.commit_point
+            lease = self.held.get(qid)
+            if point == tracker.committed or lease is None:
+                continue
+            if await self.leases.commit(lease, point):
+                tracker.committed = point
+            elif self.held.get(qid) == lease:
+                log.warning("%s/%s#%d: commit fenced off (lease term %d taken over); dropping the queue",
+                            self.group, self.topic, qid, lease.term)
+                await self.drop_queue(qid)
+
+    async def release_leases(self) -> None:
+        """Give every held queue up (graceful shutdown, after the final flush)."""
+        for qid in list(self.held):
+            await self.drop_queue(qid, release=True)
 
 
 class ConsumerGroup:
     """A group's consumers (one per topic) sharing one PullBuffer."""
 
-    def __init__(self, name: str, topics: dict[str, TopicGroupConfig], broker: Broker) -> None:
+    def __init__(
+        self, name: str, topics: dict[str, TopicGroupConfig], broker: Broker, leases: LeaseStore,
+        lease_config: LeaseConfig,
+    ) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
         self.consumers = {
-            topic: TopicConsumer(name, topic, config, broker, self.buffer) for topic, config in topics.items()
+            topic: TopicConsumer(name, topic, config, broker, self.buffer, leases, lease_config)
+            for topic, config in topics.items()
         }
 
     def start(self) -> None:
@@ -228,10 +333,15 @@ class ConsumerGroup:
     async def flush_offsets(self) -> None:
         await asyncio.gather(*(c.flush_offsets() for c in self.consumers.values()))
 
+    async def release_leases(self) -> None:
+        await asyncio.gather(*(c.release_leases() for c in self.consumers.values()))
+
     @property
     def unfinished(self) -> int:
         return sum(c.unfinished for c in self.consumers.values())
 
 
-def build_groups(config: ProxyConfig, broker: Broker) -> dict[str, ConsumerGroup]:
-    return {name: ConsumerGroup(name, topics, broker) for name, topics in config.groups.items()}
+def build_groups(config: ProxyConfig, broker: Broker, leases: LeaseStore) -> dict[str, ConsumerGroup]:
+    return {
+        name: ConsumerGroup(name, topics, broker, leases, config.leases) for name, topics in config.groups.items()
+    }

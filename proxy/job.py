@@ -10,6 +10,7 @@ from ddmq.proxy.types import QueueId, StoredMessage
 
 if TYPE_CHECKING:
     from ddmq.proxy.group import TopicConsumer
+    from ddmq.proxy.offsets import OffsetTracker
 
 
 class JobState(IntEnum):
@@ -43,11 +44,13 @@ class UpstreamJob:
         "order_key",
         "qid",
         "state",
+        "tracker",
     )
 
-    def __init__(self, consumer: TopicConsumer, qid: int, message: StoredMessage) -> None:
+    def __init__(self, consumer: TopicConsumer, qid: int, message: StoredMessage, tracker: OffsetTracker) -> None:
         self.consumer = consumer
         self.qid = qid
+        self.tracker = tracker
         self.message = message
         self.index = 0
         self.state = JobState.NEW

@@ -12,7 +12,7 @@ from collections import deque
 
 
 class OffsetTracker:
-    __slots__ = ("_done", "_next", "_pending", "committed")
+    __slots__ = ("_done", "_next", "_pending", "committed", "dropped")
 
     def __init__(self, start: int) -> None:
         #: Offsets read and not yet known to be below the commit point, in read order.
@@ -22,6 +22,9 @@ class OffsetTracker:
         self._next = start
         #: The last commit point written to Redis.
         self.committed = start
+        #: Set when this proxy gave the queue up: its jobs are discarded as they surface, and a
+        #: later tracker for the same queue never sees their finish() calls.
+        self.dropped = False
 
     def track(self, offset: int) -> None:
         if offset < self._next:

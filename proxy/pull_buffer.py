@@ -172,6 +172,9 @@ class PullBuffer:
                 order.append(queue)
                 continue
             ready = self._ready[queue]
+            if ready and not ready[0].consumer.may_serve(queue.qid):
+                order.append(queue)  # lease not confirmed lately: deliver nothing until it is
+                continue
             batch: list[UpstreamJob] = []
             while ready and len(batch) < max_batch:
                 job = ready.popleft()

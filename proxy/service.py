@@ -32,6 +32,7 @@ from ddmq.proxy.errors import (
     UnknownTopicError,
 )
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
+from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult
 
@@ -49,6 +50,7 @@ class ProxyService:
         self.redis_url = config.redis
         self.redis: aioredis.Redis | None = None
         self.broker: Broker | None = None
+        self.leases: LeaseStore | None = None
         self.thrift_port: int | None = None
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
@@ -85,6 +87,7 @@ class ProxyService:
         with map_redis_errors(f"connecting to {self.redis_url}"):
             await self.redis.ping()
         self.broker = Broker(self.redis)
+        self.leases = LeaseStore(self.redis, config.instance_id, config.leases.ttl_ms)
         for topic, topic_config in config.topics.items():
             try:
                 await ensure_topic(self.redis, topic, topic_config.queues)
@@ -92,7 +95,7 @@ class ProxyService:
                 raise ConfigError(f"topics.{topic}.queues: {exc}") from exc
             except ProduceError as exc:
                 raise BrokerError(str(exc)) from exc
-        self.groups = build_groups(config, self.broker)
+        self.groups = build_groups(config, self.broker, self.leases)
         for group in self.groups.values():
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
@@ -121,6 +124,8 @@ class ProxyService:
                     self._committer.cancel()
                     await asyncio.gather(self._committer, return_exceptions=True)
                 await self._flush_all()
+                # Free the queues now rather than letting the leases expire: a successor starts at once.
+                await asyncio.gather(*(g.release_leases() for g in self.groups.values()), return_exceptions=True)
         finally:
             await self._release()
             self._state = "closed"

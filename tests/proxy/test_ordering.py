@@ -6,10 +6,12 @@ import random
 
 import redis.asyncio as aioredis
 
-from ddmq.config.schema import TopicGroupConfig
+from ddmq.config.schema import LeaseConfig, TopicGroupConfig
 from ddmq.proxy.broker import Broker
 from ddmq.proxy.group import TopicConsumer
 from ddmq.proxy.job import JobState, UpstreamJob
+from ddmq.proxy.leases import LeaseStore
+from ddmq.proxy.offsets import OffsetTracker
 from ddmq.proxy.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.pull_buffer import PullBuffer
 from ddmq.proxy.types import StoredMessage
@@ -17,11 +19,14 @@ from ddmq.proxy.types import StoredMessage
 
 def make_consumer() -> TopicConsumer:
     # Built but never started: the queue only needs jobs that know their consumer.
-    return TopicConsumer("g", "t", TopicGroupConfig(), Broker(aioredis.Redis()), PullBuffer("g"))
+    redis = aioredis.Redis()
+    return TopicConsumer(
+        "g", "t", TopicGroupConfig(), Broker(redis), PullBuffer("g"), LeaseStore(redis, "p", 1000), LeaseConfig()
+    )
 
 
 def make_job(consumer: TopicConsumer, offset: int, key: object) -> UpstreamJob:
-    job = UpstreamJob(consumer, 0, StoredMessage(offset, b"", "", "", {}, 0))
+    job = UpstreamJob(consumer, 0, StoredMessage(offset, b"", "", "", {}, 0), OffsetTracker(1))
     job.order_key = key  # type: ignore[assignment]
     return job
 
