@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import Row, format_table, meta
+from bench.report import Row, cpu_available, format_table, load_average, meta
 from bench.scenarios import SCENARIOS, Settings
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -55,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results_dir = args.json.resolve().parent
     settings = Settings(quick=args.quick, profile=args.profile, results_dir=results_dir)
     began = time.monotonic()
+    # Shared machines: what the run had to work with, before and after (see "machine" in the JSON).
+    machine: dict[str, Any] = {"load_before": load_average(), "cores_available_before": cpu_available()}
+    print(f"machine: load {machine['load_before']}, cores available {machine['cores_available_before']}",
+          file=sys.stderr, flush=True)
     rows: list[Row] = []
     broken: list[str] = []
     for scenario_id in ids:
@@ -69,12 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(Row(scenario_id, scenario.what, "error", "-", None, None, {},
                             {"error": traceback.format_exc(limit=3)}, verdict="ERROR"))
         print(f"{scenario_id}: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    machine.update(load_after=load_average(), cores_available_after=cpu_available())
     document: dict[str, Any] = {row.id: row.as_json() for row in rows}
-    document["meta"] = meta(args.quick, time.monotonic() - began, list(sys.argv[1:] if argv is None else argv))
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    document["meta"] = meta(args.quick, time.monotonic() - began, argv_list, machine)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(document, indent=2) + "\n")
     print(format_table(rows))
-    print(f"\nresults: {args.json}  ({document['meta']['elapsed_s']}s, quick={args.quick})")
+    print(f"\nresults: {args.json}  ({document['meta']['elapsed_s']}s, quick={args.quick}; "
+          f"cores available before/after: {machine['cores_available_before']}/{machine['cores_available_after']})")
     for row in rows:
         profile = row.data.get("profile")
         if profile:

@@ -137,7 +137,7 @@ class _Drain:
             if self.poison_key is not None and message.key == self.poison_key:
                 self.poison_deliveries += 1
                 continue
-            acks.append(message.offset)
+            acks.append(message.offset or 0)
             self.seen.add((qid or "", message.offset or 0))
         self.deliveries += len(acks)
         if len(self.seen) >= self.expected and not self.done.is_set():

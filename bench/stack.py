@@ -333,6 +333,9 @@ class ProxyRun:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         code = self.stop()
+        failed = code not in (0, -signal.SIGTERM)
+        if failed or exc is not None:
+            print(f"proxy log ({self.log_path}), last lines:\n{self.log_tail()}", file=sys.stderr)
         shutil.rmtree(self._dir, ignore_errors=True)
-        if code not in (0, -signal.SIGTERM) and exc is None:
+        if failed and exc is None:
             raise HarnessError(f"the proxy exited with {code}")

@@ -9,12 +9,15 @@ right before its proxy run, so each ratio pairs two measurements taken seconds a
 
 P2: the same backlog plus one key, ``poison``, as frequent as any other, whose messages the client
 never acks (its head times out after ``timeout_ms`` and is redelivered, ``max_retry`` is high). The
-figure is the other keys' msg/s with the poison key stuck, divided by the msg/s of a control run on
-the same data with the same config in which every key is acked (P1's setup).
+figure is the other keys' msg/s with the poison key stuck divided by the msg/s of control runs on
+the same data with the same config in which every key is acked (P1's setup): runs alternate control,
+stuck, control, stuck, control, each with a fresh proxy and group, and the medians are compared.
+Both clocks stop when the last awaited message reaches a client.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +93,11 @@ def _fmt(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:,.0f} msg/s"
 
 
+def _spread(rates: list[float]) -> float:
+    """Half the range of repeated measurements, relative to their mean: the run's own noise."""
+    return (max(rates) - min(rates)) / 2 / (sum(rates) / len(rates))
+
+
 def throughput(settings: Settings) -> list[Row]:
     messages = settings.size(30_000, 200_000)
     rows = []
@@ -99,7 +107,7 @@ def throughput(settings: Settings) -> list[Row]:
         for variant, (order_key, actions) in ORDER_KEYS.items():
             row_id = ROW_IDS[variant]
             log(f"{row_id}: baseline XREADGROUP+XACK drain")
-            baseline = drain_baseline(redis_server, f"raw-{row_id}", messages)
+            before = drain_baseline(redis_server, f"raw-{row_id}-a", messages)
             profiler = None
             if settings.profile and row_id == "P1":
                 profiler = Profiler(settings.results_dir, "p1-profile")
@@ -109,31 +117,41 @@ def throughput(settings: Settings) -> list[Row]:
                 redis_server, f"cg-{row_id}", messages, {"actions": actions, "order_key": order_key},
                 profiler=profiler,
             )
-            rows.append(_throughput_row(row_id, variant, order_key, actions, messages, baseline, proxy))
+            log(f"{row_id}: baseline again")
+            after = drain_baseline(redis_server, f"raw-{row_id}-b", messages)
+            rows.append(_throughput_row(row_id, variant, order_key, actions, messages, (before, after), proxy))
     return rows
 
 
 def _throughput_row(
-    row_id: str, variant: str, order_key: str, actions: list[str], messages: int, baseline: Drained, proxy: Drained
+    row_id: str,
+    variant: str,
+    order_key: str,
+    actions: list[str],
+    messages: int,
+    baselines: tuple[Drained, Drained],
+    proxy: Drained,
 ) -> Row:
-    baseline_rate = messages / baseline.result["elapsed_s"]
+    baseline_rates = [messages / b.result["elapsed_s"] for b in baselines]
+    baseline_rate = sum(baseline_rates) / len(baseline_rates)
     committed_rate = _rate(messages, proxy.result["committed_s"])
     delivered_rate = _rate(messages, proxy.result["delivered_s"])
     assert committed_rate is not None and delivered_rate is not None
     data: dict[str, Any] = {
         "proxy_msgs_per_s": round(committed_rate),
         "baseline_msgs_per_s": round(baseline_rate),
+        "baseline_before_after_msgs_per_s": [round(r) for r in baseline_rates],
+        "baseline_spread": round(_spread(baseline_rates), 3),
         "proxy_delivered_msgs_per_s": round(delivered_rate),
         "ratio_delivered": round(delivered_rate / baseline_rate, 3),
         "proxy_committed_s": round(proxy.result["committed_s"], 3),
         "proxy_delivered_s": round(proxy.result["delivered_s"], 3),
-        "baseline_s": round(baseline.result["elapsed_s"], 3),
         "duplicates": proxy.result["duplicates"],
         "cpu_s": {
-            "proxy": {"proxy": round(proxy.proxy_cpu_s, 2), "redis": round(proxy.redis_cpu_s, 2),
-                      "clients": round(proxy.result["client_cpu_s"], 2)},
-            "baseline": {"redis": round(baseline.redis_cpu_s, 2),
-                         "clients": round(baseline.result["client_cpu_s"], 2)},
+            "proxy_run": {"proxy": round(proxy.proxy_cpu_s, 2), "redis": round(proxy.redis_cpu_s, 2),
+                          "clients": round(proxy.result["client_cpu_s"], 2)},
+            "baseline_run": {"redis": round(baselines[0].redis_cpu_s, 2),
+                             "clients": round(baselines[0].result["client_cpu_s"], 2)},
         },
     }
     if proxy.profile is not None:
@@ -142,13 +160,17 @@ def _throughput_row(
         "messages": messages, "keys": KEYS, "queues": QUEUES, "batch": BATCH, "connections": CONNECTIONS,
         "order_key": order_key, "actions": "+".join(actions),
     }
+    if proxy.profile is not None:
+        params["profiled"] = proxy.profile.tool
     return Row(
-        row_id, f"throughput, order key {variant}", _fmt(committed_rate), _fmt(baseline_rate),
+        row_id, f"throughput, order key {variant}", _fmt(committed_rate),
+        f"{_fmt(baseline_rate)} ±{_spread(baseline_rates):.0%}",
         committed_rate / baseline_rate, Target(">=", 0.5), params, data,
     )
 
 
 POISON_KEY = "poison"
+STUCK_RUNS = 2
 
 
 def isolation(settings: Settings) -> list[Row]:
@@ -161,20 +183,35 @@ def isolation(settings: Settings) -> list[Row]:
         log(f"P2: producing {messages:,} messages over {KEYS} keys + {POISON_KEY!r}")
         backlog = produce_backlog(redis_server.url, messages, keys=KEYS, extra_keys=(POISON_KEY,))
         others = backlog.total - backlog.per_key[POISON_KEY]
-        log("P2: control drain, every key acked")
-        control = drain_via_proxy(redis_server, "cg-control", backlog.total, config, wait_commit=False)
-        log(f"P2: drain with {POISON_KEY!r} never acked")
-        stuck = drain_via_proxy(
-            redis_server, "cg-stuck", others, config, poison_key=POISON_KEY, wait_commit=False
-        )
-    control_rate = backlog.total / control.result["delivered_s"]
-    stuck_rate = others / stuck.result["delivered_s"]
+        control_rates: list[float] = []
+        stuck_rates: list[float] = []
+        stuck: Drained | None = None
+        # control, stuck, control, stuck, control: the medians shrug off one run hit by a neighbour
+        for index in range(2 * STUCK_RUNS + 1):
+            if index % 2 == 0:
+                log(f"P2: control drain {index // 2 + 1}, every key acked")
+                control = drain_via_proxy(
+                    redis_server, f"cg-control-{index}", backlog.total, config, wait_commit=False
+                )
+                control_rates.append(backlog.total / control.result["delivered_s"])
+            else:
+                log(f"P2: drain {index // 2 + 1} with {POISON_KEY!r} never acked")
+                stuck = drain_via_proxy(
+                    redis_server, f"cg-stuck-{index}", others, config, poison_key=POISON_KEY, wait_commit=False
+                )
+                stuck_rates.append(others / stuck.result["delivered_s"])
+    assert stuck is not None
+    control_rate = statistics.median(control_rates)
+    stuck_rate = statistics.median(stuck_rates)
     data = {
         "proxy_msgs_per_s": round(stuck_rate),
         "control_msgs_per_s": round(control_rate),
+        "stuck_runs_msgs_per_s": [round(r) for r in stuck_rates],
+        "control_runs_msgs_per_s": [round(r) for r in control_rates],
+        "control_spread": round(_spread(control_rates), 3),
         "poison_messages": backlog.per_key[POISON_KEY],
-        "poison_deliveries": stuck.result["poison_deliveries"],
-        "other_duplicates": stuck.result["duplicates"],
+        "poison_deliveries_last_run": stuck.result["poison_deliveries"],
+        "other_duplicates_last_run": stuck.result["duplicates"],
         "clock": "until the last message of the other keys reached a client (the poison key never commits)",
     }
     params = {
@@ -182,6 +219,7 @@ def isolation(settings: Settings) -> list[Row]:
         "timeout_ms": 1000, "max_retry": 1_000_000,
     }
     return [Row(
-        "P2", "other keys' msg/s with one key stuck, / control", _fmt(stuck_rate), _fmt(control_rate) + " (ctl)",
+        "P2", "other keys' msg/s with one key stuck, / control", _fmt(stuck_rate),
+        f"{_fmt(control_rate)} ±{_spread(control_rates):.0%} (control)",
         stuck_rate / control_rate, Target(">=", 0.95), params, data,
     )]
