@@ -13,7 +13,7 @@ from ddmq.proxy.service import ProxyService
 def proxy_config(redis_url: str, topic_config: dict[str, Any] | None = None, queues: int = 4, **proxy: Any) -> Any:
     return parse(
         {
-            "instance_id": "test-proxy",
+            "instance_id": proxy.pop("instance_id", "test-proxy"),
             "redis": redis_url,
             "thrift": {"port": 0},
             "commit_interval_ms": 50,

@@ -1,0 +1,180 @@
+"""Two proxies on one group: leases keep every queue with one reader, a crashed owner's queues move
+to the survivor with nothing lost and every key in order, and a paused owner cannot write after
+waking up (its commits are fenced off and it delivers nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import time
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from ddmq.client import keys, wire
+from ddmq.client.producer import Producer
+from ddmq.client.thrift_client import AsyncProxyClient
+from ddmq.proxy.service import ProxyService
+from ddmq.proxy.types import QueueResult
+
+from .proxy.conftest import running_proxy
+from .support import OrderChecker, ProxyProcess, body
+
+QUEUES = 4
+LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}
+GROUP_CONFIG = {"actions": ["Json", "Order", "PullServer"], "order_key": "$.k", "timeout_ms": 2000}
+
+
+def produce(redis_url: str, count: int, produced: dict[str, int], rng: random.Random) -> None:
+    with Producer(redis_url) as producer:
+        batch = []
+        for _ in range(count):
+            key = f"key-{rng.randrange(200)}"
+            seq = produced.get(key, 0)
+            produced[key] = seq + 1
+            batch.append({"key": key, "value": body(key, seq)})
+        producer.send_batch("t", batch)
+
+
+def start_process(tmp_path: Path, redis_url: str) -> ProxyProcess:
+    return ProxyProcess(
+        tmp_path, redis_url, {"g": {"t": GROUP_CONFIG}}, {"t": {"queues": QUEUES}},
+        instance_id="proxy-a", leases=LEASES,
+    ).start()
+
+
+async def pull_from_process(client: AsyncProxyClient, checker: OrderChecker, epoch: int,
+                            pending: list[wire.ConsumeResult]) -> int:
+    response = await client.pull(wire.PullRequest(
+        groupId="g", topic="t", maxBatchSize=64, maxLingerTime=200, result=wire.link_results(pending)))
+    pending.clear()
+    ok = []
+    for message in response.messages:
+        event = json.loads(message.value)
+        checker.delivered(event["k"], event["seq"], epoch)
+        checker.acked(event["k"], event["seq"], epoch)
+        ok.append(message.offset)
+    if ok:
+        pending.append(wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=[]))
+    return len(ok)
+
+
+async def drain_in_process(service: ProxyService, checker: OrderChecker, epoch: int,
+                           produced: dict[str, int], timeout_s: float) -> float:
+    """Pull and ack from ``service`` until every produced message was acked; returns the time of
+    the first delivery."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    first: float | None = None
+    results: list[QueueResult] = []
+    while checker.missing(produced):
+        assert loop.time() < deadline, f"not drained: {list(checker.missing(produced).items())[:5]}"
+        batch = await service.pull("g", "t", 64, 200, results)
+        results = []
+        if batch.messages and batch.queue is not None:
+            first = first or time.monotonic()
+            for m in batch.messages:
+                event = json.loads(m.value)
+                checker.delivered(event["k"], event["seq"], epoch)
+                checker.acked(event["k"], event["seq"], epoch)
+            results = [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
+    await service.submit(results)
+    assert first is not None
+    return first
+
+
+async def held(service: ProxyService) -> set[int]:
+    return set(service.groups["g"].consumers["t"].held)
+
+
+async def wait_for(predicate: object, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await predicate():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_crashed_owners_queues_move_to_the_survivor(redis_url: str, tmp_path: Path) -> None:
+    rng = random.Random(5)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    proxy_a = start_process(tmp_path, redis_url)
+    try:
+        async with AsyncProxyClient("127.0.0.1", proxy_a.port) as client:
+            # A owns every queue before B starts, so B must find them all taken.
+            await wait_for(lambda: _all_leased(redis_url, "proxy-a"), 10)
+            async with running_proxy(redis_url, GROUP_CONFIG, queues=QUEUES, instance_id="proxy-b",
+                                     leases=LEASES) as proxy_b:
+                await asyncio.sleep(0.5)
+                assert await held(proxy_b) == set(), "B read a queue A holds"
+                await asyncio.to_thread(produce, redis_url, 4000, produced, rng)
+                pending: list[wire.ConsumeResult] = []
+                consumed = 0
+                while consumed < 1500:
+                    consumed += await pull_from_process(client, checker, 1, pending)
+                await client.submit(wire.link_results(pending))
+                assert (await proxy_b.pull("g", "t", 64, 0, [])).messages == []
+                proxy_a.kill()
+                killed_at = time.monotonic()
+                first = await drain_in_process(proxy_b, checker, 2, produced, 30)
+                assert await held(proxy_b) == set(range(QUEUES))
+                assert checker.violations == [], checker.violations[:5]
+                print(f"takeover: first delivery {1000 * (first - killed_at):.0f} ms after kill -9 "
+                      f"(lease ttl {LEASES['ttl_ms']} ms); redelivered {checker.duplicates}")
+    finally:
+        proxy_a.stop()
+
+
+async def _all_leased(redis_url: str, owner: str) -> bool:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        values = [await client.get(keys.lease("g", "t", q)) for q in range(QUEUES)]
+    finally:
+        await client.aclose()
+    return all(v is not None and v.decode().startswith(owner + " ") for v in values)
+
+
+async def test_a_paused_owner_is_fenced_off_when_it_wakes_up(
+    redis_url: str, redis_client: aioredis.Redis, tmp_path: Path
+) -> None:
+    rng = random.Random(6)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    proxy_a = start_process(tmp_path, redis_url)
+    try:
+        await wait_for(lambda: _all_leased(redis_url, "proxy-a"), 10)
+        await asyncio.to_thread(produce, redis_url, 2000, produced, rng)
+        async with AsyncProxyClient("127.0.0.1", proxy_a.port) as client:
+            pending: list[wire.ConsumeResult] = []
+            consumed = 0
+            while consumed < 500:
+                consumed += await pull_from_process(client, checker, 1, pending)
+            # A holds acks it has not committed yet when it is paused.
+            await client.submit(wire.link_results(pending))
+            assert proxy_a.proc is not None
+            proxy_a.proc.send_signal(signal.SIGSTOP)
+            try:
+                async with running_proxy(redis_url, GROUP_CONFIG, queues=QUEUES, instance_id="proxy-b",
+                                         leases=LEASES) as proxy_b:
+                    await drain_in_process(proxy_b, checker, 2, produced, 30)
+                    await asyncio.sleep(0.3)  # B's last commit
+                    final = [await redis_client.get(keys.committed("g", "t", q)) for q in range(QUEUES)]
+                    produce_next = await proxy_b.consume_stats("g", "t")
+                    assert {str(q): int(v) for q, v in enumerate(final)} == produce_next[0].produce_offsets
+                    proxy_a.proc.send_signal(signal.SIGCONT)
+                    # A wakes up with stale state: give it time to try to commit and to notice.
+                    await asyncio.sleep(1.5)
+                    after = [await redis_client.get(keys.committed("g", "t", q)) for q in range(QUEUES)]
+                    assert after == final, "a stale owner overwrote the new owner's offsets"
+                    stale = await client.pull(wire.PullRequest(groupId="g", topic="t", maxLingerTime=300))
+                    assert stale.messages == [], "a proxy without the lease delivered messages"
+                    assert await held(proxy_b) == set(range(QUEUES))
+            finally:
+                proxy_a.proc.send_signal(signal.SIGCONT)
+        assert checker.violations == [], checker.violations[:5]
+        assert "dropping the queue" in proxy_a.log()
+    finally:
+        proxy_a.stop()
