@@ -61,8 +61,8 @@ class QueueReader:
     async def stop(self) -> None:
         if self._task is None:
             return
-        # The flag, not only the cancel: Python 3.11's asyncio.timeout (used by redis-py around
-        # reads) can lose a cancel that races its own timeout, so the loop also checks the flag.
+        # The flag, not only the cancel: some redis-py releases (8.0, 8.1) lose a cancel that hits a
+        # command in flight, and a reader that never stops would hang shutdown.
         self._stopping = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
