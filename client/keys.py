@@ -15,6 +15,7 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:lease:<g>``      string    group g's lease on the queue: ``<owner> <term>``, PX expiry
 ``ddmq:{<t>:<q>}:term:<g>``       string    group g's lease term counter (the fencing token source)
 ``ddmq:dlq:{<g>:<t>}``            stream    group g's dead letters for topic t
+``ddmq:members:{<g>}``            zset      proxies serving group g, scored by last heartbeat (ms)
 ================================  ========  ===================================================
 """
 
@@ -64,6 +65,10 @@ def lease(group: str, topic: str, qid: int) -> str:
 
 def lease_term(group: str, topic: str, qid: int) -> str:
     return f"{_queue_tag(topic, qid)}:term:{group}"
+
+
+def members(group: str) -> str:
+    return f"{PREFIX}:members:{{{group}}}"
 
 
 def dead_letters(group: str, topic: str) -> str:

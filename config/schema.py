@@ -141,8 +141,11 @@ class LeaseConfig(_Model):
     #: A queue whose owner stopped renewing moves to another proxy after this.
     ttl_ms: Annotated[int, Field(ge=200)] = 30_000
     renew_ms: Annotated[int, Field(ge=50)] = 10_000
-    #: How often a proxy tries to take queues it should own but does not hold yet.
+    #: How often a proxy heartbeats its group membership and claims queues it should own.
     claim_interval_ms: Annotated[int, Field(ge=50)] = 1_000
+    #: A queue assigned elsewhere after a rebalance: how long clients may still ack what they hold
+    #: before its offset is committed and its lease released (unacked ones are redelivered there).
+    handoff_drain_ms: Annotated[int, Field(ge=0)] = 5_000
 
     @model_validator(mode="after")
     def _renew_in_time(self) -> LeaseConfig:

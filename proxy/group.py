@@ -13,6 +13,7 @@ from ddmq.proxy.broker import Broker
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
 from ddmq.proxy.leases import Lease, LeaseStore
+from ddmq.proxy.membership import Membership, assign
 from ddmq.proxy.offsets import OffsetTracker
 from ddmq.proxy.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.pull_buffer import PullBuffer
@@ -36,6 +37,7 @@ class TopicConsumer:
         buffer: PullBuffer,
         leases: LeaseStore,
         lease_config: LeaseConfig,
+        membership: Membership,
     ) -> None:
         self.group = group
         self.topic = topic
@@ -44,6 +46,10 @@ class TopicConsumer:
         self.buffer = buffer
         self.leases = leases
         self.lease_config = lease_config
+        self.membership = membership
+        #: The queues this proxy should own, from the last heartbeat (none until the first one).
+        self.assigned: range = range(0)
+        self._handoffs: dict[int, asyncio.Task[None]] = {}
         #: Leases this proxy holds, by qid, and when each was last confirmed (loop time before the call).
         self.held: dict[int, Lease] = {}
         self._confirmed_at: dict[int, float] = {}
@@ -95,18 +101,24 @@ class TopicConsumer:
         self.queues = queues
         await self._maintain_leases()
 
-    def wanted(self) -> range:
-        """The queues this proxy should own."""
-        return range(self.queues)
-
     async def _maintain_leases(self) -> None:
-        """Claim wanted queues that are free, renew held ones, and drop a queue whose lease is gone."""
+        """Heartbeat, claim the queues assigned to us, hand off the others, renew what we hold."""
         loop = asyncio.get_running_loop()
         claim_s = self.lease_config.claim_interval_ms / 1000
         renew_s = self.lease_config.renew_ms / 1000
         next_renew = loop.time() + renew_s
         while True:
-            for qid in self.wanted():
+            try:
+                members = await self.membership.heartbeat(self.group)
+                self.assigned = assign(members, self.queues, self.membership.instance_id)
+            except DdmqError as exc:  # keep the last assignment; leases keep it safe
+                log.warning("%s/%s: heartbeat failed: %s", self.group, self.topic, exc)
+            for qid in list(self.held):
+                if qid not in self.assigned and qid not in self._handoffs:
+                    self._handoffs[qid] = asyncio.create_task(
+                        self._hand_off(qid), name=f"handoff:{self.group}/{self.topic}#{qid}"
+                    )
+            for qid in self.assigned:
                 if qid not in self.held:
                     await self._claim(qid)
             if loop.time() >= next_renew:
@@ -114,6 +126,29 @@ class TopicConsumer:
                 for qid, lease in list(self.held.items()):
                     await self._renew(qid, lease)
             await asyncio.sleep(claim_s)
+
+    async def _hand_off(self, qid: int) -> None:
+        """The queue is assigned elsewhere: stop reading, let clients ack what they hold (bounded),
+        commit, release. The lease keeps being renewed until then."""
+        try:
+            reader = self.readers.pop(qid, None)
+            if reader is not None:
+                await reader.stop()
+            tracker = self.trackers.get(qid)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.lease_config.handoff_drain_ms / 1000
+            while tracker is not None and tracker.unfinished and loop.time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            if qid in self.held:
+                await self._commit(qid)
+                await self.drop_queue(qid, release=True)
+                log.info("%s/%s#%d: handed off", self.group, self.topic, qid)
+        except DdmqError as exc:
+            log.warning("%s/%s#%d: hand-off failed (%s); the lease expires by itself", self.group, self.topic,
+                        qid, exc)
+            await self.drop_queue(qid)
+        finally:
+            self._handoffs.pop(qid, None)
 
     async def _claim(self, qid: int) -> None:
         asked_at = asyncio.get_running_loop().time()
@@ -204,6 +239,9 @@ class TopicConsumer:
 
     async def close(self) -> None:
         await self.stop_reading()
+        for task in self._handoffs.values():
+            task.cancel()
+        await asyncio.gather(*self._handoffs.values(), return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -285,20 +323,28 @@ class TopicConsumer:
 
     async def flush_offsets(self) -> None:
         """Write commit points that moved since the last flush, each fenced by the queue's lease."""
-        for qid, tracker in list(self.trackers.items()):
-            point = tracker.commit_point
-            lease = self.held.get(qid)
-            if point == tracker.committed or lease is None:
-                continue
-            if await self.leases.commit(lease, point):
-                tracker.committed = point
-            elif self.held.get(qid) == lease:
-                log.warning("%s/%s#%d: commit fenced off (lease term %d taken over); dropping the queue",
-                            self.group, self.topic, qid, lease.term)
-                await self.drop_queue(qid)
+        for qid in list(self.trackers):
+            await self._commit(qid)
+
+    async def _commit(self, qid: int) -> None:
+        tracker = self.trackers.get(qid)
+        lease = self.held.get(qid)
+        if tracker is None or lease is None or tracker.commit_point == tracker.committed:
+            return
+        point = tracker.commit_point
+        if await self.leases.commit(lease, point):
+            tracker.committed = point
+        elif self.held.get(qid) == lease:
+            log.warning("%s/%s#%d: commit fenced off (lease term %d taken over); dropping the queue",
+                        self.group, self.topic, qid, lease.term)
+            await self.drop_queue(qid)
 
     async def release_leases(self) -> None:
         """Give every held queue up (graceful shutdown, after the final flush)."""
+        try:
+            await self.membership.leave(self.group)
+        except DdmqError as exc:
+            log.warning("%s: leaving the member set failed: %s", self.group, exc)
         for qid in list(self.held):
             await self.drop_queue(qid, release=True)
 
@@ -308,12 +354,12 @@ class ConsumerGroup:
 
     def __init__(
         self, name: str, topics: dict[str, TopicGroupConfig], broker: Broker, leases: LeaseStore,
-        lease_config: LeaseConfig,
+        lease_config: LeaseConfig, membership: Membership,
     ) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
         self.consumers = {
-            topic: TopicConsumer(name, topic, config, broker, self.buffer, leases, lease_config)
+            topic: TopicConsumer(name, topic, config, broker, self.buffer, leases, lease_config, membership)
             for topic, config in topics.items()
         }
 
@@ -341,7 +387,10 @@ class ConsumerGroup:
         return sum(c.unfinished for c in self.consumers.values())
 
 
-def build_groups(config: ProxyConfig, broker: Broker, leases: LeaseStore) -> dict[str, ConsumerGroup]:
+def build_groups(
+    config: ProxyConfig, broker: Broker, leases: LeaseStore, membership: Membership
+) -> dict[str, ConsumerGroup]:
     return {
-        name: ConsumerGroup(name, topics, broker, leases, config.leases) for name, topics in config.groups.items()
+        name: ConsumerGroup(name, topics, broker, leases, config.leases, membership)
+        for name, topics in config.groups.items()
     }

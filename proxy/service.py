@@ -33,6 +33,7 @@ from ddmq.proxy.errors import (
 )
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
 from ddmq.proxy.leases import LeaseStore
+from ddmq.proxy.membership import Membership
 from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult
 
@@ -95,7 +96,8 @@ class ProxyService:
                 raise ConfigError(f"topics.{topic}.queues: {exc}") from exc
             except ProduceError as exc:
                 raise BrokerError(str(exc)) from exc
-        self.groups = build_groups(config, self.broker, self.leases)
+        membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
+        self.groups = build_groups(config, self.broker, self.leases, membership)
         for group in self.groups.values():
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")

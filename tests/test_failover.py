@@ -62,26 +62,25 @@ async def pull_from_process(client: AsyncProxyClient, checker: OrderChecker, epo
 
 
 async def drain_in_process(service: ProxyService, checker: OrderChecker, epoch: int,
-                           produced: dict[str, int], timeout_s: float) -> float:
+                           produced: dict[str, int], timeout_s: float) -> dict[int, float]:
     """Pull and ack from ``service`` until every produced message was acked; returns the time of
-    the first delivery."""
+    the first delivery from each queue."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    first: float | None = None
+    first: dict[int, float] = {}
     results: list[QueueResult] = []
     while checker.missing(produced):
         assert loop.time() < deadline, f"not drained: {list(checker.missing(produced).items())[:5]}"
         batch = await service.pull("g", "t", 64, 200, results)
         results = []
         if batch.messages and batch.queue is not None:
-            first = first or time.monotonic()
+            first.setdefault(batch.queue.qid, time.monotonic())
             for m in batch.messages:
                 event = json.loads(m.value)
                 checker.delivered(event["k"], event["seq"], epoch)
                 checker.acked(event["k"], event["seq"], epoch)
             results = [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
     await service.submit(results)
-    assert first is not None
     return first
 
 
@@ -97,35 +96,62 @@ async def wait_for(predicate: object, timeout_s: float) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_a_crashed_owners_queues_move_to_the_survivor(redis_url: str, tmp_path: Path) -> None:
+async def test_queues_split_between_proxies_and_move_to_the_survivor_of_a_crash(
+    redis_url: str, tmp_path: Path
+) -> None:
     rng = random.Random(5)
     produced: dict[str, int] = {}
     checker = OrderChecker()
     proxy_a = start_process(tmp_path, redis_url)
     try:
         async with AsyncProxyClient("127.0.0.1", proxy_a.port) as client:
-            # A owns every queue before B starts, so B must find them all taken.
             await wait_for(lambda: _all_leased(redis_url, "proxy-a"), 10)
             async with running_proxy(redis_url, GROUP_CONFIG, queues=QUEUES, instance_id="proxy-b",
                                      leases=LEASES) as proxy_b:
-                await asyncio.sleep(0.5)
-                assert await held(proxy_b) == set(), "B read a queue A holds"
+                # B joins: A hands two queues over (averaging: proxy-a 0-1, proxy-b 2-3).
+                await wait_for(lambda: _held_is(proxy_b, {2, 3}), 15)
+                await wait_for(lambda: _owners_are(redis_url, ["proxy-a", "proxy-a", "proxy-b", "proxy-b"]), 15)
                 await asyncio.to_thread(produce, redis_url, 4000, produced, rng)
+                # Both serve their share: pull from A over Thrift and from B in process.
                 pending: list[wire.ConsumeResult] = []
                 consumed = 0
+                results: list[QueueResult] = []
                 while consumed < 1500:
                     consumed += await pull_from_process(client, checker, 1, pending)
+                    batch = await proxy_b.pull("g", "t", 64, 0, results)
+                    results = []
+                    if batch.messages and batch.queue is not None:
+                        assert batch.queue.qid in (2, 3)
+                        for m in batch.messages:
+                            event = json.loads(m.value)
+                            checker.delivered(event["k"], event["seq"], 2)
+                            checker.acked(event["k"], event["seq"], 2)
+                        results = [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
+                await proxy_b.submit(results)
                 await client.submit(wire.link_results(pending))
-                assert (await proxy_b.pull("g", "t", 64, 0, [])).messages == []
                 proxy_a.kill()
                 killed_at = time.monotonic()
                 first = await drain_in_process(proxy_b, checker, 2, produced, 30)
                 assert await held(proxy_b) == set(range(QUEUES))
                 assert checker.violations == [], checker.violations[:5]
-                print(f"takeover: first delivery {1000 * (first - killed_at):.0f} ms after kill -9 "
+                taken_over = min(first[0], first[1])  # A's queues
+                print(f"takeover: first delivery {1000 * (taken_over - killed_at):.0f} ms after kill -9 "
                       f"(lease ttl {LEASES['ttl_ms']} ms); redelivered {checker.duplicates}")
     finally:
         proxy_a.stop()
+
+
+async def _held_is(service: ProxyService, qids: set[int]) -> bool:
+    return await held(service) == qids
+
+
+async def _owners_are(redis_url: str, owners: list[str]) -> bool:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        values = [await client.get(keys.lease("g", "t", q)) for q in range(QUEUES)]
+    finally:
+        await client.aclose()
+    return [v.decode().rsplit(" ", 1)[0] if v else None for v in values] == owners
 
 
 async def _all_leased(redis_url: str, owner: str) -> bool:
@@ -171,7 +197,8 @@ async def test_a_paused_owner_is_fenced_off_when_it_wakes_up(
                     assert after == final, "a stale owner overwrote the new owner's offsets"
                     stale = await client.pull(wire.PullRequest(groupId="g", topic="t", maxLingerTime=300))
                     assert stale.messages == [], "a proxy without the lease delivered messages"
-                    assert await held(proxy_b) == set(range(QUEUES))
+                    # (A, awake again, rejoins the group and gets half the queues back by a clean
+                    # hand-off under new terms: fine, it has nothing stale left to write.)
             finally:
                 proxy_a.proc.send_signal(signal.SIGCONT)
         assert checker.violations == [], checker.violations[:5]

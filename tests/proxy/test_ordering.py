@@ -11,6 +11,7 @@ from ddmq.proxy.broker import Broker
 from ddmq.proxy.group import TopicConsumer
 from ddmq.proxy.job import JobState, UpstreamJob
 from ddmq.proxy.leases import LeaseStore
+from ddmq.proxy.membership import Membership
 from ddmq.proxy.offsets import OffsetTracker
 from ddmq.proxy.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.pull_buffer import PullBuffer
@@ -21,7 +22,8 @@ def make_consumer() -> TopicConsumer:
     # Built but never started: the queue only needs jobs that know their consumer.
     redis = aioredis.Redis()
     return TopicConsumer(
-        "g", "t", TopicGroupConfig(), Broker(redis), PullBuffer("g"), LeaseStore(redis, "p", 1000), LeaseConfig()
+        "g", "t", TopicGroupConfig(), Broker(redis), PullBuffer("g"), LeaseStore(redis, "p", 1000), LeaseConfig(),
+        Membership(redis, "p", 1000),
     )
 
 
