@@ -1,4 +1,4 @@
-"""``ddmq``: the operator and developer CLI (produce, consume, demo)."""
+"""``ddmq``: the operator and developer CLI (produce, consume, status, demo)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from ddmq.client import consumer, producer
+    from ddmq.client import consumer, producer, status
 
     producer.add_cli(sub)
     consumer.add_cli(sub)
+    status.add_cli(sub)
 
     demo = sub.add_parser("demo", help="run an embedded Redis, a proxy, a ride-event producer and consumers")
     from ddmq.proxy import demo as demo_module
