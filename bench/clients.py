@@ -181,10 +181,11 @@ async def _pull_loop(
 @dataclass(frozen=True)
 class RawDrain:
     """Baseline: one connection per stream, ``XACK`` of the last batch pipelined with the next
-    ``XREADGROUP COUNT batch``, in a consumer group of its own, until the stream is empty."""
+    ``XREADGROUP COUNT batch``, until the stream is empty; once per consumer group in ``groups``
+    (each new, so each drain reads everything), one after the other on the same connections."""
 
     redis_url: str
-    group: str
+    groups: tuple[str, ...]
     streams: tuple[str, ...]
     batch: int = 64
     timeout_s: float = 600.0
@@ -192,18 +193,22 @@ class RawDrain:
 
 async def drain_raw(spec: RawDrain, ready: Ready) -> dict[str, Any]:
     clients = [aioredis.Redis.from_url(spec.redis_url) for _ in spec.streams]
+    pairs = list(zip(clients, spec.streams, strict=True))
+    runs = []
     try:
-        for client, stream in zip(clients, spec.streams, strict=True):
-            await client.xgroup_create(stream, spec.group, id="0")
+        for group in spec.groups:
+            for client, stream in pairs:
+                await client.xgroup_create(stream, group, id="0")
         ready()
-        cpu, start = time.process_time(), time.perf_counter()
-        async with asyncio.timeout(spec.timeout_s):
-            counts = await asyncio.gather(*(
-                _raw_consumer(client, stream, spec.group, spec.batch)
-                for client, stream in zip(clients, spec.streams, strict=True)
-            ))
-        elapsed = time.perf_counter() - start
-        return {"messages": sum(counts), "elapsed_s": elapsed, "client_cpu_s": time.process_time() - cpu}
+        for group in spec.groups:
+            cpu, start = time.process_time(), time.perf_counter()
+            async with asyncio.timeout(spec.timeout_s):
+                counts = await asyncio.gather(*(
+                    _raw_consumer(client, stream, group, spec.batch) for client, stream in pairs
+                ))
+            elapsed = time.perf_counter() - start
+            runs.append({"messages": sum(counts), "elapsed_s": elapsed, "client_cpu_s": time.process_time() - cpu})
+        return {"runs": runs}
     finally:
         await asyncio.gather(*(client.aclose() for client in clients))
 

@@ -30,6 +30,8 @@ from bench.stack import Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seco
 __all__ = ["isolation", "throughput"]
 
 BATCH = 64
+#: Baseline drains before and after each proxy run; the figure is the median of all of them.
+BASELINE_RUNS = 3
 CONNECTIONS = 8
 KEYS = 1000
 ROW_IDS = {"KEY": "P1", "JSONPath": "P1j", "QID": "P1q"}
@@ -49,14 +51,18 @@ def _load_timeout_s(messages: int) -> float:
     return 120 + messages / 200
 
 
-def drain_baseline(redis_server: RedisServer, group: str, messages: int) -> Drained:
+def drain_baseline(redis_server: RedisServer, groups: list[str], messages: int) -> list[Drained]:
+    """One raw drain per group (a fresh consumer group each), in one client process."""
     before = cpu_seconds(redis_server.pid)
-    result = run_load(
-        drain_raw, RawDrain(redis_server.url, group, tuple(streams()), BATCH), _load_timeout_s(messages)
-    )
-    if result["messages"] != messages:
-        log(f"warning: the baseline consumed {result['messages']} of {messages} messages")
-    return Drained(result, 0.0, cpu_seconds(redis_server.pid) - before)
+    spec = RawDrain(redis_server.url, tuple(groups), tuple(streams()), BATCH)
+    result = run_load(drain_raw, spec, _load_timeout_s(messages) * len(groups))
+    redis_cpu = (cpu_seconds(redis_server.pid) - before) / len(groups)
+    drains = []
+    for run in result["runs"]:
+        if run["messages"] != messages:
+            log(f"warning: the baseline consumed {run['messages']} of {messages} messages")
+        drains.append(Drained(run, 0.0, redis_cpu))
+    return drains
 
 
 def drain_via_proxy(
@@ -106,8 +112,8 @@ def throughput(settings: Settings) -> list[Row]:
         produce_backlog(redis_server.url, messages, keys=KEYS)
         for variant, (order_key, actions) in ORDER_KEYS.items():
             row_id = ROW_IDS[variant]
-            log(f"{row_id}: baseline XREADGROUP+XACK drain")
-            before = drain_baseline(redis_server, f"raw-{row_id}-a", messages)
+            log(f"{row_id}: baseline XREADGROUP+XACK drains")
+            before = drain_baseline(redis_server, [f"raw-{row_id}-a{i}" for i in range(BASELINE_RUNS)], messages)
             profiler = None
             if settings.profile and row_id == "P1":
                 profiler = Profiler(settings.results_dir, "p1-profile")
@@ -117,9 +123,9 @@ def throughput(settings: Settings) -> list[Row]:
                 redis_server, f"cg-{row_id}", messages, {"actions": actions, "order_key": order_key},
                 profiler=profiler,
             )
-            log(f"{row_id}: baseline again")
-            after = drain_baseline(redis_server, f"raw-{row_id}-b", messages)
-            rows.append(_throughput_row(row_id, variant, order_key, actions, messages, (before, after), proxy))
+            log(f"{row_id}: baseline drains again")
+            after = drain_baseline(redis_server, [f"raw-{row_id}-b{i}" for i in range(BASELINE_RUNS)], messages)
+            rows.append(_throughput_row(row_id, variant, order_key, actions, messages, before + after, proxy))
     return rows
 
 
@@ -129,18 +135,18 @@ def _throughput_row(
     order_key: str,
     actions: list[str],
     messages: int,
-    baselines: tuple[Drained, Drained],
+    baselines: list[Drained],
     proxy: Drained,
 ) -> Row:
     baseline_rates = [messages / b.result["elapsed_s"] for b in baselines]
-    baseline_rate = sum(baseline_rates) / len(baseline_rates)
+    baseline_rate = statistics.median(baseline_rates)
     committed_rate = _rate(messages, proxy.result["committed_s"])
     delivered_rate = _rate(messages, proxy.result["delivered_s"])
     assert committed_rate is not None and delivered_rate is not None
     data: dict[str, Any] = {
         "proxy_msgs_per_s": round(committed_rate),
         "baseline_msgs_per_s": round(baseline_rate),
-        "baseline_before_after_msgs_per_s": [round(r) for r in baseline_rates],
+        "baseline_runs_msgs_per_s": [round(r) for r in baseline_rates],
         "baseline_spread": round(_spread(baseline_rates), 3),
         "proxy_delivered_msgs_per_s": round(delivered_rate),
         "ratio_delivered": round(delivered_rate / baseline_rate, 3),
@@ -150,8 +156,8 @@ def _throughput_row(
         "cpu_s": {
             "proxy_run": {"proxy": round(proxy.proxy_cpu_s, 2), "redis": round(proxy.redis_cpu_s, 2),
                           "clients": round(proxy.result["client_cpu_s"], 2)},
-            "baseline_run": {"redis": round(baselines[0].redis_cpu_s, 2),
-                             "clients": round(baselines[0].result["client_cpu_s"], 2)},
+            "baseline_run": {"redis": round(statistics.median(b.redis_cpu_s for b in baselines), 2),
+                             "clients": round(statistics.median(b.result["client_cpu_s"] for b in baselines), 2)},
         },
     }
     if proxy.profile is not None:
