@@ -12,6 +12,7 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:q``              stream    the queue; entry id ``0-<offset>``
 ``ddmq:{<t>:<q>}:seq``            string    last offset assigned by the producer script
 ``ddmq:{<t>:<q>}:off:<g>``        string    group g's committed offset (next offset to consume)
+``ddmq:{<t>:<q>}:done:<g>``       string    offsets past it already finished, as ranges ``a-b,c``
 ``ddmq:{<t>:<q>}:lease:<g>``      string    group g's lease on the queue: ``<owner> <term>``, PX expiry
 ``ddmq:{<t>:<q>}:term:<g>``       string    group g's lease term counter (the fencing token source)
 ``ddmq:dlq:{<g>:<t>}``            stream    group g's dead letters for topic t
@@ -57,6 +58,10 @@ def sequence(topic: str, qid: int) -> str:
 
 def committed(group: str, topic: str, qid: int) -> str:
     return f"{_queue_tag(topic, qid)}:off:{group}"
+
+
+def finished(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:done:{group}"
 
 
 def lease(group: str, topic: str, qid: int) -> str:

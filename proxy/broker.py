@@ -85,6 +85,12 @@ class Broker:
             raw = await self.redis.get(keys.committed(group, topic, qid))
         return int(raw) if raw is not None else None
 
+    async def finished_offsets(self, group: str, topic: str, qid: int) -> str:
+        """The ranges of offsets a previous owner finished past the committed offset."""
+        with map_redis_errors(f"reading finished offsets of {group}/{topic}#{qid}"):
+            raw = await self.redis.get(keys.finished(group, topic, qid))
+        return raw.decode() if raw else ""
+
     async def next_produce_offset(self, topic: str, qid: int) -> int:
         with map_redis_errors(f"reading the produce offset of {topic}#{qid}"):
             raw = await self.redis.get(keys.sequence(topic, qid))

@@ -14,7 +14,7 @@ from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
 from ddmq.proxy.leases import Lease, LeaseStore
 from ddmq.proxy.membership import Membership, assign
-from ddmq.proxy.offsets import OffsetTracker
+from ddmq.proxy.offsets import OffsetTracker, decode_ranges
 from ddmq.proxy.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.pull_buffer import PullBuffer
 from ddmq.proxy.reader import QueueReader, TokenBucket
@@ -185,10 +185,23 @@ class TopicConsumer:
 
     async def open_queue(self, qid: int, term: int) -> None:
         start = await self._with_retry(lambda: self._start_offset(qid), f"start offset of #{qid}")
-        self.trackers[qid] = OffsetTracker(start)
+        skip = await self._finished_past(qid, start)
+        self.trackers[qid] = OffsetTracker(start, skip)
         reader = self.readers[qid] = QueueReader(self, qid)
         reader.start()
         log.info("%s/%s#%d: lease term %d, reading from offset %d", self.group, self.topic, qid, term, start)
+
+    async def _finished_past(self, qid: int, start: int) -> set[int]:
+        try:
+            text = await self.broker.finished_offsets(self.group, self.topic, qid)
+            return {offset for offset in decode_ranges(text) if offset >= start}
+        except DdmqError as exc:
+            log.warning("%s/%s#%d: finished offsets unreadable (%s): redelivering them", self.group, self.topic,
+                        qid, exc)
+        except ValueError as exc:
+            log.warning("%s/%s#%d: finished offsets corrupt (%s): redelivering them", self.group, self.topic,
+                        qid, exc)
+        return set()
 
     async def drop_queue(self, qid: int, release: bool = False) -> None:
         """Stop reading ``qid`` and forget its unfinished jobs (they stay uncommitted, so the queue's
@@ -260,7 +273,9 @@ class TopicConsumer:
     async def accept(self, qid: int, message: StoredMessage) -> None:
         """A message read from queue ``qid``, in order."""
         tracker = self.trackers[qid]
-        tracker.track(message.offset)
+        if tracker.track(message.offset):
+            self.counters["skipped_finished"] += 1  # a previous owner finished it
+            return
         if self._tags and message.tag not in self._tags:
             tracker.finish(message.offset)
             self.counters["filtered"] += 1
@@ -329,11 +344,11 @@ class TopicConsumer:
     async def _commit(self, qid: int) -> None:
         tracker = self.trackers.get(qid)
         lease = self.held.get(qid)
-        if tracker is None or lease is None or tracker.commit_point == tracker.committed:
+        if tracker is None or lease is None or tracker.version == tracker.committed_version:
             return
-        point = tracker.commit_point
-        if await self.leases.commit(lease, point):
-            tracker.committed = point
+        point, version = tracker.commit_point, tracker.version
+        if await self.leases.commit(lease, point, tracker.finished_beyond()):
+            tracker.committed, tracker.committed_version = point, version
         elif self.held.get(qid) == lease:
             log.warning("%s/%s#%d: commit fenced off (lease term %d taken over); dropping the queue",
                         self.group, self.topic, qid, lease.term)

@@ -67,10 +67,12 @@ redis.call('DEL', KEYS[1])
 return 1
 """
 
-# KEYS: lease, term, committed.  ARGV: token, offset.  1 = written, 0 = fenced off.
+# KEYS: lease, term, committed, finished.  ARGV: token, offset, finished ranges ("" = none).
+# 1 = written, 0 = fenced off.
 _COMMIT = _HOLDS + """
 if not holds() then return 0 end
 redis.call('SET', KEYS[3], ARGV[2])
+if ARGV[3] == '' then redis.call('DEL', KEYS[4]) else redis.call('SET', KEYS[4], ARGV[3]) end
 return 1
 """
 
@@ -130,12 +132,16 @@ class LeaseStore:
     async def release(self, lease: Lease) -> bool:
         return bool(await self._run(_RELEASE, lease.keys(), [lease.token], f"releasing {lease}"))
 
-    async def commit(self, lease: Lease, offset: int) -> bool:
-        """Write the committed offset only while ``lease`` still holds; False = fenced off."""
-        committed = keys.committed(lease.group, lease.topic, lease.qid)
-        return bool(
-            await self._run(_COMMIT, [*lease.keys(), committed], [lease.token, offset], f"committing {lease}")
-        )
+    async def commit(self, lease: Lease, offset: int, finished: str = "") -> bool:
+        """Write the committed offset, and the ``finished`` ranges past it, only while ``lease`` still
+        holds; False = fenced off."""
+        group, topic, qid = lease.group, lease.topic, lease.qid
+        return bool(await self._run(
+            _COMMIT,
+            [*lease.keys(), keys.committed(group, topic, qid), keys.finished(group, topic, qid)],
+            [lease.token, offset, finished],
+            f"committing {lease}",
+        ))
 
     async def holder(self, group: str, topic: str, qid: int) -> LeaseHolder | None:
         """Who holds a queue's lease now (for status views)."""

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ddmq.proxy.offsets import OffsetTracker
+from ddmq.proxy.offsets import OffsetTracker, decode_ranges, encode_ranges
 
 
 def test_commit_point_stops_at_first_unfinished() -> None:
@@ -51,3 +51,34 @@ def test_random_finish_order_matches_a_model() -> None:
         unfinished = [o for o in read if o not in finished]
         expected = unfinished[0] if unfinished else (read[-1] + 1 if read else 1)
         assert tracker.commit_point == expected
+
+
+def test_finished_offsets_round_trip_as_ranges() -> None:
+    offsets = [3, 4, 5, 7, 9, 10, 20]
+    text = encode_ranges(offsets)
+    assert text == "3-5,7,9-10,20"
+    assert decode_ranges(text) == set(offsets)
+    assert encode_ranges([]) == "" and decode_ranges("") == set()
+
+
+@pytest.mark.parametrize("text", ["5-3", "x", "1-2-3", "1-999999999"])
+def test_malformed_or_huge_ranges_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        decode_ranges(text, limit=1000)
+
+
+def test_offsets_a_previous_owner_finished_are_skipped_and_the_commit_point_moves_past_them() -> None:
+    previous = OffsetTracker(start=1)
+    for offset in range(1, 7):
+        previous.track(offset)
+    for offset in (2, 3, 5):
+        previous.finish(offset)
+    assert previous.commit_point == 1 and previous.finished_beyond() == "2-3,5"
+    successor = OffsetTracker(previous.commit_point, decode_ranges(previous.finished_beyond()))
+    skipped = [offset for offset in range(1, 7) if successor.track(offset)]
+    assert skipped == [2, 3, 5]
+    successor.finish(1)
+    assert successor.commit_point == 4
+    successor.finish(4)
+    successor.finish(6)
+    assert successor.commit_point == 7 and successor.finished_beyond() == ""

@@ -154,14 +154,17 @@ async def test_commit_never_passes_an_unfinished_offset_and_restart_resumes_ther
         assert await redis_client.get(keys.committed("g", "t", 0)) == b"1"
         stats = await service.consume_stats("g", "t")
         assert stats[0].consume_offsets["0"] == 1 and stats[0].produce_offsets["0"] == 6
-    # The proxy stopped with offset 1 unfinished: a new one resumes there, replaying 1..5 in order
-    # (finished offsets past the commit point are not persisted yet: that is the cluster release).
+    assert await redis_client.get(keys.finished("g", "t", 0)) == b"2-5"
+    # The proxy stopped with offset 1 unfinished: a new one resumes there and, knowing 2..5 were
+    # finished, delivers only offset 1 again.
     async with running_proxy(redis_url, config) as service:
         batch = await pull(service, max_batch=10)
-        assert [m.offset for m in batch.messages] == [1, 2, 3, 4, 5]
+        assert [m.offset for m in batch.messages] == [1]
+        assert service.groups["g"].consumers["t"].counters["skipped_finished"] == 4
         await service.submit(ack(batch))
         await asyncio.sleep(0.2)
         assert await redis_client.get(keys.committed("g", "t", 0)) == b"6"
+        assert await redis_client.get(keys.finished("g", "t", 0)) is None
     async with running_proxy(redis_url, config) as service:
         await produce(redis_url, [("k9", "m6")], qid=0)
         batch = await pull(service, max_batch=10)
