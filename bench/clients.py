@@ -279,14 +279,16 @@ async def drain_proxy(spec: ProxyDrain, ready: Ready) -> dict[str, Any]:
 @dataclass(frozen=True)
 class KeyedWork:
     """``connections`` pullers, each holding at most ``window`` messages: ``connections x window``
-    in flight. A message's work is ``asyncio.sleep(w ms)`` (``w`` from its body); each message is
-    acked the moment its work ends, on a dedicated connection, coalesced while a submit is under way."""
+    in flight. A puller pulls as many as it has free slots once at least ``refill_at`` are free. A
+    message's work is ``asyncio.sleep(w ms)`` (``w`` from its body); each message is acked the moment
+    its work ends, on a dedicated connection, coalesced while a submit is under way."""
 
     port: int
     group: str
     expected: int
     connections: int = 10
     window: int = 10
+    refill_at: int = 5
     linger_ms: int = 1000
     timeout_s: float = 600.0
 
@@ -310,12 +312,14 @@ class _WorkState:
 class _Window:
     """Free slots of one puller."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, refill_at: int) -> None:
         self.free = size
+        self.refill_at = min(max(1, refill_at), size)
         self._room = asyncio.Event()
 
     async def wait(self) -> int:
-        while self.free == 0:
+        """Wait until at least ``refill_at`` slots are free; returns how many are."""
+        while self.free < self.refill_at:
             self._room.clear()
             await self._room.wait()
         return self.free
@@ -355,7 +359,7 @@ async def keyed_work(spec: KeyedWork, ready: Ready) -> dict[str, Any]:
 
 
 async def _work_puller(client: AsyncProxyClient, spec: KeyedWork, state: _WorkState) -> None:
-    window = _Window(spec.window)
+    window = _Window(spec.window, spec.refill_at)
     while not state.done.is_set():
         free = await window.wait()
         response = await client.pull(

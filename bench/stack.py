@@ -114,6 +114,8 @@ class ProfileReport:
     output: Path | None
     top_self: list[tuple[str, int]] = field(default_factory=list)
     samples: int = 0
+    #: Samples with no Python frame at all (a thread in native code); not in ``samples``.
+    unattributed: int = 0
     note: str = ""
 
     def as_json(self) -> dict[str, Any]:
@@ -122,6 +124,7 @@ class ProfileReport:
             "tool": self.tool,
             "output": str(self.output) if self.output else None,
             "samples": self.samples,
+            "unattributed_samples": self.unattributed,
             "top_self": [
                 {"function": name, "samples": count, "percent": round(100 * count / total, 1)}
                 for name, count in self.top_self
@@ -140,7 +143,7 @@ class Profiler:
     command (``python -m pyinstrument -r html -o FILE -m ddmq.proxy ...``), which keeps the pid too.
     """
 
-    RATE_HZ = 100
+    RATE_HZ = 200
 
     def __init__(self, out_dir: Path, stem: str) -> None:
         self.out_dir = out_dir
@@ -194,30 +197,34 @@ class Profiler:
                 sampler.wait(timeout=10)
         report = ProfileReport("py-spy", self.out_dir / f"{self.stem}.svg")
         if self._raw is not None and self._raw.exists():
-            report.top_self, report.samples = top_self_time(self._raw.read_text())
+            report.top_self, report.samples, report.unattributed = top_self_time(self._raw.read_text())
         else:
             report.note = "py-spy wrote no samples (is ptrace allowed here?)"
         return report
 
 
-def top_self_time(collapsed: str, count: int = 5) -> tuple[list[tuple[str, int]], int]:
-    """The ``count`` functions with the most self samples in py-spy's raw (collapsed) output.
+def top_self_time(collapsed: str, count: int = 5) -> tuple[list[tuple[str, int]], int, int]:
+    """The ``count`` functions with the most self samples in py-spy's raw (collapsed) output, the
+    samples with a Python stack, and those without one.
 
     Each line is ``frame;frame;...;leaf N``; a frame is ``function (file:line)``. Self time belongs to
     the leaf; line numbers are dropped so a function's lines add up.
     """
     selves: Counter[str] = Counter()
-    total = 0
+    total = unattributed = 0
     for line in collapsed.splitlines():
         stack, _, samples = line.rpartition(" ")
-        if not stack or not samples.isdigit():
+        if not samples.isdigit():
+            continue
+        if not stack.strip():
+            unattributed += int(samples)
             continue
         leaf = stack.rsplit(";", 1)[-1]
         name, _, where = leaf.partition(" (")
         file = where.rstrip(")").rsplit(":", 1)[0]
         selves[f"{name} ({_short_path(file)})"] += int(samples)
         total += int(samples)
-    return selves.most_common(count), total
+    return selves.most_common(count), total, unattributed
 
 
 def _short_path(path: str) -> str:

@@ -26,6 +26,7 @@ __all__ = ["key_parallel_work"]
 KEYS = 1000
 CONNECTIONS = 10
 WINDOW = 10
+REFILL_AT = 5
 IN_FLIGHT = CONNECTIONS * WINDOW
 WORK_MS = (0.0, 5.0)
 
@@ -39,7 +40,7 @@ def key_parallel_work(settings: Settings) -> list[Row]:
         config = {"actions": ["Order", "PullServer"], "order_key": "KEY"}
         with ProxyRun(redis_server.url, **proxy_sections(group, **config)) as proxy:
             log(f"P3: {CONNECTIONS} connections x {WINDOW} in flight")
-            spec = KeyedWork(proxy.port, group, messages, CONNECTIONS, WINDOW)
+            spec = KeyedWork(proxy.port, group, messages, CONNECTIONS, WINDOW, REFILL_AT)
             marks: dict[str, float] = {}
             result = run_load(
                 keyed_work, spec, 120 + messages / 100, on_ready=lambda: marks.update(cpu=proxy.cpu_seconds())
@@ -64,7 +65,7 @@ def key_parallel_work(settings: Settings) -> list[Row]:
     }
     params = {
         "messages": messages, "keys": KEYS, "work_ms": f"{WORK_MS[0]:g}-{WORK_MS[1]:g}",
-        "in_flight": f"{CONNECTIONS}x{WINDOW}",
+        "in_flight": f"{CONNECTIONS}x{WINDOW}", "refill_at": REFILL_AT,
     }
     return [Row(
         "P3", "key-parallel work: wall / ideal", f"{wall_s:.3f} s wall", f"{ideal_s:.3f} s ideal",
