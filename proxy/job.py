@@ -58,7 +58,7 @@ class UpstreamJob:
         self.order_key: Hashable | None = None
         self.next: UpstreamJob | None = None
         self.attempts = 0
-        self.deadline = 0.0
+        self.deadline = 0  # timing-wheel tick while in flight
         self.last_error = ""
 
     @property

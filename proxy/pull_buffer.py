@@ -6,7 +6,9 @@ One buffer per consumer group holds:
 - *parked* long-poll requests, answered as soon as jobs are ready or empty at their linger time;
 - every unfinished job that entered the buffer, by (queue, offset), so acks and fails find it;
 - one timer task (not a handle per message) that redelivers pulled jobs not acked within
-  ``timeout_ms`` and makes failed jobs ready again after their retry interval.
+  ``timeout_ms`` and makes failed jobs ready again after their retry interval. Pulled jobs wait in
+  a timing wheel of ``_TICK_S`` buckets and leave it when acked or failed, so the wheel holds only
+  what is in flight, whatever the throughput.
 
 A failed attempt (client fail, or timeout) is retried after ``retry_intervals_ms``; after
 ``max_retry`` retries the job is written to the group's dead-letter stream and then finished. A job
@@ -22,6 +24,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -66,7 +69,8 @@ class PullBuffer:
         self._jobs: dict[QueueId, dict[int, UpstreamJob]] = {}
         self._waiters: deque[_Waiter] = deque()
         self._wake_scheduled = False
-        self._deadlines: dict[int, deque[tuple[float, int, UpstreamJob]]] = {}
+        self._wheel: dict[int, set[UpstreamJob]] = {}  # tick number -> jobs in flight due then
+        self._wheel_cursor = 0  # the first tick not expired yet
         self._retries: list[tuple[float, int, UpstreamJob]] = []
         self._seq = itertools.count()
         self._timer: asyncio.Task[None] | None = None
@@ -80,6 +84,7 @@ class PullBuffer:
         if self._timer is not None:
             raise RuntimeError("PullBuffer already started")
         self._loop = asyncio.get_running_loop()
+        self._wheel_cursor = int(self._loop.time() / _TICK_S)
         self._timer = asyncio.create_task(self._run_timers(), name=f"pull-buffer-timers:{self.group}")
 
     async def close(self) -> None:
@@ -190,18 +195,23 @@ class PullBuffer:
 
     def _deliver(self, batch: list[UpstreamJob]) -> None:
         assert self._loop is not None
-        now = self._loop.time()
-        timeout_ms = batch[0].consumer.config.timeout_ms
-        deadline = now + timeout_ms / 1000
-        deadlines = self._deadlines.get(timeout_ms)
-        if deadlines is None:
-            deadlines = self._deadlines[timeout_ms] = deque()
+        due = self._loop.time() + batch[0].consumer.config.timeout_ms / 1000
+        tick = max(math.ceil(due / _TICK_S), self._wheel_cursor)
+        slot = self._wheel.get(tick)
+        if slot is None:
+            slot = self._wheel[tick] = set()
         for job in batch:
             job.state = JobState.IN_FLIGHT
             job.attempts += 1
-            job.deadline = deadline
-            deadlines.append((deadline, job.attempts, job))
+            job.deadline = tick
+            slot.add(job)
         self.stats.delivered += len(batch)
+
+    def _untime(self, job: UpstreamJob) -> None:
+        """``job`` leaves the in-flight state: take it off the wheel."""
+        slot = self._wheel.get(job.deadline)
+        if slot is not None:
+            slot.discard(job)
 
     # results -----------------------------------------------------------------------------------
 
@@ -214,7 +224,9 @@ class PullBuffer:
                 stats.unknown_acks += 1
                 log.debug("ignoring ack for unknown offset %s@%s of group %s", queue, offset, self.group)
                 continue
-            if job.state is not JobState.IN_FLIGHT:
+            if job.state is JobState.IN_FLIGHT:
+                self._untime(job)
+            else:
                 stats.late_acks += 1
             stats.acked += 1
             self._finish(job)
@@ -228,6 +240,7 @@ class PullBuffer:
                 log.debug("ignoring fail for offset %s@%s not in flight (group %s)", queue, offset, self.group)
                 continue
             self.stats.failed += 1
+            self._untime(job)
             self._failed_attempt(job, reason)
 
     def _failed_attempt(self, job: UpstreamJob, reason: str) -> None:
@@ -280,6 +293,8 @@ class PullBuffer:
         """Forget every job of ``queue`` (the queue moved away); returns them."""
         jobs = self._jobs.pop(queue, {})
         for job in jobs.values():
+            if job.state is JobState.IN_FLIGHT:
+                self._untime(job)
             job.state = JobState.FINISHED
         ready = self._ready.pop(queue, None)
         if ready:
@@ -302,12 +317,17 @@ class PullBuffer:
                 log.exception("pull buffer timer failed for group %s", self.group)
 
     def _expire(self, now: float) -> None:
-        for deadlines in self._deadlines.values():
-            while deadlines and deadlines[0][0] <= now:
-                _, attempt, job = deadlines.popleft()
-                if job.state is JobState.IN_FLIGHT and job.attempts == attempt:
+        current = int(now / _TICK_S)
+        wheel = self._wheel
+        for tick in range(self._wheel_cursor, current + 1):
+            slot = wheel.pop(tick, None)
+            if not slot:
+                continue
+            for job in slot:
+                if job.state is JobState.IN_FLIGHT:
                     self.stats.timed_out += 1
                     self._failed_attempt(job, f"not acked within {job.consumer.config.timeout_ms} ms")
+        self._wheel_cursor = current + 1
         retries = self._retries
         while retries and retries[0][0] <= now:
             _, _, job = heapq.heappop(retries)
@@ -329,6 +349,11 @@ class PullBuffer:
     def held(self) -> int:
         """Unfinished jobs in the buffer (ready, in flight, or waiting for a retry)."""
         return sum(len(jobs) for jobs in self._jobs.values())
+
+    @property
+    def timed(self) -> int:
+        """Jobs on the timing wheel: equals in-flight jobs, however many were delivered before."""
+        return sum(len(slot) for slot in self._wheel.values())
 
     @property
     def parked(self) -> int:

@@ -240,3 +240,19 @@ async def test_an_entry_not_written_by_the_producer_stops_that_queue_only(
             results = ack(batch)
         assert sorted(values) == [b"before", b"other queue"]
         assert (await pull(service, linger_ms=300, results=results)).messages == []
+
+
+async def test_memory_for_timeouts_is_bounded_by_what_is_in_flight(redis_url: str) -> None:
+    async with running_proxy(redis_url, {"order_key": "NONE", "timeout_ms": 60_000}) as service:
+        await produce(redis_url, [(None, f"m{i}") for i in range(500)], qid=0)
+        buffer = service.groups["g"].buffer
+        results: list[QueueResult] = []
+        delivered = 0
+        while delivered < 500:
+            batch = await pull(service, max_batch=50, results=results)
+            delivered += len(batch.messages)
+            assert buffer.timed == buffer.in_flight == len(batch.messages)
+            results = ack(batch)
+        await service.submit(results)
+        # Everything acked long before its 60 s deadline: nothing is left to time out.
+        assert buffer.timed == 0 and buffer.held == 0
