@@ -11,7 +11,8 @@ P2: the same backlog plus one key, ``poison``, as frequent as any other, whose m
 never acks (its head times out after ``timeout_ms`` and is redelivered, ``max_retry`` is high). The
 figure is the other keys' msg/s with the poison key stuck divided by the msg/s of control runs on
 the same data with the same config in which every key is acked (P1's setup): runs alternate control,
-stuck, control, stuck, control, each with a fresh proxy and group, and the medians are compared.
+stuck, control, stuck, control, stuck, control, each with a fresh proxy and group, and the medians
+are compared.
 Both clocks stop when the last awaited message reaches a client.
 """
 
@@ -176,7 +177,7 @@ def _throughput_row(
 
 
 POISON_KEY = "poison"
-STUCK_RUNS = 2
+STUCK_RUNS = 3
 
 
 def isolation(settings: Settings) -> list[Row]:
@@ -192,7 +193,7 @@ def isolation(settings: Settings) -> list[Row]:
         control_rates: list[float] = []
         stuck_rates: list[float] = []
         stuck: Drained | None = None
-        # control, stuck, control, stuck, control: the medians shrug off one run hit by a neighbour
+        # control, stuck, control, ... control: the medians shrug off a run hit by a neighbour
         for index in range(2 * STUCK_RUNS + 1):
             if index % 2 == 0:
                 log(f"P2: control drain {index // 2 + 1}, every key acked")
