@@ -39,19 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _selected(only: str) -> list[str]:
+def _selected(parser: argparse.ArgumentParser, only: str) -> list[str]:
     if not only:
         return list(SCENARIOS)
     wanted = [part.strip().upper() for part in only.split(",") if part.strip()]
     unknown = [w for w in wanted if w not in SCENARIOS]
     if unknown:
-        raise SystemExit(f"error: unknown scenario(s) {unknown}; known: {list(SCENARIOS)}")
+        parser.error(f"unknown scenario(s) {unknown}; known: {list(SCENARIOS)}")
     return [s for s in SCENARIOS if s in wanted]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    ids = _selected(args.only)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ids = _selected(parser, args.only)
     results_dir = args.json.resolve().parent
     settings = Settings(quick=args.quick, profile=args.profile, results_dir=results_dir)
     began = time.monotonic()

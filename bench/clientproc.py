@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
@@ -28,7 +28,7 @@ from bench.stack import HarnessError
 __all__ = ["ClientProcess", "Load", "Ready"]
 
 Ready = Callable[[], None]
-Load = Callable[[Any, Ready], Awaitable[dict[str, Any]]]
+Load = Callable[[Any, Ready], Coroutine[Any, Any, dict[str, Any]]]
 
 _context = multiprocessing.get_context("spawn")  # no inherited sockets, loops or threads
 
@@ -38,7 +38,7 @@ def _child(conn: Connection, load: Load, spec: Any) -> None:
         conn.send(("ready", None))
 
     try:
-        result = asyncio.run(load(spec, ready))
+        result: dict[str, Any] = asyncio.run(load(spec, ready))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     else:

@@ -78,14 +78,14 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return self._server.url
+        return str(self._server.url)
 
     @property
     def pid(self) -> int:
         pid = self._server.pid
         if pid is None:
             raise HarnessError("redis is not running")
-        return pid
+        return int(pid)
 
     def start(self) -> RedisServer:
         self._server.start()
