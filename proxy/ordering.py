@@ -82,9 +82,6 @@ class UpstreamJobBlockingQueue:
         """Keys with at least one unfinished job."""
         return len(self._heads)
 
-    def head(self, key: Hashable) -> UpstreamJob | None:
-        return self._heads.get(key)
-
     def chain_length(self, key: Hashable) -> int:
         """Unfinished jobs of ``key`` (walks the chain: for admin views, not the hot path)."""
         count = 0
@@ -93,6 +90,3 @@ class UpstreamJobBlockingQueue:
             count += 1
             job = job.next
         return count
-
-    def heads(self) -> list[UpstreamJob]:
-        return list(self._heads.values())

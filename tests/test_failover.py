@@ -61,6 +61,20 @@ async def pull_from_process(client: AsyncProxyClient, checker: OrderChecker, epo
     return len(ok)
 
 
+async def pull_in_process(service: ProxyService, checker: OrderChecker, epoch: int,
+                          results: list[QueueResult]) -> tuple[int | None, list[QueueResult]]:
+    """One pull from ``service`` acking the previous ``results``; returns the batch's qid (None when
+    empty) and the results to ack with the next pull."""
+    batch = await service.pull("g", "t", 64, 200, results)
+    if not batch.messages or batch.queue is None:
+        return None, []
+    for m in batch.messages:
+        event = json.loads(m.value)
+        checker.delivered(event["k"], event["seq"], epoch)
+        checker.acked(event["k"], event["seq"], epoch)
+    return batch.queue.qid, [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
+
+
 async def drain_in_process(service: ProxyService, checker: OrderChecker, epoch: int,
                            produced: dict[str, int], timeout_s: float) -> dict[int, float]:
     """Pull and ack from ``service`` until every produced message was acked; returns the time of
@@ -71,15 +85,9 @@ async def drain_in_process(service: ProxyService, checker: OrderChecker, epoch: 
     results: list[QueueResult] = []
     while checker.missing(produced):
         assert loop.time() < deadline, f"not drained: {list(checker.missing(produced).items())[:5]}"
-        batch = await service.pull("g", "t", 64, 200, results)
-        results = []
-        if batch.messages and batch.queue is not None:
-            first.setdefault(batch.queue.qid, time.monotonic())
-            for m in batch.messages:
-                event = json.loads(m.value)
-                checker.delivered(event["k"], event["seq"], epoch)
-                checker.acked(event["k"], event["seq"], epoch)
-            results = [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
+        qid, results = await pull_in_process(service, checker, epoch, results)
+        if qid is not None:
+            first.setdefault(qid, time.monotonic())
     await service.submit(results)
     return first
 
@@ -118,15 +126,8 @@ async def test_queues_split_between_proxies_and_move_to_the_survivor_of_a_crash(
                 results: list[QueueResult] = []
                 while consumed < 1500:
                     consumed += await pull_from_process(client, checker, 1, pending)
-                    batch = await proxy_b.pull("g", "t", 64, 0, results)
-                    results = []
-                    if batch.messages and batch.queue is not None:
-                        assert batch.queue.qid in (2, 3)
-                        for m in batch.messages:
-                            event = json.loads(m.value)
-                            checker.delivered(event["k"], event["seq"], 2)
-                            checker.acked(event["k"], event["seq"], 2)
-                        results = [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
+                    qid, results = await pull_in_process(proxy_b, checker, 2, results)
+                    assert qid in (None, 2, 3)
                 await proxy_b.submit(results)
                 await client.submit(wire.link_results(pending))
                 proxy_a.kill()
