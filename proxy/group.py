@@ -270,9 +270,9 @@ class TopicConsumer:
             self._room.clear()
             await self._room.wait()
 
-    async def accept(self, qid: int, message: StoredMessage) -> None:
-        """A message read from queue ``qid``, in order."""
-        tracker = self.trackers[qid]
+    async def accept(self, queue: QueueId, message: StoredMessage) -> None:
+        """A message read from ``queue``, in order."""
+        tracker = self.trackers[queue.qid]
         if tracker.track(message.offset):
             self.counters["skipped_finished"] += 1  # a previous owner finished it
             return
@@ -282,7 +282,7 @@ class TopicConsumer:
             return
         self.unfinished += 1
         self.counters["read"] += 1
-        await self.run(UpstreamJob(self, qid, message, tracker))
+        await self.run(UpstreamJob(self, queue, message, tracker))
 
     # the chain ---------------------------------------------------------------------------------
 

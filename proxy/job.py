@@ -43,13 +43,18 @@ class UpstreamJob:
         "next",
         "order_key",
         "qid",
+        "queue",
         "state",
         "tracker",
     )
 
-    def __init__(self, consumer: TopicConsumer, qid: int, message: StoredMessage, tracker: OffsetTracker) -> None:
+    def __init__(
+        self, consumer: TopicConsumer, queue: QueueId, message: StoredMessage, tracker: OffsetTracker
+    ) -> None:
         self.consumer = consumer
-        self.qid = qid
+        #: Built once per queue by its reader, not per job: the buffer keys its maps by it.
+        self.queue = queue
+        self.qid = queue.qid
         self.tracker = tracker
         self.message = message
         self.index = 0
@@ -64,10 +69,6 @@ class UpstreamJob:
     @property
     def offset(self) -> int:
         return self.message.offset
-
-    @property
-    def queue(self) -> QueueId:
-        return QueueId(self.consumer.topic, self.qid)
 
     def __repr__(self) -> str:
         return (

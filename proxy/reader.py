@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ddmq.proxy.errors import BrokerError
+from ddmq.proxy.types import QueueId
 
 if TYPE_CHECKING:
     from ddmq.proxy.group import TopicConsumer
@@ -44,6 +45,7 @@ class QueueReader:
     def __init__(self, consumer: TopicConsumer, qid: int) -> None:
         self.consumer = consumer
         self.qid = qid
+        self.queue = QueueId(consumer.topic, qid)
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -73,6 +75,7 @@ class QueueReader:
         tracker = consumer.trackers[self.qid]
         batch_size = consumer.config.read_batch_size
         limiter = consumer.limiter
+        queue = self.queue
         backoff = 0.1
         while not self._stopping:
             room = await consumer.wait_for_room()
@@ -92,4 +95,4 @@ class QueueReader:
             if self._stopping:
                 return  # not tracked, so never committed: the next reader reads them again
             for message in messages:
-                await consumer.accept(self.qid, message)
+                await consumer.accept(queue, message)

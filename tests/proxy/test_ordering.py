@@ -15,7 +15,7 @@ from ddmq.proxy.membership import Membership
 from ddmq.proxy.offsets import OffsetTracker
 from ddmq.proxy.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.pull_buffer import PullBuffer
-from ddmq.proxy.types import StoredMessage
+from ddmq.proxy.types import QueueId, StoredMessage
 
 
 def make_consumer() -> TopicConsumer:
@@ -28,7 +28,7 @@ def make_consumer() -> TopicConsumer:
 
 
 def make_job(consumer: TopicConsumer, offset: int, key: object) -> UpstreamJob:
-    job = UpstreamJob(consumer, 0, StoredMessage(offset, b"", "", "", {}, 0), OffsetTracker(1))
+    job = UpstreamJob(consumer, QueueId("t", 0), StoredMessage(offset, b"", "", "", {}, 0), OffsetTracker(1))
     job.order_key = key  # type: ignore[assignment]
     return job
 
