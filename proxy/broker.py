@@ -7,7 +7,6 @@ engine deals with one retriable error type. Entry fields are the producer's (``d
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -30,11 +29,6 @@ def map_redis_errors(what: str) -> Iterator[None]:
     try:
         yield
     except (RedisError, OSError) as exc:
-        # redis-py can turn a cancellation into a connection error; a retry loop catching
-        # BrokerError would then swallow the cancel and never stop. Give the cancel back.
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise asyncio.CancelledError(f"cancelled while {what}") from exc
         raise BrokerError(f"redis failed while {what}: {exc}") from exc
 
 
