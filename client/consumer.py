@@ -59,6 +59,8 @@ class ConsumedMessage:
     value: bytes
     tag: str
     properties: dict[str, str]
+    produce_ms: int = 0
+    """Produce time in milliseconds since the epoch; 0 when unknown."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,7 @@ def _consumed_messages(response: PullResponse) -> list[ConsumedMessage]:
                 value=message.value or b"",
                 tag=message.tag or "",
                 properties=dict(message.properties or {}),
+                produce_ms=message.produceTime or 0,
             )
         )
     return messages

@@ -305,7 +305,14 @@ def pull_response(group: str, topic: str | None, batch: PullBatch) -> PullRespon
     return PullResponse(
         context=Context(groupId=group, topic=batch.queue.topic, qid=str(batch.queue.qid)),
         messages=[
-            Message(key=m.key, value=m.value, tag=m.tag, offset=m.offset, properties=dict(m.properties))
+            Message(
+                key=m.key,
+                value=m.value,
+                tag=m.tag,
+                offset=m.offset,
+                properties=dict(m.properties),
+                produceTime=m.produce_ms,
+            )
             for m in batch.messages
         ],
     )

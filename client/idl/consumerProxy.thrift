@@ -29,6 +29,8 @@ struct Message {
     3: string tag;
     4: i64 offset;
     5: optional map<string, string> properties;
+    /* ddmq extension: produce time, milliseconds since the epoch (0 when the producer gave none). */
+    20: optional i64 produceTime;
 }
 
 /* One queue of one topic, as a consumer group sees it; qid is the queue number as a string. */

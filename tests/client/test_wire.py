@@ -42,6 +42,7 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         3: (STRING, "tag", "", None),
         4: (I64, "offset", "", None),
         5: (MAP, "properties", "optional", (STRING, STRING)),
+        20: (I64, "produceTime", "optional", None),
     },
     "Context": {
         1: (STRING, "groupId", "", None),
@@ -175,7 +176,12 @@ def test_service_methods_match_design(method: str) -> None:
 # -- round trips ------------------------------------------------------------------------------------
 
 MESSAGE = Message(
-    key="rider-42", value=b"\x00\xff\xfe payload", tag="ride", offset=2**62, properties={"ü": "ß", "": ""}
+    key="rider-42",
+    value=b"\x00\xff\xfe payload",
+    tag="ride",
+    offset=2**62,
+    properties={"ü": "ß", "": ""},
+    produceTime=1_700_000_000_123,
 )
 CHAIN = wire.link_results(
     [

@@ -76,7 +76,7 @@ class FakeService:
     def add(self, queue: QueueId, offsets: list[int], values: list[bytes] | None = None) -> None:
         values = values or [f"v{offset}".encode() for offset in offsets]
         messages = [
-            StoredMessage(offset, value, f"k{offset}", "tag", {"p": str(offset)}, 0)
+            StoredMessage(offset, value, f"k{offset}", "tag", {"p": str(offset)}, 1_700_000_000_000 + offset)
             for offset, value in zip(offsets, values, strict=True)
         ]
         self.ready.append(PullBatch(queue, messages))
@@ -205,8 +205,12 @@ async def test_pull_round_trip(server: ThriftServer, service: FakeService) -> No
     ]
     assert response.context == Context(groupId="g", topic="t", qid="3")
     assert response.messages == [
-        wire.Message(key="k10", value=b"\xff\x00", tag="tag", offset=10, properties={"p": "10"}),
-        wire.Message(key="k11", value="ü".encode(), tag="tag", offset=11, properties={"p": "11"}),
+        wire.Message(
+            key="k10", value=b"\xff\x00", tag="tag", offset=10, properties={"p": "10"}, produceTime=1_700_000_000_010
+        ),
+        wire.Message(
+            key="k11", value="ü".encode(), tag="tag", offset=11, properties={"p": "11"}, produceTime=1_700_000_000_011
+        ),
     ]
 
 
@@ -453,8 +457,12 @@ async def test_stock_thriftpy2_client(server: ThriftServer, service: FakeService
     assert out["pull"] == STOCK.PullResponse(
         context=STOCK.Context("g", "t", "2"),
         messages=[
-            STOCK.Message(key="k40", value=b"v40", tag="tag", offset=40, properties={"p": "40"}),
-            STOCK.Message(key="k41", value=b"v41", tag="tag", offset=41, properties={"p": "41"}),
+            STOCK.Message(
+                key="k40", value=b"v40", tag="tag", offset=40, properties={"p": "40"}, produceTime=1_700_000_000_040
+            ),
+            STOCK.Message(
+                key="k41", value=b"v41", tag="tag", offset=41, properties={"p": "41"}, produceTime=1_700_000_000_041
+            ),
         ],
     )
     assert out["submit"] is True
@@ -575,7 +583,7 @@ class Recorder:
 
 def _expect_piggy_backed_results(service: FakeService, recorder: Recorder) -> None:
     assert [m.offset for m in recorder.seen] == [1, 2, 3, 4, 5]
-    assert recorder.seen[0] == ConsumedMessage("t", "0", 1, "k1", b"v1", "tag", {"p": "1"})
+    assert recorder.seen[0] == ConsumedMessage("t", "0", 1, "k1", b"v1", "tag", {"p": "1"}, 1_700_000_000_001)
     assert [call.results for call in service.pulls] == [[], [QueueResult("g", "t", "0", [1], [2, 3])]]
     assert all(call.max_batch == 3 and call.linger_ms == 200 and call.topic == "t" for call in service.pulls)
     assert service.submits == [[QueueResult("g", "t", "0", [4, 5], [])]]
