@@ -33,6 +33,7 @@ from ddmq.client.wire import (
     ConsumeStatsRequest,
     Envelope,
     FrameDecodeError,
+    LeaseAck,
     PullRequest,
     PullResponse,
     TApplicationException,
@@ -195,6 +196,11 @@ class ProxyClient(_CallCodec):
         stats: list[ConsumeStats] = self._call("getConsumeStats", 0.0, request=request)
         return stats
 
+    def ack_leases(self, request: LeaseAck) -> int:
+        """Ack every message of the pull leases named in ``request``; returns how many were acked."""
+        acked: int = self._call("ackLeases", 0.0, request=request)
+        return acked
+
     def _call(self, name: str, wait_s: float, **args: Any) -> Any:
         with self._lock:
             sock = self._connection()
@@ -291,6 +297,11 @@ class AsyncProxyClient(_CallCodec):
     async def get_consume_stats(self, request: ConsumeStatsRequest) -> list[ConsumeStats]:
         stats: list[ConsumeStats] = await self._call("getConsumeStats", 0.0, request=request)
         return stats
+
+    async def ack_leases(self, request: LeaseAck) -> int:
+        """Ack every message of the pull leases named in ``request``; returns how many were acked."""
+        acked: int = await self._call("ackLeases", 0.0, request=request)
+        return acked
 
     async def _call(self, name: str, wait_s: float, **args: Any) -> Any:
         async with self._lock:

@@ -47,6 +47,7 @@ __all__ = [
     "FetchRequest",
     "FetchResponse",
     "FrameDecodeError",
+    "LeaseAck",
     "Message",
     "PullException",
     "PullRequest",
@@ -133,6 +134,9 @@ if TYPE_CHECKING:
         maxLingerTime: int | None
         result: ConsumeResult | None
         version: str | None
+        leaseId: str | None
+        leaseIndex: int | None
+        leaseTimeoutMs: int | None
 
         def __init__(
             self,
@@ -142,6 +146,9 @@ if TYPE_CHECKING:
             maxLingerTime: int | None = None,
             result: ConsumeResult | None = None,
             version: str | None = None,
+            leaseId: str | None = None,
+            leaseIndex: int | None = None,
+            leaseTimeoutMs: int | None = None,
         ) -> None: ...
 
     class PullResponse(TPayload):
@@ -225,6 +232,12 @@ if TYPE_CHECKING:
             offsets: dict[str, dict[str, int]] | None = None,
         ) -> None: ...
 
+    class LeaseAck(TPayload):
+        groupId: str | None
+        leaseIds: list[str] | None
+
+        def __init__(self, groupId: str | None = None, leaseIds: list[str] | None = None) -> None: ...
+
     class PullException(TException):
         code: int | None
         message: str | None
@@ -243,6 +256,7 @@ else:
     QidResponse = consumer_thrift.QidResponse
     FetchResponse = consumer_thrift.FetchResponse
     AckResult = consumer_thrift.AckResult
+    LeaseAck = consumer_thrift.LeaseAck
     PullException = consumer_thrift.PullException
 
 

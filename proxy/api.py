@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueResult
+from ddmq.proxy.types import ConsumeStatsRow, PullBatch, PullLease, QueueResult
 
 
 class ConsumeService(Protocol):
@@ -15,9 +15,11 @@ class ConsumeService(Protocol):
         max_batch: int | None,
         linger_ms: int | None,
         results: list[QueueResult],
+        lease: PullLease | None = None,
     ) -> PullBatch:
         """Apply the piggy-backed ``results`` first, then return ready messages of one queue,
-        waiting up to ``linger_ms`` (None = the proxy default) when none are ready.
+        waiting up to ``linger_ms`` (None = the proxy default) when none are ready. With a ``lease``,
+        a repeated pull of the same lease and index answers the same messages (until acked/expired).
 
         Raises UnknownGroupError / UnknownTopicError / BadRequestError / UnavailableError.
         """
@@ -25,6 +27,11 @@ class ConsumeService(Protocol):
 
     async def submit(self, results: list[QueueResult]) -> None:
         """Apply acks/fails without pulling. Unknown offsets are ignored (counted)."""
+        ...
+
+    async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
+        """Ack every message of the named pull leases; returns how many were acked. Unknown ids are
+        ignored. Raises UnknownGroupError."""
         ...
 
     async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:

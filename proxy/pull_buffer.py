@@ -57,6 +57,7 @@ class _Waiter:
     topic: str | None
     max_batch: int
     future: asyncio.Future[PullBatch] = field(repr=False)
+    timeout_ms: int | None = None
 
 
 class PullBuffer:
@@ -131,15 +132,19 @@ class PullBuffer:
 
     # pulls -------------------------------------------------------------------------------------
 
-    async def pull(self, topic: str | None, max_batch: int, linger_ms: int) -> PullBatch:
+    async def pull(
+        self, topic: str | None, max_batch: int, linger_ms: int, timeout_ms: int | None = None
+    ) -> PullBatch:
+        """Ready messages of one queue, waiting up to ``linger_ms`` for some. They stay in flight for
+        ``timeout_ms`` (None: the topic's ``timeout_ms``) unless acked or failed first."""
         if not self._closed:
-            batch = self._take(topic, max_batch)
+            batch = self._take(topic, max_batch, timeout_ms)
             if batch.messages or linger_ms <= 0:
                 return batch
         if self._closed:
             return _EMPTY
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(topic, max_batch, loop.create_future())
+        waiter = _Waiter(topic, max_batch, loop.create_future(), timeout_ms)
         self._waiters.append(waiter)
         expiry = loop.call_later(linger_ms / 1000, _resolve, waiter.future, _EMPTY)
         try:
@@ -157,7 +162,7 @@ class PullBuffer:
             waiter = waiters.popleft()
             if waiter.future.done():
                 continue
-            batch = self._take(waiter.topic, waiter.max_batch)
+            batch = self._take(waiter.topic, waiter.max_batch, waiter.timeout_ms)
             if batch.messages:
                 waiter.future.set_result(batch)
             else:
@@ -169,7 +174,7 @@ class PullBuffer:
         while self._waiters:
             _resolve(self._waiters.popleft().future, _EMPTY)
 
-    def _take(self, topic: str | None, max_batch: int) -> PullBatch:
+    def _take(self, topic: str | None, max_batch: int, timeout_ms: int | None = None) -> PullBatch:
         order = self._ready_order
         for _ in range(len(order)):
             queue = order.popleft()
@@ -189,13 +194,15 @@ class PullBuffer:
             if ready:
                 order.append(queue)
             if batch:
-                self._deliver(batch)
+                self._deliver(batch, timeout_ms)
                 return PullBatch(queue, [job.message for job in batch])
         return _EMPTY
 
-    def _deliver(self, batch: list[UpstreamJob]) -> None:
+    def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
         assert self._loop is not None
-        due = self._loop.time() + batch[0].consumer.config.timeout_ms / 1000
+        if timeout_ms is None:
+            timeout_ms = batch[0].consumer.config.timeout_ms
+        due = self._loop.time() + timeout_ms / 1000
         tick = max(math.ceil(due / _TICK_S), self._wheel_cursor)
         slot = self._wheel.get(tick)
         if slot is None:
@@ -336,6 +343,11 @@ class PullBuffer:
                 self._make_ready(job)
 
     # views -------------------------------------------------------------------------------------
+
+    def job(self, queue: QueueId, offset: int) -> UpstreamJob | None:
+        """The unfinished job of ``queue`` at ``offset``, if the buffer holds it."""
+        jobs = self._jobs.get(queue)
+        return jobs.get(offset) if jobs is not None else None
 
     @property
     def ready(self) -> int:

@@ -35,7 +35,8 @@ from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
 from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult
+from ddmq.proxy.pull_leases import PullLeases
+from ddmq.proxy.types import ConsumeStatsRow, PullBatch, PullLease, QueueId, QueueResult
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class ProxyService:
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
         self._committer: asyncio.Task[None] | None = None
+        self._leases: dict[str, PullLeases] = {}
         self._state = "new"
         self._closed = asyncio.Event()
 
@@ -194,6 +196,7 @@ class ProxyService:
         max_batch: int | None,
         linger_ms: int | None,
         results: list[QueueResult],
+        lease: PullLease | None = None,
     ) -> PullBatch:
         consumer_group = self._group(group)
         self._apply(results)
@@ -202,9 +205,10 @@ class ProxyService:
             consumer = consumer_group.consumers.get(topic)
             if consumer is None:
                 raise UnknownTopicError(f"group {group!r} does not consume topic {topic!r}")
-            cap = consumer.config.max_pull_batch_size
+            consumers = [consumer]
         else:
-            cap = max(c.config.max_pull_batch_size for c in consumer_group.consumers.values())
+            consumers = list(consumer_group.consumers.values())
+        cap = max(c.config.max_pull_batch_size for c in consumers)
         if max_batch is not None and max_batch < 0:
             raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
         batch = min(max_batch, cap) if max_batch else cap
@@ -212,7 +216,23 @@ class ProxyService:
             linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
         if self._state != "running":
             linger_ms = 0
+        if lease is not None:
+            timeout_ms = lease.timeout_ms
+            if timeout_ms is None:
+                timeout_ms = max(c.config.timeout_ms for c in consumers)
+            return await self._pull_leases(consumer_group).pull(
+                lease.lease_id, lease.index, timeout_ms, topic, batch, max(0, linger_ms)
+            )
         return await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
+
+    def _pull_leases(self, group: ConsumerGroup) -> PullLeases:
+        leases = self._leases.get(group.name)
+        if leases is None:
+            leases = self._leases[group.name] = PullLeases(group.buffer)
+        return leases
+
+    async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
+        return self._pull_leases(self._group(group)).ack(lease_ids)
 
     async def submit(self, results: list[QueueResult]) -> None:
         self._apply(results)

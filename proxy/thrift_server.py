@@ -42,7 +42,7 @@ from ddmq.client.wire import (
 )
 from ddmq.proxy.api import ConsumeService
 from ddmq.proxy.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
-from ddmq.proxy.types import PullBatch, QueueResult
+from ddmq.proxy.types import PullBatch, PullLease, QueueResult
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class ThriftServer:
             "getConsumeStats": self._get_consume_stats,
             "fetch": self._not_supported,
             "ack": self._not_supported,
+            "ackLeases": self._ack_leases,
         }
         self.connections = 0
         self.frames_rejected = 0
@@ -246,14 +247,24 @@ class ThriftServer:
         linger_ms = request.maxLingerTime
         if linger_ms is not None:
             linger_ms = min(max(linger_ms, 0), self._max_linger_ms)
+        lease = None
+        if request.leaseId is not None:
+            lease = PullLease(request.leaseId, request.leaseIndex or 0, request.leaseTimeoutMs)
         batch = await self._service.pull(
             request.groupId,
             request.topic,
             request.maxBatchSize,
             linger_ms,
             queue_results(request.result, default_group=request.groupId),
+            lease,
         )
         return pull_response(request.groupId, request.topic, batch)
+
+    async def _ack_leases(self, args: Any) -> int:
+        request = args.request
+        if request is None or not request.groupId:
+            raise BadRequestError("LeaseAck.groupId is required")
+        return await self._service.ack_leases(request.groupId, list(request.leaseIds or ()))
 
     async def _submit(self, args: Any) -> bool:
         await self._service.submit(queue_results(args.result, default_group=""))

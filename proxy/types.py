@@ -46,6 +46,15 @@ class PullBatch(NamedTuple):
     messages: list[StoredMessage]
 
 
+class PullLease(NamedTuple):
+    """A replayable pull: the ``index``-th pull of lease ``lease_id``, held ``timeout_ms`` (None: the
+    topic's ``timeout_ms``) until acked. See :mod:`ddmq.proxy.pull_leases`."""
+
+    lease_id: str
+    index: int
+    timeout_ms: int | None
+
+
 class ConsumeStatsRow(NamedTuple):
     """Per queue of one (group, topic): next offset to consume vs next offset to be produced."""
 

@@ -57,6 +57,19 @@ struct PullRequest {
     /* Results of earlier pulls, applied before this pull is served. */
     50: optional ConsumeResult result;
     60: optional string version;
+    /*
+     * ddmq extension: replayable pulls (used by the Spark source). A pull naming a lease is
+     * remembered by the proxy that served it: pulling the same (leaseId, leaseIndex) again answers the
+     * same messages, until the lease is acked (ackLeases) or expires. Index 0 starts a lease; a reader
+     * continues it with 1, 2, ... (one more than the pulls made so far); an unknown lease answers
+     * empty for index > 0. The messages stay in flight for leaseTimeoutMs (default: the topic's
+     * timeout_ms, at most one hour), then count as a failed attempt and are redelivered as usual;
+     * a lease whose messages moved on is dropped and answers empty. Replays must go to the same
+     * proxy. Old clients never set these fields and see no change.
+     */
+    70: optional string leaseId;
+    71: optional i32 leaseIndex;
+    72: optional i32 leaseTimeoutMs;
 }
 
 /* Messages of the single (topic, qid) named by context; empty when none arrived in time. */
@@ -110,6 +123,12 @@ struct AckResult {
     4: required map<string, map<string, i64>> offsets;
 }
 
+/* ddmq extension: acknowledge every message of the named pull leases (see PullRequest.leaseId). */
+struct LeaseAck {
+    1: required string groupId;
+    2: required list<string> leaseIds;
+}
+
 exception PullException {
     1: i32 code;
     2: string message;
@@ -126,4 +145,8 @@ service ConsumerService {
     FetchResponse fetch(1: FetchRequest request);
 
     bool ack(1: AckResult result);
+
+    /* ddmq extension: ack the messages of pull leases; answers how many messages were acked.
+     * Unknown or expired lease ids are ignored. */
+    i32 ackLeases(1: LeaseAck request) throws (1: PullException error);
 }

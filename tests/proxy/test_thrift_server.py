@@ -44,7 +44,7 @@ from ddmq.client.wire import (
 )
 from ddmq.proxy.errors import BrokerError, UnknownGroupError
 from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult, StoredMessage
+from ddmq.proxy.types import ConsumeStatsRow, PullBatch, PullLease, QueueId, QueueResult, StoredMessage
 
 GUARD_S = 5  # failure guard for waits: a hang fails the test instead of blocking the run
 
@@ -93,7 +93,13 @@ class FakeService:
         return sorted(success), sorted(fail)
 
     async def pull(
-        self, group: str, topic: str | None, max_batch: int | None, linger_ms: int | None, results: list[QueueResult]
+        self,
+        group: str,
+        topic: str | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+        results: list[QueueResult],
+        lease: PullLease | None = None,
     ) -> PullBatch:
         self.pulls.append(PullCall(group, topic, max_batch, linger_ms, results))
         if self.errors:
@@ -118,6 +124,9 @@ class FakeService:
 
     async def submit(self, results: list[QueueResult]) -> None:
         self.submits.append(results)
+
+    async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
+        return 0
 
     async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
         if self.errors:
@@ -660,7 +669,7 @@ async def test_results_survive_a_failed_pull_after_a_batch(server: ThriftServer,
 
     async def failing_second_pull(*args: Any) -> PullBatch:
         if len(service.pulls) == 1:
-            service.pulls.append(PullCall(*args))
+            service.pulls.append(PullCall(*args[:5]))
             raise BrokerError("redis down")
         return await original_pull(*args)
 
