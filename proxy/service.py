@@ -34,8 +34,8 @@ from ddmq.proxy.errors import (
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
-from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.pull_leases import PullLeases
+from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, PullBatch, PullLease, QueueId, QueueResult
 
 log = logging.getLogger(__name__)

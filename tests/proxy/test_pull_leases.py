@@ -36,7 +36,11 @@ async def produce(redis_url: str, keys: int, per_key: int, seed: int = 7) -> dic
 
 def leased(lease: str, index: int, timeout_ms: int | None = None, linger_ms: int = 200) -> PullRequest:
     return PullRequest(
-        groupId="g", maxBatchSize=16, maxLingerTime=linger_ms, leaseId=lease, leaseIndex=index,
+        groupId="g",
+        maxBatchSize=16,
+        maxLingerTime=linger_ms,
+        leaseId=lease,
+        leaseIndex=index,
         leaseTimeoutMs=timeout_ms,
     )
 
