@@ -1,0 +1,28 @@
+"""``format("ddmq")``: a PySpark data source that reads a consumer group through ddmq proxies.
+
+>>> df = (spark.readStream.format("ddmq")
+...       .option("servers", "h1:9713,h2:9713").option("group", "cg_rides").load())
+
+Rows: ``topic, qid, offset, key, value (binary), tag, properties (map), produce_time``. Modes
+(``mode`` option): ``pull`` (default; the ordered pull path with the group's per-key gate, retries
+and dead letters, at-least-once, acked after Spark commits each micro-batch) and ``queue`` (offset
+ranges per (topic, qid) through ``fetch``, deterministic replay; exactly-once with a checkpoint and
+an idempotent sink). README.md ("Spark") lists every option.
+
+Installing the package installs the top-level module ``pyspark_ddmq``, which Spark registers by
+itself; with an editable install (``pip install -e``) call :func:`register` once per session.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddmq.client.spark.rows import SCHEMA, SCHEMA_DDL
+from ddmq.client.spark.source import DdmqDataSource
+
+__all__ = ["SCHEMA", "SCHEMA_DDL", "DdmqDataSource", "register"]
+
+
+def register(spark: Any) -> None:
+    """Register ``format("ddmq")`` with ``spark`` (a SparkSession)."""
+    spark.dataSource.register(DdmqDataSource)

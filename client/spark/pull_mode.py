@@ -1,0 +1,233 @@
+"""``mode=pull``: a Spark stream over the proxy's ordered pull path, with replayable leased pulls.
+
+Offsets are micro-batch numbers, ``{"seq": n, "flush": bool, "parts": P, "rows": R}``. Batch ``n`` has
+``P`` partitions; partition ``p`` pulls up to ``R`` messages under the lease ``<consumerId>/<n>/<p>``
+from server ``p mod len(servers)`` (see :mod:`ddmq.proxy.pull_leases`), so every read of it (each
+action of a ``foreachBatch``, a task retry, a rerun after a restart) sees the same rows. Nothing is
+acked until Spark has committed the batch:
+
+- ``latestOffset(start)`` runs after the batch ending at ``start`` is in Spark's commit log, so it
+  first acks the leases of every batch up to ``start``; ``commit(end)`` does the same (idempotent).
+- It then asks the proxies for the group's backlog (produce − consume offsets per queue; unacked
+  leased messages count). Backlog → a new data batch. None, but ``start`` was a data batch → one empty
+  *flush* batch, so that Spark commits ``start`` before the stream goes idle or stops. Neither →
+  ``start`` (no batch).
+- ``trigger(availableNow=True)`` records the produce offsets when the query starts and plans data
+  batches until the consume offsets reach them (or have not moved for ``availableNowIdleBatches``).
+
+Per key the proxy hands out one message at a time and the next only after the previous was acked,
+so a key advances by at most one message per micro-batch in this mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any, Final
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from ddmq.client.spark.options import SourceOptions
+from ddmq.client.spark.rows import to_record_batch
+from ddmq.client.thrift_client import ProxyClient, ProxyClientError
+from ddmq.client.wire import ConsumeStatsRequest, LeaseAck, PullRequest
+
+__all__ = ["PullPartition", "PullStreamReader", "read_leased"]
+
+log = logging.getLogger(__name__)
+
+#: After a restart the driver does not know which batches it acked already: it acks this many back.
+ACK_LOOKBACK_BATCHES: Final = 16
+#: With availableNow, stop after this many data batches in a row that moved no consume offset.
+AVAILABLE_NOW_IDLE_BATCHES: Final = 20
+
+
+class PullPartition(InputPartition):  # type: ignore[misc]
+    """One Spark task's share of a micro-batch: a lease on one proxy."""
+
+    def __init__(self, host: str, port: int, lease_id: str, max_rows: int) -> None:
+        super().__init__(lease_id)
+        self.host = host
+        self.port = port
+        self.lease_id = lease_id
+        self.max_rows = max_rows
+
+
+def read_leased(options: SourceOptions, partition: PullPartition) -> Iterator[Any]:
+    """Pull the partition's lease (again): the same record batches on every call until it is acked."""
+    taken = 0
+    with ProxyClient(partition.host, partition.port, timeout_s=options.timeout_s) as client:
+        for index in range(options.pulls_per_partition):
+            want = min(options.max_batch_size, partition.max_rows - taken)
+            if want <= 0:
+                return
+            response = client.pull(
+                PullRequest(
+                    groupId=options.group,
+                    topic=options.topic,
+                    maxBatchSize=want,
+                    maxLingerTime=options.linger_ms if index == 0 else 0,
+                    leaseId=partition.lease_id,
+                    leaseIndex=index,
+                    leaseTimeoutMs=options.lease_timeout_ms,
+                )
+            )
+            messages = response.messages or []
+            if not messages or response.context is None:
+                return
+            taken += len(messages)
+            yield to_record_batch(response.context.topic or "", int(response.context.qid or 0), messages)
+
+
+class _Proxies:
+    """The driver's connections to every proxy (never pickled)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._clients: dict[tuple[str, int], ProxyClient] = {}
+
+    def client(self, server: tuple[str, int]) -> ProxyClient:
+        client = self._clients.get(server)
+        if client is None:
+            client = self._clients[server] = ProxyClient(*server, timeout_s=self.options.timeout_s)
+        return client
+
+    def positions(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(topic, qid) -> (consume, produce) offsets, the highest any proxy reports."""
+        merged: dict[tuple[str, str], tuple[int, int]] = {}
+        errors = []
+        for server in self.options.servers:
+            try:
+                rows = self.client(server).get_consume_stats(
+                    ConsumeStatsRequest(group=self.options.group, topic=self.options.topic)
+                )
+            except ProxyClientError as exc:
+                errors.append(f"{server[0]}:{server[1]}: {exc}")
+                continue
+            for row in rows:
+                produce = row.produceOffsets or {}
+                for qid, consume in (row.consumeOffsets or {}).items():
+                    key = (row.topic or "", qid)
+                    old = merged.get(key, (0, 0))
+                    merged[key] = (max(old[0], consume), max(old[1], produce.get(qid, 0)))
+        if errors and len(errors) == len(self.options.servers):
+            raise ConnectionError(f"no ddmq proxy answered getConsumeStats: {'; '.join(errors)}")
+        return merged
+
+    def ack_leases(self, lease_ids: list[str]) -> bool:
+        """Ack ``lease_ids`` on every proxy (each ignores the ids it does not hold); False if one failed."""
+        ok = True
+        for server in self.options.servers:
+            try:
+                self.client(server).ack_leases(LeaseAck(groupId=self.options.group, leaseIds=lease_ids))
+            except ProxyClientError as exc:
+                ok = False
+                log.warning("acking %d leases on %s:%d failed (retried later): %s", len(lease_ids), *server, exc)
+        return ok
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+
+class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._proxies: _Proxies | None = None
+        self._acked_through: int | None = None
+        self._target: dict[tuple[str, str], int] | None = None
+        self._last_consumed: int | None = None
+        self._idle_batches = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_proxies"] = None  # sockets stay in the driver
+        return state
+
+    @property
+    def proxies(self) -> _Proxies:
+        if self._proxies is None:
+            self._proxies = _Proxies(self.options)
+        return self._proxies
+
+    # driver side -------------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"seq": 0, "flush": True, "parts": 0, "rows": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_messages_per_trigger is not None:
+            return ReadMaxRows(self.options.max_messages_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {key: produce for key, (_, produce) in self.proxies.positions().items()}
+        log.info("availableNow: reading up to produce offsets %s", self._target)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        seq = int(start["seq"])
+        self._ack_through(seq)  # every batch up to `start` is in Spark's commit log by now
+        if self._has_backlog():
+            parts = self.options.num_partitions
+            max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            return {"seq": seq + 1, "flush": False, "parts": parts, "rows": self.options.rows_per_partition(max_rows, parts)}
+        if not start.get("flush", True):
+            return {"seq": seq + 1, "flush": True, "parts": 0, "rows": 0}
+        return start
+
+    def _has_backlog(self) -> bool:
+        positions = self.proxies.positions()
+        if self._target is None:
+            return any(produce > consume for consume, produce in positions.values())
+        remaining = sum(max(0, target - positions.get(key, (0, 0))[0]) for key, target in self._target.items())
+        if remaining == 0:
+            return False
+        consumed = sum(consume for consume, _ in positions.values())
+        if consumed == self._last_consumed:
+            self._idle_batches += 1
+            if self._idle_batches >= AVAILABLE_NOW_IDLE_BATCHES:
+                log.warning(
+                    "availableNow: %d messages below the target did not finish in %d batches; stopping",
+                    remaining, self._idle_batches,
+                )
+                return False
+        else:
+            self._idle_batches = 0
+        self._last_consumed = consumed
+        return True
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[PullPartition]:
+        if end.get("flush") or int(end["seq"]) == int(start["seq"]):
+            return []
+        seq = int(end["seq"])
+        partitions = []
+        for index in range(int(end["parts"])):
+            host, port = self.options.server(index)
+            partitions.append(PullPartition(host, port, self.lease_id(seq, index), int(end["rows"])))
+        return partitions
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._ack_through(int(end["seq"]))
+
+    def stop(self) -> None:
+        if self._proxies is not None:
+            self._proxies.close()
+
+    def lease_id(self, seq: int, index: int) -> str:
+        return f"{self.options.consumer_id}/{seq}/{index}"
+
+    def _ack_through(self, seq: int) -> None:
+        if seq <= 0 or (self._acked_through is not None and seq <= self._acked_through):
+            return
+        first = self._acked_through + 1 if self._acked_through is not None else max(1, seq - ACK_LOOKBACK_BATCHES + 1)
+        parts = self.options.num_partitions
+        lease_ids = [self.lease_id(s, p) for s in range(first, seq + 1) for p in range(parts)]
+        if self.proxies.ack_leases(lease_ids):
+            self._acked_through = seq
+
+    # executor side -----------------------------------------------------------------------------
+
+    def read(self, partition: PullPartition) -> Iterator[Any]:
+        return read_leased(self.options, partition)
