@@ -166,10 +166,12 @@ groups:
             proxy.kill()
 
 
-def _produce(redis_url: str, riders: list[str], rng: random.Random) -> int:
+def produce_rides(redis_url: str, riders: list[str], rng: random.Random, topic: str = TOPIC, queues: int = 8) -> int:
+    """Each rider's ``call → pickup → pay`` (JSON, keyed by rider), riders interleaved; returns the count."""
     remaining = {rider: 0 for rider in riders}
     sent = 0
     with Producer(redis_url) as producer:
+        producer.ensure_topic(topic, queues)
         while remaining:
             batch = []
             for rider in rng.sample(list(remaining), min(200, len(remaining))):
@@ -182,7 +184,7 @@ def _produce(redis_url: str, riders: list[str], rng: random.Random) -> int:
                     del remaining[rider]
                 else:
                     remaining[rider] = seq + 1
-            producer.send_batch(TOPIC, batch)
+            producer.send_batch(topic, batch)
             sent += len(batch)
     return sent
 
@@ -192,7 +194,7 @@ def _run(
 ) -> int:
     started = time.monotonic()
     produced: list[int] = []
-    producer = threading.Thread(target=lambda: produced.append(_produce(redis_url, riders, rng)), daemon=True)
+    producer = threading.Thread(target=lambda: produced.append(produce_rides(redis_url, riders, rng)), daemon=True)
     producer.start()
     consumer = PullConsumer(f"127.0.0.1:{port}", GROUP, checker.process, threads=args.workers, batch_size=32)
     consumer.start()
@@ -235,6 +237,30 @@ def _run(
     ok = checker.violations == 0 and lost == 0
     print("demo: OK" if ok else "demo: FAILED", file=sys.stderr if not ok else sys.stdout)
     return 0 if ok else 1
+
+
+def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument("--riders", type=int, default=3000, help="riders per round, 3 events each (default 3000)")
+    parser.add_argument("--topic", default=TOPIC, help=f"topic (default {TOPIC})")
+    parser.add_argument("--queues", type=int, default=8, help="queues of the topic if it is new (default 8)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of riders; 0 = forever (default 1)")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between rounds (default 5)")
+    parser.add_argument("--seed", type=int, default=2026, help="random seed")
+
+
+def producer_main(args: argparse.Namespace) -> int:
+    """``ddmq demo-producer``: the demo's ride events into a Redis of your own, round after round."""
+    rng = random.Random(args.seed)
+    round_no = 0
+    while args.rounds == 0 or round_no < args.rounds:
+        riders = [f"rider-{round_no}-{i}" for i in range(args.riders)]
+        sent = produce_rides(args.redis, riders, rng, args.topic, args.queues)
+        print(f"demo-producer: round {round_no}: {sent} events of {len(riders)} riders to {args.topic}", flush=True)
+        round_no += 1
+        if args.rounds == 0 or round_no < args.rounds:
+            time.sleep(args.interval)
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,14 +15,30 @@ itself; with an editable install (``pip install -e``) call :func:`register` once
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ddmq.client.spark.rows import SCHEMA, SCHEMA_DDL
-from ddmq.client.spark.source import DdmqDataSource
+if TYPE_CHECKING:
+    from ddmq.client.spark.rows import SCHEMA, SCHEMA_DDL
+    from ddmq.client.spark.source import DdmqDataSource
 
 __all__ = ["SCHEMA", "SCHEMA_DDL", "DdmqDataSource", "register"]
 
 
 def register(spark: Any) -> None:
     """Register ``format("ddmq")`` with ``spark`` (a SparkSession)."""
+    from ddmq.client.spark.source import DdmqDataSource
+
     spark.dataSource.register(DdmqDataSource)
+
+
+def __getattr__(name: str) -> Any:
+    # pyspark is an optional extra: load it only when the data source is used, not for `ddmq --help`.
+    if name == "DdmqDataSource":
+        from ddmq.client.spark.source import DdmqDataSource
+
+        return DdmqDataSource
+    if name in ("SCHEMA", "SCHEMA_DDL"):
+        from ddmq.client.spark import rows
+
+        return getattr(rows, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -172,7 +172,12 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         if self._has_backlog():
             parts = self.options.num_partitions
             max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-            return {"seq": seq + 1, "flush": False, "parts": parts, "rows": self.options.rows_per_partition(max_rows, parts)}
+            return {
+                "seq": seq + 1,
+                "flush": False,
+                "parts": parts,
+                "rows": self.options.rows_per_partition(max_rows, parts),
+            }
         if not start.get("flush", True):
             return {"seq": seq + 1, "flush": True, "parts": 0, "rows": 0}
         return start
@@ -190,7 +195,8 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             if self._idle_batches >= AVAILABLE_NOW_IDLE_BATCHES:
                 log.warning(
                     "availableNow: %d messages below the target did not finish in %d batches; stopping",
-                    remaining, self._idle_batches,
+                    remaining,
+                    self._idle_batches,
                 )
                 return False
         else:

@@ -1,0 +1,78 @@
+"""``ddmq spark-pipeline`` end to end: the demo's ride events through a real proxy into parquet."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddmq.client.cli import build_parser
+from ddmq.client.producer import Producer
+from ddmq.client.spark import pipeline
+from ddmq.proxy.demo import produce_rides
+
+from ..support import ProxyProcess
+
+RIDERS = 600
+
+
+@pytest.fixture
+def ride_proxy(tmp_path: Path, redis_url: str) -> Any:
+    process = ProxyProcess(
+        tmp_path,
+        redis_url,
+        groups={"cg_rides": {"rides": {"actions": ["Json", "Order", "PullServer"], "order_key": "$.rider_id"}}},
+        topics={"rides": {"queues": 8}},
+        commit_interval_ms=100,
+        shutdown_grace_ms=0,
+    ).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def produce_out_of_order(redis_url: str, riders: list[str]) -> None:
+    """These riders' events are produced pay-before-pickup: the pipeline must flag them."""
+    now = time.time()
+    with Producer(redis_url) as producer:
+        for rider in riders:
+            for seq, event in ((0, "call"), (2, "pay"), (1, "pickup")):
+                value = {"rider_id": rider, "seq": seq, "event": event, "ts": now + seq, "fare": 9.5}
+                producer.send("rides", json.dumps(value), key=rider)
+
+
+@pytest.mark.timeout(300)
+def test_the_pipeline_writes_one_trip_per_rider_and_flags_out_of_order_riders(
+    spark: Any, ride_proxy: ProxyProcess, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    produce_rides(redis_url, [f"rider-{i}" for i in range(RIDERS)], random.Random(5))
+    produce_out_of_order(redis_url, ["bad-1", "bad-2"])
+    out = tmp_path / "trips"
+    args = build_parser().parse_args(
+        [
+            "spark-pipeline",
+            "--servers",
+            f"127.0.0.1:{ride_proxy.port}",
+            "--group",
+            "cg_rides",
+            "--out",
+            str(out),
+            "--available-now",
+        ]
+    )
+    assert pipeline.main(args, spark=spark) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    total = RIDERS + 2
+    assert summary == f"rows={total * 3} riders={total} completed={total} out_of_order=2"
+
+    trips = spark.read.parquet(str(out)).toPandas()
+    assert len(trips) == total and trips["rider_id"].is_unique
+    assert set(trips.loc[trips["out_of_order"], "rider_id"]) == {"bad-1", "bad-2"}
+    good = trips[~trips["out_of_order"]]
+    assert (good["events"] == 3).all() and (good["status"] == "completed").all()
+    assert (good["wait_s"] >= 0).all() and (good["ride_s"] >= 0).all() and good["fare"].notna().all()
