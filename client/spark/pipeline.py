@@ -4,8 +4,9 @@ The events are the demo's (``ddmq demo-producer``): per rider ``call → pickup 
 ``{"rider_id", "seq", "event", "ts", "fare"}`` keyed by rider. The job reads them with Structured
 Streaming, keeps each rider's trip in ``applyInPandasWithState`` and writes one parquet row per trip
 when it completes (``pay``) or is abandoned (the watermark, ``--abandon-after`` seconds behind the
-latest event time seen, passed the rider's last event without a ``pay``). The ``out_of_order`` column flags a rider whose events did not arrive in ``seq`` order
-(a repeat of an event already seen is a redelivery, not a reordering).
+latest event time seen, passed the rider's last event without a ``pay``). The ``out_of_order``
+column flags a rider whose events did not arrive in ``seq`` order (a repeat of an event already seen
+is a redelivery, not a reordering).
 
     ddmq spark-pipeline --servers h1:9713,h2:9713 --group cg_rides --out /data/trips --available-now
 

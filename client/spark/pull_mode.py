@@ -8,7 +8,7 @@ acked until Spark has committed the batch:
 
 - ``latestOffset(start)`` runs after the batch ending at ``start`` is in Spark's commit log, so it
   first acks the leases of every batch up to ``start``; ``commit(end)`` does the same (idempotent).
-- It then asks the proxies for the group's backlog (produce − consume offsets per queue; unacked
+- It then asks the proxies for the group's backlog (produce - consume offsets per queue; unacked
   leased messages count). Backlog → a new data batch. None, but ``start`` was a data batch → one empty
   *flush* batch, so that Spark commits ``start`` before the stream goes idle or stops. Neither →
   ``start`` (no batch).

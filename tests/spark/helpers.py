@@ -18,7 +18,7 @@ from ..support import OrderChecker, ProxyProcess, body
 
 
 def produce(redis_url: str, keys: int, per_key: int, topic: str = "t", seed: int = 11) -> dict[str, int]:
-    """``keys × per_key`` messages, each key's ``seq`` 0, 1, ... in order, keys randomly interleaved."""
+    """``keys * per_key`` messages, each key's ``seq`` 0, 1, ... in order, keys randomly interleaved."""
     rng = random.Random(seed)
     remaining = {f"k{i}": 0 for i in range(keys)}
     items = []
