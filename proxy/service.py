@@ -221,7 +221,7 @@ class ProxyService:
             if timeout_ms is None:
                 timeout_ms = max(c.config.timeout_ms for c in consumers)
             return await self._pull_leases(consumer_group).pull(
-                lease.lease_id, lease.index, timeout_ms, topic, batch, max(0, linger_ms)
+                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, max(0, linger_ms)
             )
         return await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
 

@@ -47,11 +47,11 @@ class PullBatch(NamedTuple):
 
 
 class PullLease(NamedTuple):
-    """A replayable pull: the ``index``-th pull of lease ``lease_id``, held ``timeout_ms`` (None: the
-    topic's ``timeout_ms``) until acked. See :mod:`ddmq.proxy.pull_leases`."""
+    """A replayable pull: pull number ``pull_index`` of lease ``lease_id``, held ``timeout_ms`` (None:
+    the topic's ``timeout_ms``) until acked. See :mod:`ddmq.proxy.pull_leases`."""
 
     lease_id: str
-    index: int
+    pull_index: int
     timeout_ms: int | None
 
 

@@ -206,9 +206,9 @@ def run(spark: Any, args: argparse.Namespace) -> str:
 def _input_row_counter() -> Any:
     """A listener counting input rows per query over every micro-batch (``recentProgress`` keeps only
     the last 100); ``.rows`` maps query id → rows."""
-    from pyspark.sql.streaming import StreamingQueryListener
+    from pyspark.sql.streaming.listener import StreamingQueryListener
 
-    class InputRows(StreamingQueryListener):  # type: ignore[misc]
+    class InputRows(StreamingQueryListener):
         def __init__(self) -> None:
             self.rows: dict[str, int] = {}
 

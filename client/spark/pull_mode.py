@@ -43,7 +43,7 @@ ACK_LOOKBACK_BATCHES: Final = 16
 AVAILABLE_NOW_IDLE_BATCHES: Final = 20
 
 
-class PullPartition(InputPartition):  # type: ignore[misc]
+class PullPartition(InputPartition):
     """One Spark task's share of a micro-batch: a lease on one proxy."""
 
     def __init__(self, host: str, port: int, lease_id: str, max_rows: int) -> None:
@@ -132,7 +132,7 @@ class _Proxies:
         self._clients.clear()
 
 
-class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._proxies: _Proxies | None = None
@@ -235,5 +235,6 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
 
     # executor side -----------------------------------------------------------------------------
 
-    def read(self, partition: PullPartition) -> Iterator[Any]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, PullPartition)
         return read_leased(self.options, partition)

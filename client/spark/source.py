@@ -13,7 +13,7 @@ from ddmq.client.spark.rows import SCHEMA
 __all__ = ["DdmqDataSource"]
 
 
-class DdmqDataSource(DataSource):  # type: ignore[misc]
+class DdmqDataSource(DataSource):
     """Reads a consumer group through ddmq proxies; see the package docstring for the options."""
 
     @classmethod
