@@ -39,7 +39,7 @@ def _default_instance_id() -> str:
 
 class ListenConfig(_Model):
     host: str = "127.0.0.1"
-    #: 0 turns the listener off, except for Thrift where tests use it for "any free port".
+    #: 0 binds a free port (tests use it).
     port: Annotated[int, Field(ge=0, le=65535)] = 9713
 
 
@@ -47,6 +47,23 @@ class ThriftConfig(ListenConfig):
     #: Largest accepted request frame; a bigger one closes that connection (it is logged).
     max_frame_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
     #: Upper bound on a client's ``maxLingerTime`` (long-poll wait).
+    max_linger_ms: Annotated[int, Field(ge=0)] = 30_000
+
+
+class HttpConfig(_Model):
+    """The HTTP server: pull API, ``/metrics``, health checks and the admin endpoints."""
+
+    enabled: bool = False
+    #: Loopback by default: the admin endpoints are then reachable from this machine only.
+    host: str = "127.0.0.1"
+    #: 0 picks a free port (read it back from the log or ``ProxyService.http_port``).
+    port: Annotated[int, Field(ge=0, le=65535)] = 9714
+    #: When set, every ``/admin/...`` request needs ``Authorization: Bearer <admin_token>``. When unset,
+    #: admin endpoints answer loopback peers only (the pull API, metrics and health checks stay open).
+    admin_token: Annotated[str, Field(min_length=16)] | None = None
+    #: Largest accepted request body; a bigger one is answered 413 (nothing of it is applied).
+    max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 1024 * 1024
+    #: Upper bound on a pull's ``linger_ms`` (long-poll wait).
     max_linger_ms: Annotated[int, Field(ge=0)] = 30_000
 
 
@@ -160,7 +177,7 @@ class ProxyConfig(_Model):
     redis: str = "embedded"
     embedded_redis: EmbeddedRedisConfig = EmbeddedRedisConfig()
     thrift: ThriftConfig = ThriftConfig()
-    http: ListenConfig = ListenConfig(port=0)
+    http: HttpConfig = HttpConfig()
     #: How often committed offsets are written to Redis (and always on graceful shutdown).
     commit_interval_ms: Annotated[int, Field(ge=10)] = 1000
     #: On shutdown, how long clients may still ack in-flight messages before offsets are flushed.

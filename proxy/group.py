@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 
 from ddmq.actions import Action, Status, build_chain
 from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
@@ -58,6 +59,8 @@ class TopicConsumer:
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         self.chain: list[Action] = build_chain(config.actions, self)
+        #: One duration observer per action of the chain (set by ProxyMetrics.instrument), or None.
+        self.action_timers: list[Callable[[float], None]] | None = None
         self.queues = 0
         self.trackers: dict[int, OffsetTracker] = {}
         self.readers: dict[int, QueueReader] = {}
@@ -289,15 +292,20 @@ class TopicConsumer:
     async def run(self, job: UpstreamJob) -> None:
         """Run ``job`` from its current position in the chain until an action takes it over."""
         chain = self.chain
+        timers = self.action_timers
         while job.index < len(chain):
-            action = chain[job.index]
-            job.index += 1
+            index = job.index
+            action = chain[index]
+            job.index = index + 1
+            started = perf_counter()
             try:
                 status = await action.act(job)
             except Exception as exc:
                 log.exception("action %s failed on %r", type(action).__name__, job)
                 job.last_error = f"{type(action).__name__} raised {exc!r}"
                 status = Status.FAIL
+            if timers is not None:
+                timers[index](perf_counter() - started)
             if status is Status.CONTINUE:
                 continue
             if status is Status.ASYNC:

@@ -25,9 +25,9 @@ import heapq
 import itertools
 import logging
 import math
-from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
 
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
@@ -41,6 +41,8 @@ _EMPTY = PullBatch(None, [])
 
 @dataclass
 class BufferStats:
+    """Counts of what happened to a queue's messages (monotonic: exported as Prometheus counters)."""
+
     delivered: int = 0
     acked: int = 0
     failed: int = 0
@@ -62,7 +64,8 @@ class _Waiter:
 class PullBuffer:
     def __init__(self, group: str) -> None:
         self.group = group
-        self.stats = BufferStats()
+        #: Per queue; :attr:`stats` sums them. A queue's entry lives as long as the buffer.
+        self.queue_stats: defaultdict[QueueId, BufferStats] = defaultdict(BufferStats)
         self._ready: dict[QueueId, deque[UpstreamJob]] = {}
         self._ready_order: deque[QueueId] = deque()  # queues with ready jobs, round-robin
         self._ready_count = 0
@@ -205,7 +208,7 @@ class PullBuffer:
             job.attempts += 1
             job.deadline = tick
             slot.add(job)
-        self.stats.delivered += len(batch)
+        self.queue_stats[batch[0].queue].delivered += len(batch)
 
     def _untime(self, job: UpstreamJob) -> None:
         """``job`` leaves the in-flight state: take it off the wheel."""
@@ -217,7 +220,7 @@ class PullBuffer:
 
     def ack(self, queue: QueueId, offsets: Iterable[int]) -> None:
         jobs = self._jobs.get(queue)
-        stats = self.stats
+        stats = self.queue_stats[queue]
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
             if job is None or job.state is JobState.FINISHED:
@@ -233,13 +236,14 @@ class PullBuffer:
 
     def fail(self, queue: QueueId, offsets: Iterable[int], reason: str = "client reported failure") -> None:
         jobs = self._jobs.get(queue)
+        stats = self.queue_stats[queue]
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
             if job is None or job.state is not JobState.IN_FLIGHT:
-                self.stats.unknown_fails += 1
+                stats.unknown_fails += 1
                 log.debug("ignoring fail for offset %s@%s not in flight (group %s)", queue, offset, self.group)
                 continue
-            self.stats.failed += 1
+            stats.failed += 1
             self._untime(job)
             self._failed_attempt(job, reason)
 
@@ -278,7 +282,7 @@ class PullBuffer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if not _finished(job):  # an ack may have come in during the write
-            self.stats.dead_lettered += 1
+            self.queue_stats[job.queue].dead_lettered += 1
             log.info("dead-lettered %r after %d attempts: %s", job, job.attempts, job.last_error)
             self._finish(job)
 
@@ -325,17 +329,31 @@ class PullBuffer:
                 continue
             for job in slot:
                 if job.state is JobState.IN_FLIGHT:
-                    self.stats.timed_out += 1
+                    self.queue_stats[job.queue].timed_out += 1
                     self._failed_attempt(job, f"not acked within {job.consumer.config.timeout_ms} ms")
         self._wheel_cursor = current + 1
         retries = self._retries
         while retries and retries[0][0] <= now:
             _, _, job = heapq.heappop(retries)
             if job.state is JobState.RETRY_WAIT:
-                self.stats.retried += 1
+                self.queue_stats[job.queue].retried += 1
                 self._make_ready(job)
 
     # views -------------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> BufferStats:
+        """The group's totals over all queues."""
+        total = BufferStats()
+        for stats in self.queue_stats.values():
+            for f in fields(BufferStats):
+                setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+        return total
+
+    def jobs(self) -> Iterator[UpstreamJob]:
+        """Every unfinished job the buffer holds (ready, in flight, waiting for a retry)."""
+        for jobs in self._jobs.values():
+            yield from jobs.values()
 
     @property
     def ready(self) -> int:

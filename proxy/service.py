@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from time import perf_counter
 from types import TracebackType
 
 import redis.asyncio as aioredis
@@ -32,8 +33,10 @@ from ddmq.proxy.errors import (
     UnknownTopicError,
 )
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
+from ddmq.proxy.http_server import HttpServer
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
+from ddmq.proxy.metrics import ProxyMetrics
 from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult
 
@@ -53,8 +56,11 @@ class ProxyService:
         self.broker: Broker | None = None
         self.leases: LeaseStore | None = None
         self.thrift_port: int | None = None
+        self.http_port: int | None = None
+        self.metrics = ProxyMetrics(self)
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
+        self._http: HttpServer | None = None
         self._committer: asyncio.Task[None] | None = None
         self._state = "new"
         self._closed = asyncio.Event()
@@ -98,6 +104,7 @@ class ProxyService:
                 raise BrokerError(str(exc)) from exc
         membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
         self.groups = build_groups(config, self.broker, self.leases, membership)
+        self.metrics.instrument(self.groups.values())
         for group in self.groups.values():
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
@@ -105,9 +112,15 @@ class ProxyService:
         self._thrift = ThriftServer(self, thrift.host, thrift.port, thrift.max_frame_bytes, thrift.max_linger_ms)
         await self._thrift.start()
         self.thrift_port = self._thrift.port
+        if config.http.enabled:
+            self._http = HttpServer(self, config.http)
+            await self._http.start()
+            self.http_port = self._http.port
         log.info(
-            "ddmq-proxy %s ready: thrift %s:%d, redis %s, groups %s",
-            config.instance_id, thrift.host, self.thrift_port, self.redis_url, sorted(self.groups),
+            "ddmq-proxy %s ready: thrift %s:%d, http %s, redis %s, groups %s",
+            config.instance_id, thrift.host, self.thrift_port,
+            f"{config.http.host}:{self.http_port}" if self.http_port is not None else "off",
+            self.redis_url, sorted(self.groups),
         )
 
     async def close(self) -> None:
@@ -141,6 +154,8 @@ class ProxyService:
             await asyncio.sleep(0.05)
 
     async def _release(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         if self._thrift is not None:
             await self._thrift.close()
         await asyncio.gather(*(g.close() for g in self.groups.values()), return_exceptions=True)
@@ -151,6 +166,11 @@ class ProxyService:
             await self.redis.aclose()
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
+
+    @property
+    def running(self) -> bool:
+        """True from the end of start() until close() begins (what ``/readyz`` reports)."""
+        return self._state == "running"
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -212,7 +232,10 @@ class ProxyService:
             linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
         if self._state != "running":
             linger_ms = 0
-        return await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
+        started = perf_counter()
+        answer = await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
+        self.metrics.observe_pull(group, answer, perf_counter() - started)
+        return answer
 
     async def submit(self, results: list[QueueResult]) -> None:
         self._apply(results)

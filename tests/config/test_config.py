@@ -19,7 +19,7 @@ ISSUE_SHAPE = """
 instance_id: proxy-1
 redis: redis://127.0.0.1:6379/0        # or: embedded
 thrift: {host: 127.0.0.1, port: 9713}
-http: {host: 127.0.0.1, port: 0}       # 0 = off until the HTTP issue
+http: {enabled: true, host: 127.0.0.1, port: 9714}
 topics:
   rides: {queues: 8}
 groups:
