@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState
@@ -241,6 +242,6 @@ class EngineCollector(Collector):
         keys.add_metric(labels, len(lengths))
         waiting.add_metric(labels, sum(lengths) - len(lengths))
         longest.add_metric(labels, max(lengths, default=0))
-        buckets = [(str(bound), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS]
+        buckets = [(floatToGoString(bound), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS]
         buckets.append(("+Inf", len(lengths)))
         chains.add_metric(labels, buckets, sum(lengths))
