@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState
@@ -43,7 +42,21 @@ log = logging.getLogger(__name__)
 PULL_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: In-process actions take microseconds; I/O actions hand their job over (``ASYNC``) just as fast.
 ACTION_BUCKETS: Final = (
-    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    0.00001,
+    0.000025,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
 )
 #: Upper bounds of the key-chain length histogram.
 CHAIN_BUCKETS: Final = (1, 2, 4, 8, 16, 64, 256)
@@ -179,19 +192,22 @@ class EngineCollector(Collector):
             "ddmq_order_chain_length", "Order keys by their number of unfinished messages.", labels=_TOPIC
         )
         topic_unfinished = GaugeMetricFamily(
-            "ddmq_topic_unfinished_messages", "Unfinished messages per group and topic (capped by concurrency).",
+            "ddmq_topic_unfinished_messages",
+            "Unfinished messages per group and topic (capped by concurrency).",
             labels=_TOPIC,
         )
         concurrency = GaugeMetricFamily(
             "ddmq_topic_concurrency_limit", "The configured concurrency (most unfinished messages).", labels=_TOPIC
         )
         events = CounterMetricFamily(
-            "ddmq_consumer_events", "Engine events per group and topic (read, filtered, json_invalid, ...).",
+            "ddmq_consumer_events",
+            "Engine events per group and topic (read, filtered, json_invalid, ...).",
             labels=[*_TOPIC, "event"],
         )
         parked = GaugeMetricFamily("ddmq_parked_pulls", "Long-poll pulls waiting for messages.", labels=["group"])
         proxy_events = CounterMetricFamily(
-            "ddmq_proxy_events", "Proxy-wide events (unknown_results: acks for unknown group/topic/qid).",
+            "ddmq_proxy_events",
+            "Proxy-wide events (unknown_results: acks for unknown group/topic/qid).",
             labels=["event"],
         )
 
@@ -242,6 +258,6 @@ class EngineCollector(Collector):
         keys.add_metric(labels, len(lengths))
         waiting.add_metric(labels, sum(lengths) - len(lengths))
         longest.add_metric(labels, max(lengths, default=0))
-        buckets = [(floatToGoString(bound), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS]
+        buckets = [(str(float(bound)), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS]
         buckets.append(("+Inf", len(lengths)))
         chains.add_metric(labels, buckets, sum(lengths))

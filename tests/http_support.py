@@ -65,24 +65,31 @@ class OpenApiChecker:
         schema_ref = f"{_DOC_URI}#/" + _pointer(*pointer_parts, "content", content_type, "schema")
         validator = Draft202012Validator({"$ref": schema_ref}, registry=self._registry)
         errors = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
-        assert not errors, f"{method} {path} {status}: " + "; ".join(
-            f"{list(e.path)}: {e.message}" for e in errors[:5]
-        )
+        assert not errors, f"{method} {path} {status}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
         return data
 
 
 class ApiClient:
     """``await api.call("POST", "/v1/pull", json=...)`` -> (status, decoded body), schema-checked."""
 
-    def __init__(self, session: aiohttp.ClientSession, base: str, checker: OpenApiChecker,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, base: str, checker: OpenApiChecker, headers: dict[str, str] | None = None
+    ) -> None:
         self.session = session
         self.base = base
         self.checker = checker
         self.headers = headers or {}
 
-    async def call(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
-                   params: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: bytes | None = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
         async with self.session.request(
             method, self.base + path, json=json, data=data, params=params, headers={**self.headers, **(headers or {})}
         ) as response:

@@ -119,13 +119,20 @@ async def test_http_pull_keeps_key_order_and_loses_nothing(redis_url: str, tmp_p
     rng = random.Random(20261123)
     group = {
         TOPIC: {
-            "actions": ["Json", "Order", "PullServer"], "order_key": "$.k", "timeout_ms": 1000,
-            "max_retry": 50, "retry_intervals_ms": [50, 100, 200], "concurrency": 2000,
+            "actions": ["Json", "Order", "PullServer"],
+            "order_key": "$.k",
+            "timeout_ms": 1000,
+            "max_retry": 50,
+            "retry_intervals_ms": [50, 100, 200],
+            "concurrency": 2000,
         }
     }
     http_port = free_port()
     proxy = ProxyProcess(
-        tmp_path, redis_url, {GROUP: group}, {TOPIC: {"queues": QUEUES}},
+        tmp_path,
+        redis_url,
+        {GROUP: group},
+        {TOPIC: {"queues": QUEUES}},
         http={"enabled": True, "host": "127.0.0.1", "port": http_port},
     ).start()
     base = f"http://127.0.0.1:{http_port}"
@@ -139,7 +146,7 @@ async def test_http_pull_keeps_key_order_and_loses_nothing(redis_url: str, tmp_p
         tasks = [asyncio.create_task(client.run(stop)) for client in clients]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 120
-        while checker.missing(produced) and loop.time() < deadline and not any(t.done() for t in tasks):
+        while checker.missing(produced) and loop.time() < deadline and not any(t.done() for t in tasks):  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         stop.set()
         await asyncio.gather(*tasks)

@@ -216,13 +216,15 @@ class OperatorApi:
         letters = self._letters(request)
         after = request.query.get("after")
         page = await letters.read(after, _limit(request, 100))
-        return web.json_response({
-            "group": letters.group,
-            "topic": letters.topic,
-            "total": await letters.count(),
-            "entries": [dead_letter_json(letter) for letter in page],
-            "next_after": page[-1].id if page else None,
-        })
+        return web.json_response(
+            {
+                "group": letters.group,
+                "topic": letters.topic,
+                "total": await letters.count(),
+                "entries": [dead_letter_json(letter) for letter in page],
+                "next_after": page[-1].id if page else None,
+            }
+        )
 
     async def replay(self, request: web.Request) -> web.Response:
         letters = self._letters(request)

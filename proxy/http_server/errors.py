@@ -56,8 +56,7 @@ def status_of(exc: DdmqError) -> int:
 
 def error_response(status: int, code: int, message: str, retriable: bool = False) -> web.Response:
     headers = {"WWW-Authenticate": 'Bearer realm="ddmq-admin"'} if status == 401 else None
-    return web.json_response({"code": code, "message": message, "retriable": retriable}, status=status,
-                             headers=headers)
+    return web.json_response({"code": code, "message": message, "retriable": retriable}, status=status, headers=headers)
 
 
 def validation_message(exc: ValidationError) -> str:

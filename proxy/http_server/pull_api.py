@@ -69,9 +69,7 @@ def parse(model: type[_M], raw: bytes) -> _M:
 def queue_results(group: str, results: list[ResultIn]) -> list[QueueResult]:
     if sum(len(r.success) + len(r.fail) for r in results) > MAX_OFFSETS:
         raise BadRequestError(f"a request may report at most {MAX_OFFSETS} offsets")
-    return [
-        QueueResult(r.group or group, r.topic, str(r.qid), list(r.success), list(r.fail)) for r in results
-    ]
+    return [QueueResult(r.group or group, r.topic, str(r.qid), list(r.success), list(r.fail)) for r in results]
 
 
 def message_json(message: StoredMessage) -> dict[str, Any]:

@@ -116,8 +116,29 @@ async def test_bad_input_gets_a_json_error_and_the_server_keeps_serving(redis_ur
             ("POST", "/admin/groups/g/topics/t/dead-letters/purge", {"json": {"ids": ["1-0"], "all": True}}),
             ("POST", "/admin/groups/g/topics/t/dead-letters/replay", {"json": {"ids": ["bogus"]}}),
         ]
-        expected = [400, 400, 400, 413, 404, 404, 400, 400, 400, 400, 400, 400, 404, 400, 404, 400, 404, 400, 400,
-                    400, 400]
+        expected = [
+            400,
+            400,
+            400,
+            413,
+            404,
+            404,
+            400,
+            400,
+            400,
+            400,
+            400,
+            400,
+            404,
+            400,
+            404,
+            400,
+            404,
+            400,
+            400,
+            400,
+            400,
+        ]
         codes = {400: 1003, 413: 1003, 404: None}
         for (method, path, kwargs), status in zip(cases, expected, strict=True):
             got_status, body = await api.call(method, path, **kwargs)
@@ -149,9 +170,9 @@ async def test_dead_letters_list_replay_and_purge(redis_url: str) -> None:
         body = await pull(api, max_batch=10)
         assert len(body["messages"]) == 3
         offsets = [m["offset"] for m in body["messages"]]
-        status, _ = await api.call("POST", "/v1/ack", json={"group": "g", "results": [
-            {"topic": "t", "qid": 1, "fail": offsets}
-        ]})
+        status, _ = await api.call(
+            "POST", "/v1/ack", json={"group": "g", "results": [{"topic": "t", "qid": 1, "fail": offsets}]}
+        )
         assert status == 200
         letters = "/admin/groups/g/topics/t/dead-letters"
 
@@ -193,9 +214,9 @@ async def test_replay_all_moves_every_entry_back_once(redis_url: str) -> None:
         while failed < 30:
             body = await pull(api, max_batch=64)
             offsets = [m["offset"] for m in body["messages"]]
-            await api.call("POST", "/v1/ack", json={"group": "g", "results": [
-                {"topic": "t", "qid": body["qid"], "fail": offsets}
-            ]})
+            await api.call(
+                "POST", "/v1/ack", json={"group": "g", "results": [{"topic": "t", "qid": body["qid"], "fail": offsets}]}
+            )
             failed += len(offsets)
         letters = "/admin/groups/g/topics/t/dead-letters"
 
@@ -210,19 +231,29 @@ async def test_replay_all_moves_every_entry_back_once(redis_url: str) -> None:
         while len(seen) < 30:
             body = await pull(api, max_batch=64)
             seen += [m["value_text"] for m in body["messages"]]
-            await api.call("POST", "/v1/ack", json={"group": "g", "results": [
-                {"topic": "t", "qid": body["qid"], "success": [m["offset"] for m in body["messages"]]}
-            ]})
+            await api.call(
+                "POST",
+                "/v1/ack",
+                json={
+                    "group": "g",
+                    "results": [{"topic": "t", "qid": body["qid"], "success": [m["offset"] for m in body["messages"]]}],
+                },
+            )
         assert sorted(seen) == sorted(f"v{i}" for i in range(30))
 
 
 async def test_admin_views_show_groups_owners_in_flight_and_blocked_keys(redis_url: str) -> None:
     async with http_proxy(redis_url, {"order_key": "KEY", "timeout_ms": 60_000}) as (_, api):
         async with AsyncProducer(redis_url) as producer:
-            await producer.send_batch("t", [
-                {"key": "a", "value": "a0"}, {"key": "a", "value": "a1"}, {"key": "b", "value": "b0"},
-                {"key": "a", "value": "a2"},
-            ])
+            await producer.send_batch(
+                "t",
+                [
+                    {"key": "a", "value": "a0"},
+                    {"key": "a", "value": "a1"},
+                    {"key": "b", "value": "b0"},
+                    {"key": "a", "value": "a2"},
+                ],
+            )
         got: list[str] = []
         while len(got) < 2:  # only the heads of a and b may be delivered
             got += [m["value_text"] for m in (await pull(api, max_batch=10))["messages"]]
@@ -243,7 +274,8 @@ async def test_admin_views_show_groups_owners_in_flight_and_blocked_keys(redis_u
         status, flying = await api.call("GET", "/admin/groups/g/in-flight", params={"topic": "t"})
         assert status == 200 and flying["total"] == 2
         assert sorted((j["key"], j["attempts"], j["state"]) for j in flying["jobs"]) == [
-            ("a", 1, "in_flight"), ("b", 1, "in_flight")
+            ("a", 1, "in_flight"),
+            ("b", 1, "in_flight"),
         ]
 
         status, blocked = await api.call("GET", "/admin/groups/g/blocked-keys", params={"limit": "1"})
@@ -306,9 +338,14 @@ async def test_readyz_turns_503_when_shutdown_begins_and_healthz_stays_200(redis
         assert (await api.call("GET", "/healthz"))[0] == 200
         assert (await pull(api))["messages"] == []  # pulls answer at once, empty
         assert not closing.done()
-        status, _ = await api.call("POST", "/v1/ack", json={"group": "g", "results": [
-            {"topic": "t", "qid": held["qid"], "success": [held["messages"][0]["offset"]]}
-        ]})
+        status, _ = await api.call(
+            "POST",
+            "/v1/ack",
+            json={
+                "group": "g",
+                "results": [{"topic": "t", "qid": held["qid"], "success": [held["messages"][0]["offset"]]}],
+            },
+        )
         assert status == 200
         await asyncio.wait_for(closing, 15)  # the ack ended the grace period
         assert service.groups["g"].buffer.stats.acked == 1

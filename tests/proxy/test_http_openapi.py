@@ -43,25 +43,46 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
     checker = OpenApiChecker()
     async with running_proxy(redis_url, config, http={"enabled": True, "port": 0}) as service:
         async with AsyncProducer(redis_url) as producer:
-            await producer.send_batch("t", [
-                {"key": "a", "value": "text", "qid": 0, "tag": "x", "properties": {"p": "1"}},
-                {"key": "a", "value": b"\x00\xff", "qid": 0},
-            ])
+            await producer.send_batch(
+                "t",
+                [
+                    {"key": "a", "value": "text", "qid": 0, "tag": "x", "properties": {"p": "1"}},
+                    {"key": "a", "value": b"\x00\xff", "qid": 0},
+                ],
+            )
         async with aiohttp.ClientSession() as session:
             api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", checker)
             status, batch = await api.call("POST", "/v1/pull", json={"group": "g", "topic": "t", "linger_ms": 5000})
             assert status == 200 and len(batch["messages"]) == 1  # key a: one at a time
-            for path in ("/admin/groups", "/admin/groups/g", "/admin/groups/g/in-flight",
-                         "/admin/groups/g/blocked-keys"):
+            for path in (
+                "/admin/groups",
+                "/admin/groups/g",
+                "/admin/groups/g/in-flight",
+                "/admin/groups/g/blocked-keys",
+            ):
                 assert (await api.call("GET", path))[0] == 200
             fail = [{"topic": "t", "qid": batch["qid"], "fail": [batch["messages"][0]["offset"]]}]
-            status, second = await api.call("POST", "/v1/pull", json={
-                "group": "g", "topic": "t", "linger_ms": 5000, "results": fail,
-            })
+            status, second = await api.call(
+                "POST",
+                "/v1/pull",
+                json={
+                    "group": "g",
+                    "topic": "t",
+                    "linger_ms": 5000,
+                    "results": fail,
+                },
+            )
             assert status == 200 and second["messages"][0]["value_text"] is None
-            assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": [
-                {"topic": "t", "qid": second["qid"], "success": [second["messages"][0]["offset"]]}
-            ]}))[0] == 200
+            assert (
+                await api.call(
+                    "POST",
+                    "/v1/ack",
+                    json={
+                        "group": "g",
+                        "results": [{"topic": "t", "qid": second["qid"], "success": [second["messages"][0]["offset"]]}],
+                    },
+                )
+            )[0] == 200
             letters = "/admin/groups/g/topics/t/dead-letters"
             status, page = await api.call("GET", letters)
             assert status == 200 and page["total"] == 1 and page["entries"][0]["tag"] == "x"
@@ -81,4 +102,3 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
         if status.startswith("2")
     }
     assert documented_success <= checker.seen, documented_success - checker.seen
-

@@ -45,9 +45,11 @@ async def until(api: ApiClient, name: str, expected: float, **labels: str) -> Sa
 
 
 async def ack(api: ApiClient, success: list[int] = [], fail: list[int] = [], qid: Any = 0) -> None:  # noqa: B006
-    status, _ = await api.call("POST", "/v1/ack", json={"group": "g", "results": [
-        {"topic": "t", "qid": qid, "success": success, "fail": fail}
-    ]})
+    status, _ = await api.call(
+        "POST",
+        "/v1/ack",
+        json={"group": "g", "results": [{"topic": "t", "qid": qid, "success": success, "fail": fail}]},
+    )
     assert status == 200
 
 
@@ -112,9 +114,9 @@ async def test_order_chains_and_parked_pulls(redis_url: str) -> None:
         samples = await until(api, "ddmq_parked_pulls", 1, group="g")
         assert value(samples, "ddmq_order_keys", group="g", topic="t") == 0
         async with AsyncProducer(redis_url) as producer:
-            await producer.send_batch("t", [
-                {"key": key, "value": f"{key}{i}"} for key, i in [("a", 0), ("a", 1), ("b", 0), ("a", 2)]
-            ])
+            await producer.send_batch(
+                "t", [{"key": key, "value": f"{key}{i}"} for key, i in [("a", 0), ("a", 1), ("b", 0), ("a", 2)]]
+            )
         first = await parked
         got = [m["value_text"] for m in first["messages"]]
         while len(got) < 2:  # the heads of a and b
