@@ -297,7 +297,7 @@ class TopicConsumer:
             index = job.index
             action = chain[index]
             job.index = index + 1
-            started = perf_counter()
+            started = perf_counter() if timers is not None else 0.0
             try:
                 status = await action.act(job)
             except Exception as exc:

@@ -18,13 +18,21 @@ number of queues per topic is fixed and small, so cardinality stays bounded.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
+from itertools import accumulate
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from ddmq.proxy.errors import DdmqError
@@ -91,14 +99,9 @@ class ProxyMetrics:
             buckets=PULL_BUCKETS,
             registry=self.registry,
         )
-        self.action_seconds = Histogram(
-            "ddmq_action_duration_seconds",
-            "Duration of one action call of the chain (an action answering ASYNC: until it took the job over).",
-            ["group", "topic", "action"],
-            buckets=ACTION_BUCKETS,
-            registry=self.registry,
-        )
-        self.collector = EngineCollector(service)
+        #: (group, topic, action) -> durations; kept across consumer rebuilds so the counts only grow.
+        self.action_seconds: dict[tuple[str, str, str], LatencyHistogram] = {}
+        self.collector = EngineCollector(service, self.action_seconds)
         self.registry.register(self.collector)
         self._service = service
         self._pull_children: dict[tuple[str, bool], Callable[[float], None]] = {}
@@ -108,10 +111,14 @@ class ProxyMetrics:
         for group in groups:
             for consumer in group.consumers.values():
                 if consumer.action_timers is None:
-                    consumer.action_timers = [
-                        self.action_seconds.labels(consumer.group, consumer.topic, name).observe
-                        for name in _action_names(consumer)
-                    ]
+                    timers = []
+                    for name in _action_names(consumer):
+                        key = (consumer.group, consumer.topic, name)
+                        histogram = self.action_seconds.get(key)
+                        if histogram is None:
+                            histogram = self.action_seconds[key] = LatencyHistogram(ACTION_BUCKETS)
+                        timers.append(histogram.observe)
+                    consumer.action_timers = timers
 
     def observe_pull(self, group: str, batch: PullBatch, seconds: float) -> None:
         key = (group, bool(batch.messages))
@@ -150,11 +157,40 @@ def _action_names(consumer: TopicConsumer) -> list[str]:
     return names
 
 
+class LatencyHistogram:
+    """Bucket counts and the sum of observed durations, for the chain's hot path.
+
+    An observation is a bisect and two additions (about 0.2 µs here, against about 1 µs for a
+    prometheus-client ``Histogram`` child, which takes a lock and scans its buckets); it runs once per
+    action per message. Used from the event loop only. :class:`EngineCollector` exposes it through
+    prometheus-client's ``HistogramMetricFamily``.
+    """
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Iterable[float]) -> None:
+        self.bounds = tuple(sorted(bounds))
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound (+Inf)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative ``(le, count)`` pairs, ending with ``+Inf``."""
+        cumulative = list(accumulate(self.counts))
+        pairs = [(str(float(bound)), float(count)) for bound, count in zip(self.bounds, cumulative, strict=False)]
+        pairs.append(("+Inf", float(cumulative[-1])))
+        return pairs
+
+
 class EngineCollector(Collector):
     """Reads the engine's counters and gauges at scrape time; costs nothing between scrapes."""
 
-    def __init__(self, service: ProxyService) -> None:
+    def __init__(self, service: ProxyService, actions: dict[tuple[str, str, str], LatencyHistogram]) -> None:
         self._service = service
+        self._actions = actions
         #: topic -> next produce offset per qid, set by :meth:`ProxyMetrics.refresh` before a scrape.
         self.produced: dict[str, list[int]] = {}
 
@@ -241,9 +277,18 @@ class EngineCollector(Collector):
         for event, count in sorted(service.counters.items()):
             proxy_events.add_metric([event], count)
 
+        actions = HistogramMetricFamily(
+            "ddmq_action_duration_seconds",
+            "Duration of one action call of the chain (an action answering ASYNC: until it took the job over).",
+            labels=[*_TOPIC, "action"],
+        )
+        for (group_name, topic, action), histogram in sorted(self._actions.items()):
+            actions.add_metric([group_name, topic, action], histogram.buckets(), histogram.total)
+
         yield from counters.values()
         yield from (in_flight, ready, retry_wait, unfinished, owned, committed, produce, lag)
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
+        yield actions
 
     @staticmethod
     def _chains(

@@ -104,7 +104,8 @@ class ProxyService:
                 raise BrokerError(str(exc)) from exc
         membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
         self.groups = build_groups(config, self.broker, self.leases, membership)
-        self.metrics.instrument(self.groups.values())
+        if config.http.enabled:  # action timings are only read through /metrics
+            self.metrics.instrument(self.groups.values())
         for group in self.groups.values():
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")

@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddmq.client.producer import AsyncProducer
+from ddmq.proxy.metrics import LatencyHistogram
 
 from ..http_support import ApiClient
 from .test_http_api import eventually, http_proxy, pull
@@ -134,3 +135,11 @@ async def test_order_chains_and_parked_pulls(redis_url: str) -> None:
         assert value(samples, "ddmq_order_chain_length_bucket", **topic, le="4.0") == 2
         assert value(samples, "ddmq_order_chain_length_gcount", **topic) == 2
         assert value(samples, "ddmq_topic_unfinished_messages", **topic) == 4
+
+
+def test_latency_histogram_buckets_are_cumulative_and_inclusive() -> None:
+    histogram = LatencyHistogram([0.001, 0.01])
+    for seconds in (0.0005, 0.001, 0.002, 0.5):
+        histogram.observe(seconds)
+    assert histogram.buckets() == [("0.001", 2.0), ("0.01", 3.0), ("+Inf", 4.0)]
+    assert histogram.total == 0.0005 + 0.001 + 0.002 + 0.5
