@@ -343,7 +343,7 @@ class PullBuffer:
 
     @property
     def stats(self) -> BufferStats:
-        """The group's totals over all queues."""
+        """The group's totals over all queues (a snapshot, summed when read)."""
         total = BufferStats()
         for stats in self.queue_stats.values():
             for f in fields(BufferStats):
