@@ -95,6 +95,7 @@ if TYPE_CHECKING:
         tag: str | None
         offset: int | None
         properties: dict[str, str] | None
+        produceTime: int | None
 
         def __init__(
             self,
@@ -103,6 +104,7 @@ if TYPE_CHECKING:
             tag: str | None = None,
             offset: int | None = None,
             properties: dict[str, str] | None = None,
+            produceTime: int | None = None,
         ) -> None: ...
 
     class Context(TPayload):

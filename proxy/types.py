@@ -46,6 +46,15 @@ class PullBatch(NamedTuple):
     messages: list[StoredMessage]
 
 
+class FetchedQueue(NamedTuple):
+    """One queue's page of a low-level ``fetch``: messages in offset order and where to continue."""
+
+    topic: str
+    qid: int
+    next_offset: int
+    messages: list[StoredMessage]
+
+
 class ConsumeStatsRow(NamedTuple):
     """Per queue of one (group, topic): next offset to consume vs next offset to be produced."""
 
