@@ -279,6 +279,17 @@ class ProxyService:
             else:
                 committed = await self.broker.committed_offset(consumer.group, consumer.topic, qid)
                 consume[str(qid)] = committed if committed is not None else 1
+        assert self.leases is not None
+        holders = await asyncio.gather(
+            *(self.leases.holder(consumer.group, consumer.topic, qid) for qid in range(consumer.queues))
+        )
+        live = [(str(qid), holder) for qid, holder in enumerate(holders) if holder is not None]
         return ConsumeStatsRow(
-            consumer.group, consumer.topic, consume, {str(qid): off for qid, off in enumerate(produce)}
+            consumer.group,
+            consumer.topic,
+            consume,
+            {str(qid): off for qid, off in enumerate(produce)},
+            owners={qid: holder.owner for qid, holder in live},
+            lease_ttl_ms={qid: holder.expires_in_ms for qid, holder in live},
+            lease_terms={qid: holder.term for qid, holder in live},
         )

@@ -272,6 +272,9 @@ class ThriftServer:
                 topic=row.topic,
                 consumeOffsets=dict(row.consume_offsets),
                 produceOffsets=dict(row.produce_offsets),
+                owners=dict(row.owners),
+                leaseTtlMs=dict(row.lease_ttl_ms),
+                leaseTerms=dict(row.lease_terms),
             )
             for row in rows
         ]

@@ -62,3 +62,7 @@ class ConsumeStatsRow(NamedTuple):
     topic: str
     consume_offsets: dict[str, int]
     produce_offsets: dict[str, int]
+    #: Per qid with a live lease: holder, milliseconds left, term.
+    owners: dict[str, str] = {}
+    lease_ttl_ms: dict[str, int] = {}
+    lease_terms: dict[str, int] = {}

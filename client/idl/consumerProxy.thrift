@@ -77,6 +77,13 @@ struct ConsumeStats {
     2: string topic;
     3: map<string, i64> consumeOffsets;
     4: map<string, i64> produceOffsets;
+    /* ddmq extensions, keyed by qid like the maps above; a queue nobody holds is absent. */
+    /* Instance id of the proxy holding the queue's lease. */
+    20: optional map<string, string> owners;
+    /* Milliseconds until that lease expires unless renewed. */
+    21: optional map<string, i64> leaseTtlMs;
+    /* The lease's term (the fencing token; it grows with every change of owner). */
+    22: optional map<string, i64> leaseTerms;
 }
 
 struct FetchRequest {

@@ -12,7 +12,7 @@ import pytest
 
 from ddmq.client.producer import AsyncProducer, OutgoingMessage
 from ddmq.client.thrift_client import AsyncProxyClient, RemoteApplicationError
-from ddmq.client.wire import AckResult, FetchRequest, FetchResponse
+from ddmq.client.wire import AckResult, ConsumeStatsRequest, FetchRequest, FetchResponse
 from ddmq.proxy.fetch import MAX_FETCH_BYTES
 from ddmq.proxy.types import QueueResult
 
@@ -170,3 +170,21 @@ async def test_a_page_stops_at_the_byte_budget_and_continues_where_it_stopped(re
             assert [m.offset for m in page.messages] == [1, 2] and page.nextRequestOffset == 3
             second = await client.fetch(request({"t": {"1": page.nextRequestOffset}}))
             assert [m.value[-1:] for m in second.results[0].messages] == [b"2"]
+
+
+async def test_consume_stats_name_each_queue_owner_and_lease(redis_url: str) -> None:
+    await produce(redis_url, 20)
+    async with running_proxy(redis_url, queues=QUEUES, instance_id="proxy-a") as service:
+        consumer = service.groups["g"].consumers["t"]
+        async with asyncio.timeout(10):
+            while len(consumer.held) < QUEUES:  # noqa: ASYNC110 (test-side wait for the lease loop)
+                await asyncio.sleep(0.02)
+        assert service.thrift_port is not None
+        async with AsyncProxyClient("127.0.0.1", service.thrift_port) as client:
+            [stats] = await client.get_consume_stats(ConsumeStatsRequest(group="g"))
+        qids = {str(q) for q in range(QUEUES)}
+        assert stats.owners == dict.fromkeys(qids, "proxy-a")
+        assert stats.leaseTerms == {str(q): lease.term for q, lease in consumer.held.items()}
+        assert set(stats.leaseTtlMs) == qids
+        assert all(0 < ttl <= service.config.leases.ttl_ms for ttl in stats.leaseTtlMs.values())
+        assert sum(stats.produceOffsets.values()) == 20 + QUEUES  # next offsets; each queue starts at 1

@@ -249,7 +249,7 @@ async def test_linger_is_clamped(server: ThriftServer, service: FakeService, ask
 
 async def test_submit_and_consume_stats(server: ThriftServer, service: FakeService) -> None:
     service.stats = [
-        ConsumeStatsRow("g", "t", {"0": 5, "1": 7}, {"0": 9, "1": 7}),
+        ConsumeStatsRow("g", "t", {"0": 5, "1": 7}, {"0": 9, "1": 7}, {"1": "proxy-b"}, {"1": 2500}, {"1": 3}),
         ConsumeStatsRow("g", "u", {"0": 1}, {"0": 1}),
     ]
     results = wire.link_results([ConsumeResult(Context("g", "t", "1"), [3], [4])])
@@ -258,7 +258,15 @@ async def test_submit_and_consume_stats(server: ThriftServer, service: FakeServi
         stats = await client.get_consume_stats(ConsumeStatsRequest(group="g", topic="t"))
     assert service.submits == [[QueueResult("g", "t", "1", [3], [4])]]
     assert stats == [
-        wire.ConsumeStats(group="g", topic="t", consumeOffsets={"0": 5, "1": 7}, produceOffsets={"0": 9, "1": 7})
+        wire.ConsumeStats(
+            group="g",
+            topic="t",
+            consumeOffsets={"0": 5, "1": 7},
+            produceOffsets={"0": 9, "1": 7},
+            owners={"1": "proxy-b"},
+            leaseTtlMs={"1": 2500},
+            leaseTerms={"1": 3},
+        )
     ]
 
 
@@ -498,7 +506,7 @@ async def test_stock_thriftpy2_client(server: ThriftServer, service: FakeService
         ],
     )
     assert out["submit"] is True
-    assert out["stats"] == [STOCK.ConsumeStats("g", "t", {"2": 40}, {"2": 42})]
+    assert out["stats"] == [STOCK.ConsumeStats("g", "t", {"2": 40}, {"2": 42}, {}, {}, {})]
     assert out["error"] == (1001, "unknown group 'nope'")
     assert out["fetch"] == STOCK.FetchResponse(
         code=0,
