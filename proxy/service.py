@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 
 from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
+from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, map_redis_errors
 from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
 from ddmq.proxy.errors import (
@@ -57,6 +58,7 @@ class ProxyService:
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
         self._low_level: LowLevelApi | None = None
+        self._audit: ReadAudit | None = None
         self._committer: asyncio.Task[None] | None = None
         self._state = "new"
         self._closed = asyncio.Event()
@@ -101,6 +103,11 @@ class ProxyService:
                 raise BrokerError(str(exc)) from exc
         membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
         self.groups = build_groups(config, self.broker, self.leases, membership)
+        if config.audit_log:
+            self._audit = ReadAudit(config.audit_log, config.instance_id)
+            for group in self.groups.values():
+                for consumer in group.consumers.values():
+                    consumer.read_audit = self._audit
         for group in self.groups.values():
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
@@ -150,6 +157,8 @@ class ProxyService:
         if self._committer is not None and not self._committer.done():
             self._committer.cancel()
             await asyncio.gather(self._committer, return_exceptions=True)
+        if self._audit is not None:
+            self._audit.close()
         if self.redis is not None:
             await self.redis.aclose()
         if self._embedded is not None:
