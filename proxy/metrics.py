@@ -111,7 +111,7 @@ class ProxyMetrics:
         for group in groups:
             for consumer in group.consumers.values():
                 if consumer.action_timers is None:
-                    timers = []
+                    timers: list[Callable[[float], None]] = []
                     for name in _action_names(consumer):
                         key = (consumer.group, consumer.topic, name)
                         histogram = self.action_seconds.get(key)

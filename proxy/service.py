@@ -2,7 +2,7 @@
 
 It owns the Redis connection (and the embedded redis-server when configured), one
 :class:`~ddmq.proxy.group.ConsumerGroup` per configured group, the offset committer and the server
-adapters. Adapters call :meth:`pull`, :meth:`submit` and :meth:`consume_stats` (the
+adapters. Adapters call :meth:`pull`, :meth:`submit`, :meth:`consume_stats`, :meth:`fetch` and :meth:`ack` (the
 :class:`~ddmq.proxy.api.ConsumeService` surface) and nothing else.
 
 >>> async with ProxyService(load("proxy.yaml")) as service:
@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
+from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, map_redis_errors
 from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
 from ddmq.proxy.errors import (
@@ -32,13 +33,14 @@ from ddmq.proxy.errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
+from ddmq.proxy.fetch import LowLevelApi
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
 from ddmq.proxy.http_server import HttpServer
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
 from ddmq.proxy.metrics import ProxyMetrics
 from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult
+from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, QueueId, QueueResult
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ class ProxyService:
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
         self._http: HttpServer | None = None
+        self._low_level: LowLevelApi | None = None
+        self._audit: ReadAudit | None = None
         self._committer: asyncio.Task[None] | None = None
         self._state = "new"
         self._closed = asyncio.Event()
@@ -94,6 +98,7 @@ class ProxyService:
         with map_redis_errors(f"connecting to {self.redis_url}"):
             await self.redis.ping()
         self.broker = Broker(self.redis)
+        self._low_level = LowLevelApi(self.broker)
         self.leases = LeaseStore(self.redis, config.instance_id, config.leases.ttl_ms)
         for topic, topic_config in config.topics.items():
             try:
@@ -106,6 +111,11 @@ class ProxyService:
         self.groups = build_groups(config, self.broker, self.leases, membership)
         if config.http.enabled:  # action timings are only read through /metrics
             self.metrics.instrument(self.groups.values())
+        if config.audit_log:
+            self._audit = ReadAudit(config.audit_log, config.instance_id)
+            for group in self.groups.values():
+                for consumer in group.consumers.values():
+                    consumer.read_audit = self._audit
         for group in self.groups.values():
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
@@ -163,6 +173,8 @@ class ProxyService:
         if self._committer is not None and not self._committer.done():
             self._committer.cancel()
             await asyncio.gather(self._committer, return_exceptions=True)
+        if self._audit is not None:
+            self._audit.close()
         if self.redis is not None:
             await self.redis.aclose()
         if self._embedded is not None:
@@ -229,17 +241,36 @@ class ProxyService:
         if max_batch is not None and max_batch < 0:
             raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
         batch = min(max_batch, cap) if max_batch else cap
-        if linger_ms is None:
-            linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
-        if self._state != "running":
-            linger_ms = 0
         started = perf_counter()
-        answer = await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
+        answer = await consumer_group.buffer.pull(topic, batch, self._linger(linger_ms))
         self.metrics.observe_pull(group, answer, perf_counter() - started)
         return answer
 
     async def submit(self, results: list[QueueResult]) -> None:
         self._apply(results)
+
+    def _linger(self, linger_ms: int | None) -> int:
+        if linger_ms is None:
+            linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
+        return max(0, linger_ms) if self._state == "running" else 0
+
+    async def fetch(
+        self,
+        group: str,
+        offsets: dict[str, dict[str, int]] | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+    ) -> list[FetchedQueue]:
+        consumer_group = self._group(group)
+        if self._low_level is None:
+            raise UnavailableError("the proxy is not started")
+        return await self._low_level.fetch(consumer_group, offsets, max_batch, self._linger(linger_ms))
+
+    async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
+        consumer_group = self._group(group)
+        if self._low_level is None:
+            raise UnavailableError("the proxy is not started")
+        await self._low_level.ack(consumer_group, offsets)
 
     def _apply(self, results: list[QueueResult]) -> None:
         for result in results:
@@ -281,7 +312,17 @@ class ProxyService:
             else:
                 committed = await self.broker.committed_offset(consumer.group, consumer.topic, qid)
                 consume[str(qid)] = committed if committed is not None else 1
-        return ConsumeStatsRow(
-            consumer.group, consumer.topic, consume, {str(qid): off for qid, off in enumerate(produce)}
+        assert self.leases is not None
+        holders = await asyncio.gather(
+            *(self.leases.holder(consumer.group, consumer.topic, qid) for qid in range(consumer.queues))
         )
-
+        live = [(str(qid), holder) for qid, holder in enumerate(holders) if holder is not None]
+        return ConsumeStatsRow(
+            consumer.group,
+            consumer.topic,
+            consume,
+            {str(qid): off for qid, off in enumerate(produce)},
+            owners={qid: holder.owner for qid, holder in live},
+            lease_ttl_ms={qid: holder.expires_in_ms for qid, holder in live},
+            lease_terms={qid: holder.term for qid, holder in live},
+        )
