@@ -123,10 +123,10 @@ class DeadLetters:
     async def replay(self, ids: list[str] | None) -> ReplayResult:
         """Produce the entries ``ids`` (None: all present now) back into the topic, then delete them."""
         if ids is not None:
-            for entry_id in ids:
-                check_id(entry_id)
+            ids = [check_id(entry_id) for entry_id in dict.fromkeys(ids)]  # each entry once
             found = await self._fetch(ids)
-            missing = [entry_id for entry_id in ids if entry_id not in {letter.id for letter in found}]
+            present = {letter.id for letter in found}
+            missing = [entry_id for entry_id in ids if entry_id not in present]
             await self._replay_batch(found)
             return ReplayResult(len(found), missing)
         end = await self._last_id()

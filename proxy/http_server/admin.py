@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import redis
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ddmq.client.status import group_status
+from ddmq.client.status import GroupStatus, group_status
 from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
     BadRequestError,
@@ -44,7 +45,7 @@ ADMIN_PREFIX: Final = "/admin/"
 READY_PING_S: Final = 1.0
 
 
-def admin_guard(token: str | None) -> Any:
+def admin_guard(token: str | None) -> Middleware:
     """Middleware: ``/admin/...`` needs ``Authorization: Bearer <token>`` when a token is set, and
     otherwise a loopback peer. Other routes pass."""
     expected = f"Bearer {token}".encode() if token else None
@@ -184,7 +185,7 @@ class OperatorApi:
         status = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
         return web.json_response({**view, "members": status.members, "queues": [asdict(q) for q in status.queues]})
 
-    def _owners(self, group: str, topics: list[str]) -> Any:
+    def _owners(self, group: str, topics: list[str]) -> GroupStatus:
         """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection)."""
         try:
             with redis.Redis.from_url(self._service.redis_url, socket_timeout=5) as client:

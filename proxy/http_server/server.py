@@ -77,6 +77,8 @@ class HttpServer:
             build_app(self._service, self._config),
             access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            # A client that hangs up during a long poll leaves no parked pull behind to take messages.
+            handler_cancellation=True,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._config.host, self._config.port)

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+import pytest
 
 from ddmq.client.producer import AsyncProducer
 from ddmq.proxy.http_server.admin import _is_loopback
@@ -190,7 +191,7 @@ async def test_dead_letters_list_replay_and_purge(redis_url: str) -> None:
 
         # Replay one: it is produced again into queue 1 (a new offset) and delivered again.
         first = next(e for e in entries if e["value_text"] == "v0")
-        status, answer = await api.call("POST", letters + "/replay", json={"ids": [first["id"], "1-0"]})
+        status, answer = await api.call("POST", letters + "/replay", json={"ids": [first["id"], "1-0", first["id"]]})
         assert (status, answer) == (200, {"replayed": 1, "missing": ["1-0"]})
         again = await pull(api)
         assert [(m["value_text"], m["key"]) for m in again["messages"]] == [("v0", "k0")]
@@ -349,3 +350,20 @@ async def test_readyz_turns_503_when_shutdown_begins_and_healthz_stays_200(redis
         assert status == 200
         await asyncio.wait_for(closing, 15)  # the ack ended the grace period
         assert service.groups["g"].buffer.stats.acked == 1
+
+
+async def test_a_client_hanging_up_during_a_long_poll_takes_no_messages_with_it(redis_url: str) -> None:
+    async with http_proxy(redis_url, {"timeout_ms": 60_000}) as (service, api):
+        request = {"group": "g", "topic": "t", "linger_ms": 20_000}
+        with pytest.raises(TimeoutError):
+            await api.session.post(api.base + "/v1/pull", json=request, timeout=aiohttp.ClientTimeout(total=0.3))
+
+        async def nothing_parked() -> bool:
+            return service.groups["g"].buffer.parked == 0
+
+        await eventually(nothing_parked)
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send("t", "for the next client", key="k")
+        body = await pull(api)
+        assert [m["value_text"] for m in body["messages"]] == ["for the next client"]
+        assert service.groups["g"].buffer.stats.delivered == 1
