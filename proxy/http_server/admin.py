@@ -67,10 +67,14 @@ def admin_guard(token: str | None) -> Middleware:
 
 
 def _is_loopback(remote: str | None) -> bool:
+    if remote is None:
+        return False
     try:
-        return remote is not None and ipaddress.ip_address(remote).is_loopback
+        address = ipaddress.ip_address(remote)
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack socket
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _limit(request: web.Request, default: int, most: int = MAX_PAGE) -> int:

@@ -311,7 +311,8 @@ def _non_loopback_address() -> str | None:
 
 async def test_without_a_token_admin_answers_loopback_peers_only(redis_url: str) -> None:
     address = _non_loopback_address()
-    assert not _is_loopback("192.0.2.2") and _is_loopback("127.0.0.1") and _is_loopback("::1")
+    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("::ffff:127.0.0.1")
+    assert not any(map(_is_loopback, ("192.0.2.2", "::ffff:192.0.2.2", "fd00::2", "", None)))
     if address is None:  # a host without a network: the decision itself is checked above
         return
     async with http_proxy(redis_url, http={"host": "0.0.0.0"}) as (service, api):
