@@ -52,7 +52,9 @@ def admin_guard(token: str | None) -> Middleware:
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(ADMIN_PREFIX):
+        # Decided by the route that matched, not by the raw path, so no spelling of a URL slips by.
+        resource = request.match_info.route.resource
+        if resource is not None and resource.canonical.startswith(ADMIN_PREFIX):
             if expected is not None:
                 given = request.headers.get("Authorization", "").encode()
                 if not hmac.compare_digest(given, expected):
