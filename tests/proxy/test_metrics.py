@@ -4,6 +4,8 @@ retried and dead-lettered. Scraped over real HTTP and parsed with prometheus-cli
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -143,3 +145,28 @@ def test_latency_histogram_buckets_are_cumulative_and_inclusive() -> None:
         histogram.observe(seconds)
     assert histogram.buckets() == [("0.001", 2.0), ("0.01", 3.0), ("+Inf", 4.0)]
     assert histogram.total == 0.0005 + 0.001 + 0.002 + 0.5
+
+
+_EXPANSION = re.compile(r"(ddmq_[a-z_]*_)\{([a-z_,]+)\}([a-z_]*)")  # ddmq_x_{a,b}_total
+_NAME = re.compile(r"ddmq_[a-z_]*[a-z]")  # a brace after a letter holds labels: not part of the name
+
+
+def _documented_metrics() -> set[str]:
+    """Metric names the README lists, with ``ddmq_x_{a,b}_total`` expanded."""
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    names: set[str] = set()
+    for head, choices, tail in _EXPANSION.findall(text):
+        names.update(f"{head}{choice}{tail}" for choice in choices.split(","))
+    names.update(_NAME.findall(_EXPANSION.sub("", text)))
+    return names
+
+
+async def test_the_readme_lists_every_exported_metric(redis_url: str) -> None:
+    async with http_proxy(redis_url, queues=1) as (service, api):
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send("t", "x", key="k")
+        await pull(api)
+        assert (await api.call("GET", "/metrics"))[0] == 200
+        exported = {family.name for family in service.metrics.registry.collect()}
+    documented = {name.removesuffix("_total") for name in _documented_metrics()}
+    assert exported == documented, (sorted(exported - documented), sorted(documented - exported))
