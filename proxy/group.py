@@ -275,9 +275,12 @@ class TopicConsumer:
         await asyncio.gather(*self._handoffs.values(), return_exceptions=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_ms / 1000
+        log.info("%s/%s: retiring: reading stopped; clients have up to %d ms to ack %d jobs in flight",
+                 self.group, self.topic, drain_ms, self.buffer.in_flight_of(self.topic))
         # Once per reload, so polling is fine; the ack path stays free of retirement bookkeeping.
         while self.buffer.in_flight_of(self.topic) and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
+        left = sum(tracker.unfinished for tracker in self.trackers.values())
         for qid in list(self.held):
             try:
                 await self._commit(qid)
@@ -288,7 +291,8 @@ class TopicConsumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        log.info("%s/%s: stopped (%d unfinished jobs left for redelivery)", self.group, self.topic, self.unfinished)
+        log.info("%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
+                 self.group, self.topic, left)
 
     def reconfigure(self, config: TopicGroupConfig) -> None:
         """Apply settings the engine reads as it goes (see ``ddmq.proxy.reload.IN_PLACE_FIELDS``)."""

@@ -1,0 +1,170 @@
+"""Live configuration of a real ``ddmq-proxy`` process: the config file is rewritten and the process
+gets SIGHUP while a producer writes and Thrift clients pull. A group added starts delivering, an
+invalid file is rejected with its reason while the old config keeps serving, a group removed and
+added back loses nothing and keeps every key in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+import yaml
+
+from ddmq.client import keys, wire
+from ddmq.client.producer import AsyncProducer
+from ddmq.client.thrift_client import AsyncProxyClient, PullError
+from ddmq.proxy.errors import UnknownGroupError
+
+from .support import OrderChecker, ProxyProcess, body
+
+QUEUES = 4
+KEYS = 50
+ORDERED = {"actions": ["Json", "Order", "PullServer"], "order_key": "$.k", "timeout_ms": 3000}
+LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100, "handoff_drain_ms": 1000}
+
+
+class ThriftLoad:
+    """A producer on topic ``t`` and one Thrift puller per group. A puller's epoch moves on when
+    its group turns unknown: the group's next incarnation may replay from its committed offsets."""
+
+    def __init__(self, port: int, redis_url: str, groups: list[str]) -> None:
+        self.port = port
+        self.redis_url = redis_url
+        self.produced: dict[str, int] = {}
+        self.checkers: dict[str, OrderChecker] = defaultdict(OrderChecker)
+        self.unknown: dict[str, int] = defaultdict(int)
+        self._running = True
+        self._producing = True
+        self._tasks = [asyncio.create_task(self._produce())]
+        self._tasks += [asyncio.create_task(self._pull(group)) for group in groups]
+
+    async def _produce(self) -> None:
+        rng = random.Random(3)
+        async with AsyncProducer(self.redis_url) as producer:
+            while self._producing:
+                batch = []
+                for _ in range(10):
+                    key = f"key-{rng.randrange(KEYS)}"
+                    seq = self.produced.get(key, 0)
+                    self.produced[key] = seq + 1
+                    batch.append({"key": key, "value": body(key, seq)})
+                await producer.send_batch("t", batch)
+                await asyncio.sleep(0.02)
+
+    async def _pull(self, group: str) -> None:
+        checker = self.checkers[group]
+        epoch, served = 0, False
+        pending: list[wire.ConsumeResult] = []
+        async with AsyncProxyClient("127.0.0.1", self.port) as client:
+            while self._running:
+                request = wire.PullRequest(
+                    groupId=group, maxBatchSize=32, maxLingerTime=200, result=wire.link_results(pending)
+                )
+                try:
+                    response = await client.pull(request)
+                except PullError as exc:
+                    assert exc.code == UnknownGroupError.code, exc
+                    self.unknown[group] += 1
+                    if served:  # the incarnation that served us is gone; a later one starts anew
+                        epoch, served = epoch + 1, False
+                    await asyncio.sleep(0.05)
+                    continue  # like PullConsumer: the results ride on the next pull again
+                pending.clear()
+                if not response.messages:
+                    continue
+                served = True
+                for message in response.messages:
+                    event = json.loads(message.value)
+                    checker.delivered(event["k"], event["seq"], epoch)
+                    checker.acked(event["k"], event["seq"], epoch)
+                pending.append(
+                    wire.ConsumeResult(
+                        context=response.context,
+                        successOffsets=[m.offset for m in response.messages],
+                        failOffsets=[],
+                    )
+                )
+            if pending:
+                await client.submit(wire.link_results(pending))
+
+    async def finish(self, groups: list[str], timeout_s: float = 60) -> None:
+        self._producing = False
+        await self._tasks[0]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            while any(self.checkers[g].missing(self.produced) for g in groups):
+                assert loop.time() < deadline, {
+                    g: list(self.checkers[g].missing(self.produced).items())[:3] for g in groups
+                }
+                await asyncio.sleep(0.05)
+        finally:
+            await self.stop()
+        for group in groups:
+            assert self.checkers[group].violations == [], (group, self.checkers[group].violations[:5])
+
+    async def stop(self) -> None:
+        self._producing = self._running = False
+        await asyncio.gather(*self._tasks)
+
+
+def rewrite(proxy: ProxyProcess, base: dict[str, Any], groups: dict[str, Any]) -> None:
+    """Write the config ``base`` with new ``groups`` and send SIGHUP."""
+    proxy.config_path.write_text(yaml.safe_dump({**base, "groups": groups}))
+    assert proxy.proc is not None
+    proxy.proc.send_signal(signal.SIGHUP)
+
+
+async def until(predicate: Any, timeout_s: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+def log_count(proxy: ProxyProcess, text: str) -> int:
+    return proxy.log_path.read_text(errors="replace").count(text) if proxy.log_path.exists() else 0
+
+
+async def test_sighup_adds_removes_and_rejects_under_load(redis_url: str, tmp_path: Path) -> None:
+    proxy = ProxyProcess(
+        tmp_path, redis_url, {"g1": {"t": ORDERED}}, {"t": {"queues": QUEUES}}, instance_id="proxy-r", leases=LEASES
+    ).start()
+    base = yaml.safe_load(proxy.config_path.read_text())
+    load = ThriftLoad(proxy.port, redis_url, ["g1", "g2"])
+    try:
+        await until(lambda: load.checkers["g1"].deliveries > 200 and load.unknown["g2"] > 0)
+
+        rewrite(proxy, base, {"g1": {"t": ORDERED}, "g2": {"t": ORDERED}})
+        await until(lambda: load.checkers["g2"].deliveries > 200)
+        assert log_count(proxy, "config reloaded: added g2/t") == 1
+
+        rewrite(proxy, base, {"g1": {"t": {**ORDERED, "max_retry": -1}}, "g3": {"t": ORDERED}})
+        await until(lambda: log_count(proxy, "config reload rejected") == 1)
+        assert log_count(proxy, "groups.g1.t.max_retry") == 1, proxy.log()
+        served = {g: load.checkers[g].deliveries for g in ("g1", "g2")}
+        await until(lambda: all(load.checkers[g].deliveries > served[g] + 100 for g in served))  # old config
+
+        unknown = load.unknown["g2"]
+        rewrite(proxy, base, {"g1": {"t": ORDERED}})
+        await until(lambda: log_count(proxy, "config reloaded: removed g2/t") == 1)
+        assert load.unknown["g2"] > unknown
+        async with aioredis.Redis.from_url(redis_url) as redis:
+            assert [await redis.get(keys.lease("g2", "t", qid)) for qid in range(QUEUES)] == [None] * QUEUES
+            assert await redis.zscore(keys.members("g2"), "proxy-r") is None
+        produced = sum(load.produced.values())
+        await until(lambda: sum(load.produced.values()) > produced + 500)  # g2 misses these meanwhile
+
+        rewrite(proxy, base, {"g1": {"t": ORDERED}, "g2": {"t": ORDERED}})
+        await load.finish(["g1", "g2"])
+        assert log_count(proxy, "config reloaded") == 3
+    finally:
+        await load.stop()
+        assert proxy.stop() == 0, proxy.log()
