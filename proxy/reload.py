@@ -209,6 +209,7 @@ class ConfigReloader:
         self._requested = asyncio.Event()
         self._digest = self._read_digest()
         self._tasks: list[asyncio.Task[None]] = []
+        self._current: asyncio.Task[ConfigChange | None] | None = None
 
     def start(self) -> None:
         if self._tasks:
@@ -218,9 +219,12 @@ class ConfigReloader:
             self._tasks.append(asyncio.create_task(self._watch(), name="config-watch"))
 
     async def close(self) -> None:
+        """Stop watching and serving requests; a reload under way is finished, not cut short."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._current is not None:
+            await asyncio.gather(self._current, return_exceptions=True)
 
     def request(self) -> None:
         """Ask for a reload (safe from a signal handler installed with ``loop.add_signal_handler``)."""
@@ -240,8 +244,10 @@ class ConfigReloader:
         while True:
             await self._requested.wait()
             self._requested.clear()
+            # Shielded: a half-applied reload would leave consumers half retired.
+            self._current = asyncio.create_task(self.reload(), name="config-reload-apply")
             try:
-                await self.reload()
+                await asyncio.shield(self._current)
             except Exception:  # a bug must not end reloading for the life of the process
                 log.exception("config reload failed")
 

@@ -244,40 +244,45 @@ async def test_removing_a_group_answers_parked_pulls_and_counts_acks_during_its_
         config(
             redis_url,
             {"g1": {"t1": ORDERED}, "g2": {"t2": ORDERED}},
-            leases={
-                "ttl_ms": 2000,
-                "renew_ms": 500,
-                "claim_interval_ms": 100,
-                "handoff_drain_ms": 60_000,
-            },
+            leases={"ttl_ms": 2000, "renew_ms": 500, "claim_interval_ms": 100, "handoff_drain_ms": 60_000},
         )
     )
     await service.start()
     try:
         async with AsyncProducer(redis_url) as producer:
             await producer.send("t1", body("a", 0), key="a")
-        batch = await service.pull("g1", None, 10, 5000, [])
-        assert batch.queue is not None and len(batch.messages) == 1
+            await producer.send("t2", body("b", 0), key="b")
+        held = {group: await service.pull(group, None, 10, 5000, []) for group in ("g1", "g2")}
+        assert all(len(batch.messages) == 1 for batch in held.values())
         parked = asyncio.create_task(service.pull("g2", None, 10, 30_000, []))
         await asyncio.sleep(0.1)
         assert not parked.done()
 
+        # g1 stops consuming t1 (and starts t2); g2 goes away.
         reload = asyncio.create_task(service.reload(config(redis_url, {"g1": {"t2": ORDERED}})))
         # The parked long poll of the removed group is answered (empty) long before its 30 s linger.
         assert (await asyncio.wait_for(parked, 10)).messages == []
-        await until(lambda: service.groups["g1"].retiring.get("t1") is not None)
+        await until(lambda: "t1" in service.groups["g1"].retiring and service.groups["g2"].removed)
         with pytest.raises(UnknownTopicError):
             await service.pull("g1", "t1", 10, 0, [])
-        # The client acks what it held with its next pull, which fails: the ack still counts, and it
-        # ends the drain (60 s otherwise).
-        ack = QueueResult("g1", "t1", str(batch.queue.qid), [batch.messages[0].offset], [])
-        with pytest.raises(UnknownTopicError):
-            await service.pull("g1", "t1", 10, 0, [ack])
+        with pytest.raises(UnknownGroupError):
+            await service.pull("g2", None, 10, 0, [])
+        # The clients ack what they hold with their next pulls, which fail: the acks still count, and
+        # they end the drain (60 s otherwise).
+        acks = {}
+        for (group, topic), error in [(("g1", "t1"), UnknownTopicError), (("g2", "t2"), UnknownGroupError)]:
+            batch = held[group]
+            assert batch.queue is not None
+            acks[(group, topic)] = (batch.queue.qid, batch.messages[0].offset)
+            ack = QueueResult(group, topic, str(batch.queue.qid), [batch.messages[0].offset], [])
+            with pytest.raises(error):
+                await service.pull(group, topic, 10, 0, [ack])
         change = await asyncio.wait_for(reload, 30)
         assert change.removed == (("g1", "t1"), ("g2", "t2")) and change.added == (("g1", "t2"),)
+        assert "g2" not in service.groups
         async with aioredis.Redis.from_url(redis_url) as redis:
-            committed = await redis.get(keys.committed("g1", "t1", batch.queue.qid))
-        assert int(committed) == batch.messages[0].offset + 1
+            for (group, topic), (qid, offset) in acks.items():
+                assert int(await redis.get(keys.committed(group, topic, qid))) == offset + 1, (group, topic)
     finally:
         await service.close()
 
@@ -295,10 +300,14 @@ async def test_changed_settings_take_effect_without_loss(redis_url: str) -> None
         t2_consumer = service.groups["g1"].consumers["t2"]
 
         change = await service.reload(
-            config(redis_url, {"g1": {"t1": {**ORDERED, "concurrency": 200}, "t2": {**ORDERED, "concurrency": 200}}})
+            config(
+                redis_url,
+                {"g1": {"t1": {**ORDERED, "concurrency": 200}, "t2": {**ORDERED, "concurrency": 200, "max_tps": 5000}}},
+            )
         )
         assert change.updated == (("g1", "t2"),) and change.restarted == (("g1", "t1"),)
         assert service.groups["g1"].consumers["t2"] is t2_consumer  # in place
+        assert t2_consumer.limiter is not None and t2_consumer.limiter.rate == 5000
         assert service.groups["g1"].consumers["t1"].config.order_key == "$.k"
         # QID let one message of a queue out at a time; per-key order lets several; 200 > 2 in flight.
         await until(lambda: load.largest_batch[("g1", "t1")] > 1 and load.largest_batch[("g1", "t2")] > 2)
