@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from ddmq.actions import Action, Status, build_chain
 from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
+from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
@@ -70,6 +71,8 @@ class TopicConsumer:
         self._started = False
         #: False once the consumer is retiring (its topic left the config): nothing more is handed out.
         self.serving = True
+        #: Set by the service when ``audit_log`` is configured.
+        self.read_audit: ReadAudit | None = None
 
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
@@ -191,7 +194,7 @@ class TopicConsumer:
         start = await self._with_retry(lambda: self._start_offset(qid), f"start offset of #{qid}")
         skip = await self._finished_past(qid, start)
         self.trackers[qid] = OffsetTracker(start, skip)
-        reader = self.readers[qid] = QueueReader(self, qid)
+        reader = self.readers[qid] = QueueReader(self, qid, term)
         reader.start()
         log.info("%s/%s#%d: lease term %d, reading from offset %d", self.group, self.topic, qid, term, start)
 
@@ -427,11 +430,15 @@ class ConsumerGroup:
         self.retiring: dict[str, TopicConsumer] = {}
         #: Set when the group left the config: pulls get "unknown group", acks still count.
         self.removed = False
+        #: Given to consumers added later by a config reload (the service sets it with ``audit_log``).
+        self.read_audit: ReadAudit | None = None
 
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
-        return TopicConsumer(self.name, topic, config, self._broker, self.buffer, self._leases, self._lease_config,
-                             self._membership)
+        consumer = TopicConsumer(self.name, topic, config, self._broker, self.buffer, self._leases,
+                                 self._lease_config, self._membership)
+        consumer.read_audit = self.read_audit
+        return consumer
 
     def start(self) -> None:
         self.buffer.start()
