@@ -425,13 +425,13 @@ class ConsumerGroup:
         self._leases = leases
         self._lease_config = lease_config
         self._membership = membership
+        #: Given to consumers added later by a config reload (the service sets it with ``audit_log``).
+        self.read_audit: ReadAudit | None = None
         self.consumers = {topic: self.make_consumer(topic, config) for topic, config in topics.items()}
         #: Consumers of topics removed by a config reload, until their drain is over (acks still count).
         self.retiring: dict[str, TopicConsumer] = {}
         #: Set when the group left the config: pulls get "unknown group", acks still count.
         self.removed = False
-        #: Given to consumers added later by a config reload (the service sets it with ``audit_log``).
-        self.read_audit: ReadAudit | None = None
 
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
