@@ -182,6 +182,9 @@ async def apply_config(service: ProxyService, new: ProxyConfig) -> ConfigChange:
     for group_name, topic in change.updated:
         groups[group_name].consumers[topic].reconfigure(new.groups[group_name][topic])
     for group in new_groups:
+        group.read_audit = service.read_audit
+        for consumer in group.consumers.values():
+            consumer.read_audit = service.read_audit
         groups[group.name] = group
         group.start()
     for group, consumer in new_consumers:

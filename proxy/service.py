@@ -170,6 +170,11 @@ class ProxyService:
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
 
+    @property
+    def read_audit(self) -> ReadAudit | None:
+        """The read audit (``audit_log``): every consumer records into it, also those a reload adds."""
+        return self._audit
+
     async def reload(self, config: ProxyConfig) -> ConfigChange:
         """Apply a new, already validated config: groups and topics change live (see
         :mod:`ddmq.proxy.reload`). Raises ConfigError, and changes nothing, when it cannot apply."""

@@ -1,7 +1,7 @@
 """Live configuration of a real ``ddmq-proxy`` process: the config file is rewritten and the process
 gets SIGHUP while a producer writes and Thrift clients pull. A group added starts delivering, an
 invalid file is rejected with its reason while the old config keeps serving, a group removed and
-added back loses nothing and keeps every key in order."""
+added back loses nothing and keeps every key in order, and no queue ever has two readers."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.proxy.errors import UnknownGroupError
 
 from .support import OrderChecker, ProxyProcess, body
+from .test_cluster import check_single_reader
 
 QUEUES = 4
 KEYS = 50
@@ -135,7 +136,13 @@ def log_count(proxy: ProxyProcess, text: str) -> int:
 
 async def test_sighup_adds_removes_and_rejects_under_load(redis_url: str, tmp_path: Path) -> None:
     proxy = ProxyProcess(
-        tmp_path, redis_url, {"g1": {"t": ORDERED}}, {"t": {"queues": QUEUES}}, instance_id="proxy-r", leases=LEASES
+        tmp_path,
+        redis_url,
+        {"g1": {"t": ORDERED}},
+        {"t": {"queues": QUEUES}},
+        instance_id="proxy-r",
+        leases=LEASES,
+        audit_log=str(tmp_path / "reads.jsonl"),
     ).start()
     base = yaml.safe_load(proxy.config_path.read_text())
     load = ThriftLoad(proxy.port, redis_url, ["g1", "g2"])
@@ -168,3 +175,7 @@ async def test_sighup_adds_removes_and_rejects_under_load(redis_url: str, tmp_pa
     finally:
         await load.stop()
         assert proxy.stop() == 0, proxy.log()
+    # The re-added group read each queue under a new lease term, only after the old term's last read.
+    records = [json.loads(line) for line in (tmp_path / "reads.jsonl").read_text().splitlines()]
+    assert check_single_reader([r for r in records if r["group"] == "g2"]) >= QUEUES
+    check_single_reader([r for r in records if r["group"] == "g1"])

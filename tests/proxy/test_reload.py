@@ -251,20 +251,25 @@ async def test_removing_a_group_answers_parked_pulls_and_counts_acks_during_its_
     try:
         async with AsyncProducer(redis_url) as producer:
             await producer.send("t1", body("a", 0), key="a")
+            await producer.send("t1", body("c", 0), key="c")
             await producer.send("t2", body("b", 0), key="b")
-        held = {group: await service.pull(group, None, 10, 5000, []) for group in ("g1", "g2")}
+        held = {group: await service.pull(group, None, 1, 5000, []) for group in ("g1", "g2")}
         assert all(len(batch.messages) == 1 for batch in held.values())
+        await until(lambda: service.groups["g1"].buffer.ready == 1)  # the other t1 message
         parked = asyncio.create_task(service.pull("g2", None, 10, 30_000, []))
         await asyncio.sleep(0.1)
         assert not parked.done()
 
-        # g1 stops consuming t1 (and starts t2); g2 goes away.
-        reload = asyncio.create_task(service.reload(config(redis_url, {"g1": {"t2": ORDERED}})))
+        # g1 stops consuming t1 (and starts t2 from its end); g2 goes away.
+        latest = {**ORDERED, "start_from": "latest"}
+        reload = asyncio.create_task(service.reload(config(redis_url, {"g1": {"t2": latest}})))
         # The parked long poll of the removed group is answered (empty) long before its 30 s linger.
         assert (await asyncio.wait_for(parked, 10)).messages == []
         await until(lambda: "t1" in service.groups["g1"].retiring and service.groups["g2"].removed)
         with pytest.raises(UnknownTopicError):
             await service.pull("g1", "t1", 10, 0, [])
+        # What the removed topic had read but not handed out stays put (for its next consumer).
+        assert (await service.pull("g1", None, 10, 200, [])).messages == []
         with pytest.raises(UnknownGroupError):
             await service.pull("g2", None, 10, 0, [])
         # The clients ack what they hold with their next pulls, which fail: the acks still count, and
