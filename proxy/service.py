@@ -217,7 +217,8 @@ class ProxyService:
     def _group(self, name: str) -> ConsumerGroup:
         group = self.groups.get(name)
         if group is None or group.removed:
-            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self.groups)}")
+            serves = sorted(n for n, g in self.groups.items() if not g.removed)
+            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {serves}")
         return group
 
     async def pull(
