@@ -388,3 +388,11 @@ async def test_file_watch_and_process_level_fields(
     finally:
         await reloader.close()
         await service.close()
+
+
+def test_cli_refuses_a_negative_watch_interval(tmp_path: Path, redis_url: str) -> None:
+    from ddmq.proxy.cli import main
+
+    path = tmp_path / "proxy.yaml"
+    path.write_text(yaml.safe_dump(raw_config(redis_url, {"g1": {"t1": ORDERED}})))
+    assert main(["--config", str(path), "--watch-interval-ms", "-1"]) == 2
