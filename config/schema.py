@@ -208,7 +208,9 @@ class ProxyConfig(_Model):
     @field_validator("groups")
     @classmethod
     def _group_topics(cls, groups: dict[str, dict[str, TopicGroupConfig]]) -> dict[str, dict[str, TopicGroupConfig]]:
-        for topics in groups.values():
+        for group, topics in groups.items():
+            if not topics:
+                raise ValueError(f"group {group!r} consumes no topic; list one or remove the group")
             for topic in topics:
                 check_name("topic", topic)
         return groups

@@ -363,6 +363,13 @@ class PullBuffer:
     def in_flight(self) -> int:
         return sum(1 for jobs in self._jobs.values() for j in jobs.values() if j.state is JobState.IN_FLIGHT)
 
+    def in_flight_of(self, topic: str) -> int:
+        """Jobs of ``topic`` handed to clients and not acked or failed yet."""
+        return sum(
+            1 for queue, jobs in self._jobs.items() if queue.topic == topic
+            for job in jobs.values() if job.state is JobState.IN_FLIGHT
+        )
+
     @property
     def held(self) -> int:
         """Unfinished jobs in the buffer (ready, in flight, or waiting for a retry)."""

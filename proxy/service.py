@@ -39,6 +39,7 @@ from ddmq.proxy.http_server import HttpServer
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
 from ddmq.proxy.metrics import ProxyMetrics
+from ddmq.proxy.reload import ConfigChange, apply_config
 from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, QueueId, QueueResult
 
@@ -57,6 +58,7 @@ class ProxyService:
         self.redis: aioredis.Redis | None = None
         self.broker: Broker | None = None
         self.leases: LeaseStore | None = None
+        self.membership: Membership | None = None
         self.thrift_port: int | None = None
         self.http_port: int | None = None
         self.metrics = ProxyMetrics(self)
@@ -68,6 +70,7 @@ class ProxyService:
         self._committer: asyncio.Task[None] | None = None
         self._state = "new"
         self._closed = asyncio.Event()
+        self._reloading = asyncio.Lock()
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -107,13 +110,14 @@ class ProxyService:
                 raise ConfigError(f"topics.{topic}.queues: {exc}") from exc
             except ProduceError as exc:
                 raise BrokerError(str(exc)) from exc
-        membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
-        self.groups = build_groups(config, self.broker, self.leases, membership)
+        self.membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
+        self.groups = build_groups(config, self.broker, self.leases, self.membership)
         if config.http.enabled:  # action timings are only read through /metrics
             self.metrics.instrument(self.groups.values())
         if config.audit_log:
             self._audit = ReadAudit(config.audit_log, config.instance_id)
             for group in self.groups.values():
+                group.read_audit = self._audit
                 for consumer in group.consumers.values():
                     consumer.read_audit = self._audit
         for group in self.groups.values():
@@ -142,6 +146,8 @@ class ProxyService:
             return
         was_running = self._state == "running"
         self._state = "closing"
+        async with self._reloading:  # a reload under way finishes first (its drain is bounded)
+            pass
         try:
             if was_running:
                 await asyncio.gather(*(g.stop_reading() for g in self.groups.values()))
@@ -185,6 +191,21 @@ class ProxyService:
         """True from the end of start() until close() begins (what ``/readyz`` reports)."""
         return self._state == "running"
 
+    @property
+    def read_audit(self) -> ReadAudit | None:
+        """The read audit (``audit_log``): every consumer records into it, also those a reload adds."""
+        return self._audit
+
+    async def reload(self, config: ProxyConfig) -> ConfigChange:
+        """Apply a new, already validated config: groups and topics change live (see
+        :mod:`ddmq.proxy.reload`). Raises ConfigError, and changes nothing, when it cannot apply."""
+        if self._state != "running":
+            raise UnavailableError(f"cannot reload the config of a proxy that is {self._state}")
+        async with self._reloading:
+            if self._state != "running":
+                raise UnavailableError(f"cannot reload the config of a proxy that is {self._state}")
+            return await apply_config(self, config)
+
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
@@ -206,7 +227,7 @@ class ProxyService:
             await self._flush_all()
 
     async def _flush_all(self) -> None:
-        for group in self.groups.values():
+        for group in list(self.groups.values()):  # a reload may add or remove groups meanwhile
             try:
                 await group.flush_offsets()
             except DdmqError as exc:
@@ -216,8 +237,9 @@ class ProxyService:
 
     def _group(self, name: str) -> ConsumerGroup:
         group = self.groups.get(name)
-        if group is None:
-            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self.groups)}")
+        if group is None or group.removed:
+            serves = sorted(n for n, g in self.groups.items() if not g.removed)
+            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {serves}")
         return group
 
     async def pull(
@@ -228,8 +250,8 @@ class ProxyService:
         linger_ms: int | None,
         results: list[QueueResult],
     ) -> PullBatch:
+        self._apply(results)  # first: acks count even when the group was just removed
         consumer_group = self._group(group)
-        self._apply(results)
         topic = topic or None
         if topic is not None:
             consumer = consumer_group.consumers.get(topic)
@@ -275,7 +297,9 @@ class ProxyService:
     def _apply(self, results: list[QueueResult]) -> None:
         for result in results:
             group = self.groups.get(result.group)
-            consumer = group.consumers.get(result.topic) if group is not None else None
+            consumer = None
+            if group is not None:  # a topic being removed still takes acks while it drains
+                consumer = group.consumers.get(result.topic) or group.retiring.get(result.topic)
             try:
                 qid = int(result.qid)
             except ValueError:
