@@ -7,7 +7,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from ddmq.actions import Action, Status, build_chain
+from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
 from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
 from ddmq.proxy.broker import Broker
 from ddmq.proxy.errors import DdmqError
@@ -78,6 +78,7 @@ class TopicConsumer:
         if self._started:
             raise RuntimeError(f"consumer {self.group}/{self.topic} already started")
         self._started = True
+        start_chain(self.chain)
         self._tasks.append(asyncio.create_task(self._open(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
 
@@ -258,6 +259,7 @@ class TopicConsumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await close_chain(self.chain)
 
     # reading -----------------------------------------------------------------------------------
 
