@@ -90,9 +90,7 @@ def test_invalid_expressions_say_where(text: str, message: str) -> None:
 
 def test_a_bad_filter_fails_the_config_with_the_field_path(tmp_path: Path) -> None:
     path = tmp_path / "proxy.yaml"
-    path.write_text(
-        "groups: {g: {t: {actions: [Json, Filter, Order, PullServer], filter: {expression: '$.a = 1'}}}}"
-    )
+    path.write_text("groups: {g: {t: {actions: [Json, Filter, Order, PullServer], filter: {expression: '$.a = 1'}}}}")
     with pytest.raises(Exception) as info:
         load(path)
     assert "groups.g.t.filter.expression" in str(info.value)
