@@ -124,16 +124,26 @@ def test_check_flag_validates_without_starting() -> None:
         ("{actions: [AsyncHttp], async_http: {urls: ['ftp://h/']}}", "not an http:// or https:// URL"),
         ("{actions: [AsyncHttp], async_http: {urls: ['http://h/'], method: FETCH}}", "async_http.method"),
         ("{actions: [AsyncHttp], async_http: {urls: ['http://h/'], body: form}}", "AsyncHttp reads the parsed"),
-        ("{actions: [Json, Redis], redis_action: {url: 'localhost', commands: [{command: del, key: k}]}}",
-         "redis_action.url"),
-        ("{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: set, key: k}]}}",
-         "set needs value"),
-        ("{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: hset, key: k}]}}",
-         "hset needs fields"),
-        ("{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: del, key: 'a:{$[[}'}]}}",
-         "redis_action.commands.0.key"),
-        ("{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: del, key: k, when: 'x'}]}}",
-         "redis_action.commands.0.when"),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'localhost', commands: [{command: del, key: k}]}}",
+            "redis_action.url",
+        ),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: set, key: k}]}}",
+            "set needs value",
+        ),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: hset, key: k}]}}",
+            "hset needs fields",
+        ),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: del, key: 'a:{$[[}'}]}}",
+            "redis_action.commands.0.key",
+        ),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: del, key: k, when: 'x'}]}}",
+            "redis_action.commands.0.when",
+        ),
     ],
 )
 def test_action_settings_are_checked_at_load(tmp_path: Path, topic: str, expected: str) -> None:
@@ -148,6 +158,8 @@ def test_every_example_passes_check() -> None:
     for path in EXAMPLES:
         proc = subprocess.run(
             [sys.executable, "-m", "ddmq.proxy", "--config", str(path), "--check"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
