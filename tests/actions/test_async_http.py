@@ -48,7 +48,7 @@ async def mixed(upstream: Upstream, key: str, seq: int, attempt: int) -> web.Res
     elif kind == "dead" and seq == 5:
         return web.Response(status=503, text="down for good")
     elif kind == "stuck" and seq == 2 and attempt == 1:
-        await asyncio.sleep(1.0)  # past timeout_ms: the proxy gives up on this attempt
+        await asyncio.sleep(2.5)  # past timeout_ms: the proxy gives up on this attempt
     return web.Response(status=200, text="ok")
 
 
@@ -59,7 +59,9 @@ async def test_order_retries_dead_letters_and_bounded_concurrency(
     kinds = ["slow", "flaky", "missing", "moved", "dead", "stuck", "plain"]
     all_keys = [f"{kind}-{i}" for kind in kinds for i in range(4)]
     seqs = 8
-    config = push_config([f"{upstream.url}/a", f"{upstream.url}/b"], timeout_ms=300, max_in_flight=4)
+    # A generous timeout: only the "stuck" attempts may pass it, even on a loaded machine (a normal answer
+    # the proxy gave up on would be pushed again: allowed, but not what this test counts).
+    config = push_config([f"{upstream.url}/a", f"{upstream.url}/b"], timeout_ms=2000, max_in_flight=4)
     async with running_proxy(redis_url, config) as service:
         [action] = [a for a in service.groups["g"].consumers["t"].chain if isinstance(a, AsyncHttpAction)]
         await readers_started(service)
