@@ -53,7 +53,7 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _KEYWORDS = frozenset({"and", "or", "not", "in", "true", "false", "null"})
-_PATH_NAME = re.compile(r"[A-Za-z0-9_\-*@]*")
+_PATH_NAME = re.compile(r"[\w\-*@]*")
 
 
 class _Token:
