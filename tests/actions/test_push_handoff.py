@@ -55,3 +55,38 @@ async def test_push_keeps_order_and_loses_nothing_when_queues_move(
     checker = upstream.checker
     assert checker.violations == [], checker.violations[:5]
     assert checker.missing({key: seqs for key in all_keys}) == {}
+
+
+async def test_pushes_cut_off_by_shutdown_are_pushed_again_after_restart(
+    redis_url: str, redis_client: aioredis.Redis, upstream_factory: Callable[[Behaviour, int], Awaitable[Upstream]]
+) -> None:
+    release = asyncio.Event()
+
+    async def hang_on_a(upstream: Upstream, key: str, seq: int, attempt: int) -> web.Response:
+        if upstream.paths["/b"] == 0:  # only proxy A pushes so far: its requests get no answer
+            await release.wait()
+        return web.Response(status=200)
+
+    upstream = await upstream_factory(hang_on_a, 0)
+    upstream.epochs = {"/a": 0, "/b": 1}
+    all_keys = [f"k{i}" for i in range(6)]
+    try:
+        config_a = {**push_config([f"{upstream.url}/a"], max_in_flight=4, timeout_ms=60_000)}
+        async with running_proxy(redis_url, config_a, instance_id="proxy-a", leases=LEASES):
+            await produce(redis_url, keyed(all_keys, 5))
+            async with asyncio.timeout(30):
+                while upstream.paths["/a"] < 4:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+        # A closed with 4 pushes unanswered: they stay unfinished, so uncommitted.
+        assert not await all_committed(redis_client, 4)
+        config_b = {**push_config([f"{upstream.url}/b"], max_in_flight=4)}
+        async with running_proxy(redis_url, config_b, instance_id="proxy-b", leases=LEASES):
+            async with asyncio.timeout(60):
+                while not await all_committed(redis_client, 4):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+    finally:
+        release.set()
+    checker = upstream.checker
+    assert upstream.paths["/a"] == 4, "A pushed only its 4 workers' heads, then stopped"
+    assert checker.violations == [], checker.violations[:5]
+    assert checker.missing({key: 5 for key in all_keys}) == {}
