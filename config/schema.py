@@ -322,6 +322,9 @@ class LeaseConfig(_Model):
     #: A queue assigned elsewhere after a rebalance: how long clients may still ack what they hold
     #: before its offset is committed and its lease released (unacked ones are redelivered there).
     handoff_drain_ms: Annotated[int, Field(ge=0)] = 5_000
+    #: With every commit, also store the offsets finished past the commit point, so the queue's next
+    #: owner skips them; off = it redelivers everything past the commit point (smaller commits).
+    persist_completions: bool = True
 
     @model_validator(mode="after")
     def _renew_in_time(self) -> LeaseConfig:

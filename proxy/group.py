@@ -352,7 +352,8 @@ class TopicConsumer:
         if tracker is None or lease is None or tracker.version == tracker.committed_version:
             return
         point, version = tracker.commit_point, tracker.version
-        if await self.leases.commit(lease, point, tracker.finished_beyond()):
+        finished = tracker.finished_beyond() if self.lease_config.persist_completions else ""
+        if await self.leases.commit(lease, point, finished):
             tracker.committed, tracker.committed_version = point, version
         elif self.held.get(qid) == lease:
             log.warning("%s/%s#%d: commit fenced off (lease term %d taken over); dropping the queue",
