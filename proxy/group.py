@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from time import perf_counter
 
-from ddmq.actions import Action, Status, build_chain
+from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
 from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
 from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker
@@ -86,6 +86,7 @@ class TopicConsumer:
         if self._started:
             raise RuntimeError(f"consumer {self.group}/{self.topic} already started")
         self._started = True
+        start_chain(self.chain)
         self._tasks.append(asyncio.create_task(self._open(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
 
@@ -268,6 +269,7 @@ class TopicConsumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await close_chain(self.chain)
 
     async def retire(self, drain_ms: int) -> None:
         """Stop for good (the topic left this group's config, or a new consumer replaces this one).
@@ -297,6 +299,7 @@ class TopicConsumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await close_chain(self.chain)  # push workers and their connection pools
         log.info("%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
                  self.group, self.topic, left)
 

@@ -12,7 +12,9 @@ One buffer per consumer group holds:
 
 A failed attempt (client fail, or timeout) is retried after ``retry_intervals_ms``; after
 ``max_retry`` retries the job is written to the group's dead-letter stream and then finished. A job
-stays the head of its order key through all of this, so its key's order holds.
+stays the head of its order key through all of this, so its key's order holds. Push actions
+(``AsyncHttp``, ``Redis``) report their failed attempts through :meth:`PullBuffer.retry_later`, so they
+share this schedule and dead-letter path; their retries go back to them (:meth:`route_retries`).
 
 An ack finishes the job whatever state it is in (a late ack after a timeout still counts: the
 message was processed). Acks and fails for offsets the buffer does not hold are counted and ignored.
@@ -26,7 +28,7 @@ import itertools
 import logging
 import math
 from collections import defaultdict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 
 from ddmq.proxy.errors import DdmqError
@@ -78,6 +80,7 @@ class PullBuffer:
         self._seq = itertools.count()
         self._timer: asyncio.Task[None] | None = None
         self._dead_letter_tasks: set[asyncio.Task[None]] = set()
+        self._requeue: dict[str, Callable[[UpstreamJob], None]] = {}  # topic -> its push action
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -247,6 +250,15 @@ class PullBuffer:
             self._untime(job)
             self._failed_attempt(job, reason)
 
+    def route_retries(self, topic: str, requeue: Callable[[UpstreamJob], None]) -> None:
+        """Jobs of ``topic`` are pushed, not pulled: when a retry is due, hand the job to ``requeue``."""
+        self._requeue[topic] = requeue
+
+    def retry_later(self, job: UpstreamJob, reason: str) -> None:
+        """A push attempt of ``job`` failed: retry on schedule, or dead-letter after the last retry."""
+        self.queue_stats[job.queue].failed += 1
+        self._failed_attempt(job, reason)
+
     def _failed_attempt(self, job: UpstreamJob, reason: str) -> None:
         job.last_error = reason
         config = job.consumer.config
@@ -337,7 +349,11 @@ class PullBuffer:
             _, _, job = heapq.heappop(retries)
             if job.state is JobState.RETRY_WAIT:
                 self.queue_stats[job.queue].retried += 1
-                self._make_ready(job)
+                requeue = self._requeue.get(job.queue.topic)
+                if requeue is None:
+                    self._make_ready(job)
+                else:
+                    requeue(job)
 
     # views -------------------------------------------------------------------------------------
 
