@@ -42,9 +42,11 @@ class TokenBucket:
 
 
 class QueueReader:
-    def __init__(self, consumer: TopicConsumer, qid: int) -> None:
+    def __init__(self, consumer: TopicConsumer, qid: int, term: int = 0) -> None:
         self.consumer = consumer
         self.qid = qid
+        #: The lease term this reader reads under (recorded by the read audit).
+        self.term = term
         self.queue = QueueId(consumer.topic, qid)
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -73,13 +75,13 @@ class QueueReader:
         consumer = self.consumer
         broker = consumer.broker
         tracker = consumer.trackers[self.qid]
-        batch_size = consumer.config.read_batch_size
-        limiter = consumer.limiter
         queue = self.queue
         backoff = 0.1
         while not self._stopping:
             room = await consumer.wait_for_room()
-            wanted = min(batch_size, room)
+            # Looked up per batch, not once: a config reload may change them in place.
+            wanted = min(consumer.config.read_batch_size, room)
+            limiter = consumer.limiter
             if limiter is not None:
                 wanted = await limiter.take(wanted)
             try:
@@ -94,5 +96,9 @@ class QueueReader:
             backoff = 0.1
             if self._stopping:
                 return  # not tracked, so never committed: the next reader reads them again
+            audit = consumer.read_audit
+            if audit is not None and messages:
+                audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
+                             messages[-1].offset)
             for message in messages:
                 await consumer.accept(queue, message)

@@ -2,7 +2,7 @@
 
 It owns the Redis connection (and the embedded redis-server when configured), one
 :class:`~ddmq.proxy.group.ConsumerGroup` per configured group, the offset committer and the server
-adapters. Adapters call :meth:`pull`, :meth:`submit` and :meth:`consume_stats` (the
+adapters. Adapters call :meth:`pull`, :meth:`submit`, :meth:`consume_stats`, :meth:`fetch` and :meth:`ack` (the
 :class:`~ddmq.proxy.api.ConsumeService` surface) and nothing else.
 
 >>> async with ProxyService(load("proxy.yaml")) as service:
@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from time import perf_counter
 from types import TracebackType
 
 import redis.asyncio as aioredis
 
 from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
+from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, map_redis_errors
 from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
 from ddmq.proxy.errors import (
@@ -31,12 +33,16 @@ from ddmq.proxy.errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
+from ddmq.proxy.fetch import LowLevelApi
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
+from ddmq.proxy.http_server import HttpServer
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
+from ddmq.proxy.metrics import ProxyMetrics
 from ddmq.proxy.pull_leases import PullLeases
+from ddmq.proxy.reload import ConfigChange, apply_config
 from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, PullBatch, PullLease, QueueId, QueueResult
+from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueId, QueueResult
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +59,20 @@ class ProxyService:
         self.redis: aioredis.Redis | None = None
         self.broker: Broker | None = None
         self.leases: LeaseStore | None = None
+        self.membership: Membership | None = None
         self.thrift_port: int | None = None
+        self.http_port: int | None = None
+        self.metrics = ProxyMetrics(self)
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
+        self._http: HttpServer | None = None
+        self._low_level: LowLevelApi | None = None
+        self._audit: ReadAudit | None = None
         self._committer: asyncio.Task[None] | None = None
         self._leases: dict[str, PullLeases] = {}
         self._state = "new"
         self._closed = asyncio.Event()
+        self._reloading = asyncio.Lock()
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -90,6 +103,7 @@ class ProxyService:
         with map_redis_errors(f"connecting to {self.redis_url}"):
             await self.redis.ping()
         self.broker = Broker(self.redis)
+        self._low_level = LowLevelApi(self.broker)
         self.leases = LeaseStore(self.redis, config.instance_id, config.leases.ttl_ms)
         for topic, topic_config in config.topics.items():
             try:
@@ -98,8 +112,16 @@ class ProxyService:
                 raise ConfigError(f"topics.{topic}.queues: {exc}") from exc
             except ProduceError as exc:
                 raise BrokerError(str(exc)) from exc
-        membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
-        self.groups = build_groups(config, self.broker, self.leases, membership)
+        self.membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
+        self.groups = build_groups(config, self.broker, self.leases, self.membership)
+        if config.http.enabled:  # action timings are only read through /metrics
+            self.metrics.instrument(self.groups.values())
+        if config.audit_log:
+            self._audit = ReadAudit(config.audit_log, config.instance_id)
+            for group in self.groups.values():
+                group.read_audit = self._audit
+                for consumer in group.consumers.values():
+                    consumer.read_audit = self._audit
         for group in self.groups.values():
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
@@ -107,9 +129,15 @@ class ProxyService:
         self._thrift = ThriftServer(self, thrift.host, thrift.port, thrift.max_frame_bytes, thrift.max_linger_ms)
         await self._thrift.start()
         self.thrift_port = self._thrift.port
+        if config.http.enabled:
+            self._http = HttpServer(self, config.http)
+            await self._http.start()
+            self.http_port = self._http.port
         log.info(
-            "ddmq-proxy %s ready: thrift %s:%d, redis %s, groups %s",
-            config.instance_id, thrift.host, self.thrift_port, self.redis_url, sorted(self.groups),
+            "ddmq-proxy %s ready: thrift %s:%d, http %s, redis %s, groups %s",
+            config.instance_id, thrift.host, self.thrift_port,
+            f"{config.http.host}:{self.http_port}" if self.http_port is not None else "off",
+            self.redis_url, sorted(self.groups),
         )
 
     async def close(self) -> None:
@@ -120,6 +148,8 @@ class ProxyService:
             return
         was_running = self._state == "running"
         self._state = "closing"
+        async with self._reloading:  # a reload under way finishes first (its drain is bounded)
+            pass
         try:
             if was_running:
                 await asyncio.gather(*(g.stop_reading() for g in self.groups.values()))
@@ -143,16 +173,40 @@ class ProxyService:
             await asyncio.sleep(0.05)
 
     async def _release(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         if self._thrift is not None:
             await self._thrift.close()
         await asyncio.gather(*(g.close() for g in self.groups.values()), return_exceptions=True)
         if self._committer is not None and not self._committer.done():
             self._committer.cancel()
             await asyncio.gather(self._committer, return_exceptions=True)
+        if self._audit is not None:
+            self._audit.close()
         if self.redis is not None:
             await self.redis.aclose()
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
+
+    @property
+    def running(self) -> bool:
+        """True from the end of start() until close() begins (what ``/readyz`` reports)."""
+        return self._state == "running"
+
+    @property
+    def read_audit(self) -> ReadAudit | None:
+        """The read audit (``audit_log``): every consumer records into it, also those a reload adds."""
+        return self._audit
+
+    async def reload(self, config: ProxyConfig) -> ConfigChange:
+        """Apply a new, already validated config: groups and topics change live (see
+        :mod:`ddmq.proxy.reload`). Raises ConfigError, and changes nothing, when it cannot apply."""
+        if self._state != "running":
+            raise UnavailableError(f"cannot reload the config of a proxy that is {self._state}")
+        async with self._reloading:
+            if self._state != "running":
+                raise UnavailableError(f"cannot reload the config of a proxy that is {self._state}")
+            return await apply_config(self, config)
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -175,7 +229,7 @@ class ProxyService:
             await self._flush_all()
 
     async def _flush_all(self) -> None:
-        for group in self.groups.values():
+        for group in list(self.groups.values()):  # a reload may add or remove groups meanwhile
             try:
                 await group.flush_offsets()
             except DdmqError as exc:
@@ -185,8 +239,9 @@ class ProxyService:
 
     def _group(self, name: str) -> ConsumerGroup:
         group = self.groups.get(name)
-        if group is None:
-            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self.groups)}")
+        if group is None or group.removed:
+            serves = sorted(n for n, g in self.groups.items() if not g.removed)
+            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {serves}")
         return group
 
     async def pull(
@@ -198,8 +253,8 @@ class ProxyService:
         results: list[QueueResult],
         lease: PullLease | None = None,
     ) -> PullBatch:
+        self._apply(results)  # first: acks count even when the group was just removed
         consumer_group = self._group(group)
-        self._apply(results)
         topic = topic or None
         if topic is not None:
             consumer = consumer_group.consumers.get(topic)
@@ -212,18 +267,18 @@ class ProxyService:
         if max_batch is not None and max_batch < 0:
             raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
         batch = min(max_batch, cap) if max_batch else cap
-        if linger_ms is None:
-            linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
-        if self._state != "running":
-            linger_ms = 0
+        started = perf_counter()
         if lease is not None:
             timeout_ms = lease.timeout_ms
             if timeout_ms is None:
                 timeout_ms = max(c.config.timeout_ms for c in consumers)
-            return await self._pull_leases(consumer_group).pull(
-                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, max(0, linger_ms)
+            answer = await self._pull_leases(consumer_group).pull(
+                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, self._linger(linger_ms)
             )
-        return await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
+        else:
+            answer = await consumer_group.buffer.pull(topic, batch, self._linger(linger_ms))
+        self.metrics.observe_pull(group, answer, perf_counter() - started)
+        return answer
 
     def _pull_leases(self, group: ConsumerGroup) -> PullLeases:
         leases = self._leases.get(group.name)
@@ -237,10 +292,35 @@ class ProxyService:
     async def submit(self, results: list[QueueResult]) -> None:
         self._apply(results)
 
+    def _linger(self, linger_ms: int | None) -> int:
+        if linger_ms is None:
+            linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
+        return max(0, linger_ms) if self._state == "running" else 0
+
+    async def fetch(
+        self,
+        group: str,
+        offsets: dict[str, dict[str, int]] | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+    ) -> list[FetchedQueue]:
+        consumer_group = self._group(group)
+        if self._low_level is None:
+            raise UnavailableError("the proxy is not started")
+        return await self._low_level.fetch(consumer_group, offsets, max_batch, self._linger(linger_ms))
+
+    async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
+        consumer_group = self._group(group)
+        if self._low_level is None:
+            raise UnavailableError("the proxy is not started")
+        await self._low_level.ack(consumer_group, offsets)
+
     def _apply(self, results: list[QueueResult]) -> None:
         for result in results:
             group = self.groups.get(result.group)
-            consumer = group.consumers.get(result.topic) if group is not None else None
+            consumer = None
+            if group is not None:  # a topic being removed still takes acks while it drains
+                consumer = group.consumers.get(result.topic) or group.retiring.get(result.topic)
             try:
                 qid = int(result.qid)
             except ValueError:
@@ -277,7 +357,17 @@ class ProxyService:
             else:
                 committed = await self.broker.committed_offset(consumer.group, consumer.topic, qid)
                 consume[str(qid)] = committed if committed is not None else 1
-        return ConsumeStatsRow(
-            consumer.group, consumer.topic, consume, {str(qid): off for qid, off in enumerate(produce)}
+        assert self.leases is not None
+        holders = await asyncio.gather(
+            *(self.leases.holder(consumer.group, consumer.topic, qid) for qid in range(consumer.queues))
         )
-
+        live = [(str(qid), holder) for qid, holder in enumerate(holders) if holder is not None]
+        return ConsumeStatsRow(
+            consumer.group,
+            consumer.topic,
+            consume,
+            {str(qid): off for qid, off in enumerate(produce)},
+            owners={qid: holder.owner for qid, holder in live},
+            lease_ttl_ms={qid: holder.expires_in_ms for qid, holder in live},
+            lease_terms={qid: holder.term for qid, holder in live},
+        )

@@ -62,6 +62,9 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         11: (I32, "maxLingerTime", "optional", None),
         50: (STRUCT, "result", "optional", "ConsumeResult"),
         60: (STRING, "version", "optional", None),
+        70: (STRING, "leaseId", "optional", None),
+        71: (I32, "leaseIndex", "optional", None),
+        72: (I32, "leaseTimeoutMs", "optional", None),
     },
     "PullResponse": {
         1: (STRUCT, "context", "", "Context"),
@@ -77,6 +80,9 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         2: (STRING, "topic", "", None),
         3: (MAP, "consumeOffsets", "", (STRING, I64)),
         4: (MAP, "produceOffsets", "", (STRING, I64)),
+        20: (MAP, "owners", "optional", (STRING, STRING)),
+        21: (MAP, "leaseTtlMs", "optional", (STRING, I64)),
+        22: (MAP, "leaseTerms", "optional", (STRING, I64)),
     },
     "FetchRequest": {
         1: (STRING, "consumerId", "required", None),
@@ -103,6 +109,10 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         3: (STRING, "cluster", "required", None),
         4: (MAP, "offsets", "required", (STRING, (MAP, (STRING, I64)))),
     },
+    "LeaseAck": {
+        1: (STRING, "groupId", "required", None),
+        2: (LIST, "leaseIds", "required", STRING),
+    },
     "PullException": {
         1: (I32, "code", "", None),
         2: (STRING, "message", "", None),
@@ -116,6 +126,7 @@ EXPECTED_METHODS: dict[str, tuple[tuple[int, str, str], tuple[int, Any], bool]] 
     "getConsumeStats": ((STRUCT, "request", "ConsumeStatsRequest"), (LIST, (STRUCT, "ConsumeStats")), True),
     "fetch": ((STRUCT, "request", "FetchRequest"), (STRUCT, "FetchResponse"), False),
     "ack": ((STRUCT, "result", "AckResult"), (BOOL, None), False),
+    "ackLeases": ((STRUCT, "request", "LeaseAck"), (I32, None), True),
 }
 
 
@@ -239,8 +250,8 @@ def test_unknown_body_is_skipped() -> None:
 def test_fields_of_a_newer_peer_are_ignored(tmp_path: Path) -> None:
     newer_idl = wire.IDL_PATH.read_text().replace(
         "60: optional string version;",
-        "60: optional string version;\n    70: optional list<map<string, bool>> hints;\n"
-        "    71: optional double weight;\n    72: optional bool urgent;",
+        "60: optional string version;\n    90: optional list<map<string, bool>> hints;\n"
+        "    91: optional double weight;\n    92: optional bool urgent;",
         1,
     )
     path = tmp_path / "newer.thrift"
