@@ -236,5 +236,6 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # executor side -----------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, PullPartition)
+        if not isinstance(partition, PullPartition):
+            return iter(())  # Spark's stand-in partition when there is nothing to read
         return read_leased(self.options, partition)
