@@ -86,7 +86,11 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
         entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
     files = [n for n in names if not n.startswith(dist_info + "/")]
 
+    # One deliberate top-level module: Spark registers the DefaultSource of every ``pyspark_*`` module.
+    assert "pyspark_ddmq.py" in files
+    files.remove("pyspark_ddmq.py")
     assert files and all(n.startswith("ddmq/") for n in files), files
+    assert "ddmq/client/spark/pull_mode.py" in files
     assert "ddmq/__init__.py" not in files  # ddmq stays a namespace others can share
     assert not any(n.split("/")[0] in GENERIC_NAMES for n in names)
     assert "ddmq/proxy/__init__.py" in files
@@ -118,3 +122,10 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
         if where["file"] is not None:
             assert _under(where["file"], target), (name, where)
     assert probe["generic"] == dict.fromkeys(GENERIC_NAMES, False)
+    # What Spark's data source lookup does: iterate top-level modules named pyspark_* (no import of pyspark here).
+    found = subprocess.run(
+        [sys.executable, "-S", "-c", bootstrap + "import pkgutil; print([m.name for m in pkgutil.iter_modules()"
+         " if m.name.startswith('pyspark_')])"],
+        cwd=neutral, env=_clean_env(), capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert "pyspark_ddmq" in found.stdout
