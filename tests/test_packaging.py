@@ -76,11 +76,7 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
     pip = [sys.executable, "-m", "pip"]
     subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels), str(src)],
-        cwd=tmp_path,
-        env=_clean_env(),
-        capture_output=True,
-        timeout=120,
-        check=True,
+        cwd=tmp_path, env=_clean_env(), capture_output=True, timeout=120, check=True,
     )
     (wheel,) = wheels.glob("ddmq_proxy-*.whl")
 
@@ -110,11 +106,7 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
     target = tmp_path / "target"
     subprocess.run(
         [*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
-        cwd=tmp_path,
-        env=_clean_env(),
-        capture_output=True,
-        timeout=120,
-        check=True,
+        cwd=tmp_path, env=_clean_env(), capture_output=True, timeout=120, check=True,
     )
     # -S: skip site so the editable install's import hook stays out; dependencies come from
     # site-packages appended after the target folder, without running their .pth files.
@@ -131,19 +123,9 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
             assert _under(where["file"], target), (name, where)
     assert probe["generic"] == dict.fromkeys(GENERIC_NAMES, False)
     # What Spark's data source lookup does: iterate top-level modules named pyspark_* (no import of pyspark here).
+    probe_spark = "import pkgutil; print([m.name for m in pkgutil.iter_modules() if m.name.startswith('pyspark_')])"
     found = subprocess.run(
-        [
-            sys.executable,
-            "-S",
-            "-c",
-            bootstrap + "import pkgutil; print([m.name for m in pkgutil.iter_modules()"
-            " if m.name.startswith('pyspark_')])",
-        ],
-        cwd=neutral,
-        env=_clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+        [sys.executable, "-S", "-c", bootstrap + probe_spark],
+        cwd=neutral, env=_clean_env(), capture_output=True, text=True, timeout=60, check=True,
     )
     assert "pyspark_ddmq" in found.stdout
