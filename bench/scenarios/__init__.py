@@ -14,6 +14,7 @@ from bench.scenarios.base import Settings
 from bench.scenarios.failover import failover
 from bench.scenarios.latency import latency
 from bench.scenarios.memory import memory
+from bench.scenarios.spark import spark
 from bench.scenarios.throughput import isolation, throughput
 from bench.scenarios.work import key_parallel_work
 
@@ -37,5 +38,6 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("P5", "proxy RSS under a large backlog", memory),
         Scenario("P6", "failover: kill -9 and graceful moves, redelivery with/without persisted completions",
                  failover),
+        Scenario("S1", "Spark availableNow -> parquet via format(\"ddmq\") pull/queue, vs an in-memory source", spark),
     )
 }
