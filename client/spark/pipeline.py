@@ -243,6 +243,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--abandon-after", type=float, default=600.0, help="seconds without events before a trip is abandoned"
     )
     parser.add_argument("--master", help="Spark master (default: whatever spark-submit / the environment says)")
+    parser.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=8,
+        help="partitions of the per-rider state (spark.sql.shuffle.partitions, default 8; fixed by the checkpoint)",
+    )
 
 
 def main(args: argparse.Namespace, spark: Any = None) -> int:
@@ -252,7 +258,12 @@ def main(args: argparse.Namespace, spark: Any = None) -> int:
     if spark is None:
         from pyspark.sql import SparkSession
 
-        builder = SparkSession.builder.appName("ddmq-spark-pipeline").config("spark.sql.session.timeZone", "UTC")
+        builder = (
+            SparkSession.builder.appName("ddmq-spark-pipeline")
+            .config("spark.sql.session.timeZone", "UTC")
+            # Spark's default of 200 state partitions makes every micro-batch run 200 Python tasks.
+            .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
+        )
         if args.master:
             builder = builder.master(args.master)
         spark = builder.getOrCreate()
