@@ -83,6 +83,13 @@ def positions(proxy: ProxyProcess, group: str = "g") -> dict[tuple[str, str], tu
     }
 
 
+def owners(proxy: ProxyProcess, group: str = "g") -> dict[str, str]:
+    """qid -> instance id of the proxy holding its lease, as ``proxy`` reports it."""
+    with ProxyClient("127.0.0.1", proxy.port) as client:
+        stats = client.get_consume_stats(ConsumeStatsRequest(group=group))
+    return {qid: owner for row in stats for qid, owner in (row.owners or {}).items()}
+
+
 def drained(proxy: ProxyProcess, group: str = "g") -> bool:
     """Every produced message of the group finished (acked): consume offset = produce offset everywhere."""
     return all(consume == produce for consume, produce in positions(proxy, group).values())

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ..support import ProxyProcess
-from .helpers import Collector, drained, produce, wait_until
+from .helpers import Collector, drained, owners, produce, wait_until
 
 KEYS, PER_KEY = 2000, 10
 TOTAL = KEYS * PER_KEY
@@ -100,3 +100,57 @@ def test_a_failed_batch_is_replayed_from_the_checkpoint_with_the_same_rows(
     rerun = dict(collector.batches)[3]
     assert rerun and sorted(rerun) == sorted(collector.failed[3])  # the lease replayed the very same messages
     assert drained(proxy)
+
+
+@pytest.mark.timeout(300)
+def test_two_proxies_each_partition_replays_from_its_own_server(spark: Any, redis_url: str, tmp_path: Path) -> None:
+    """The group's queues are split between two proxies; leases live on the proxy that served them."""
+    leases = {"ttl_ms": 2000, "renew_ms": 500, "claim_interval_ms": 100}
+    groups = {"g": {"t": {"order_key": "KEY", "max_pull_batch_size": 1000}}}
+    proxies = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        proxies.append(
+            ProxyProcess(
+                tmp_path / name,
+                redis_url,
+                groups=groups,
+                topics={"t": {"queues": 8}},
+                instance_id=name,
+                leases=leases,
+                commit_interval_ms=100,
+                shutdown_grace_ms=0,
+            ).start()
+        )
+    try:
+        wait_until(lambda: set(owners(proxies[0]).values()) == {"a", "b"}, 30, "both proxies to own queues")
+        produced = produce(redis_url, 1000, 5)
+        collector = Collector(fail_batches={2})
+        checkpoint = str(tmp_path / "checkpoint")
+
+        def run() -> Any:
+            return (
+                spark.readStream.format("ddmq")
+                .option("servers", ",".join(f"127.0.0.1:{p.port}" for p in proxies))
+                .option("group", "g")
+                .option("numPartitions", "4")
+                .load()
+                .writeStream.foreachBatch(collector)
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+
+        query = run()
+        with pytest.raises(Exception, match="sink fails batch 2 once"):
+            query.awaitTermination(240)
+        query = run()
+        query.awaitTermination(240)
+        assert_exactly_once_in_order(collector, produced)
+        assert {qid for _, _, qid, _ in collector.failed[2]} and sorted(dict(collector.batches)[2]) == sorted(
+            collector.failed[2]
+        )
+        wait_until(lambda: all(drained(p) for p in proxies), 30, "every message acked on both proxies")
+    finally:
+        for process in proxies:
+            process.stop()
