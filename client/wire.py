@@ -362,6 +362,22 @@ def _same_type(ctype: int, ttype: int) -> bool:
     return _COMPACT_OF_TTYPE.get(ttype) == ctype
 
 
+_FieldEntry = tuple[int, int, str, Any]  # (compact type expected, thrift type, name, element spec)
+_FIELDS: dict[type, dict[int, _FieldEntry]] = {}
+
+
+def _fields_of(struct_class: type) -> dict[int, _FieldEntry]:
+    """``thrift_spec`` of ``struct_class`` arranged for the reader (built once per class)."""
+    fields = _FIELDS.get(struct_class)
+    if fields is None:
+        spec: dict[int, Any] = getattr(struct_class, "thrift_spec")
+        fields = _FIELDS[struct_class] = {
+            fid: (_COMPACT_OF_TTYPE.get(field[0], -1), field[0], field[1], field[2] if len(field) == 4 else None)
+            for fid, field in spec.items()
+        }
+    return fields
+
+
 def _split_spec(spec: Any) -> tuple[int, Any]:
     """``thrift_spec`` writes an element type either as a bare TType or as ``(TType, sub_spec)``."""
     if isinstance(spec, tuple):
@@ -400,12 +416,21 @@ class _CompactReader:
         return chunk
 
     def _varint(self) -> int:
+        data = self._data
+        pos = self._pos
+        end = min(len(data), pos + _VARINT_MAX_BYTES)
         result = 0
-        for index in range(_VARINT_MAX_BYTES):
-            byte = self._byte()
-            result |= (byte & 0x7F) << (7 * index)
+        shift = 0
+        while pos < end:
+            byte = data[pos]
+            pos += 1
+            result |= (byte & 0x7F) << shift
             if not byte & 0x80:
+                self._pos = pos
                 return result
+            shift += 7
+        if pos >= len(data):
+            raise FrameDecodeError(f"payload truncated at byte {pos}")
         raise FrameDecodeError(f"varint longer than {_VARINT_MAX_BYTES} bytes")
 
     def _zigzag(self) -> int:
@@ -465,29 +490,62 @@ class _CompactReader:
     def read_struct(self, obj: TPayload) -> None:
         """Fill ``obj``'s fields from the payload; unknown or mistyped fields are skipped."""
         self._enter()
-        spec = obj.thrift_spec
+        fields = _fields_of(type(obj))
+        data = self._data
         last_fid = 0
         while True:
-            ctype, fid = self._field_header(last_fid)
+            # The field header, inline: this loop runs for every field of every message.
+            pos = self._pos
+            if pos >= len(data):
+                raise FrameDecodeError(f"payload truncated at byte {pos}")
+            header = data[pos]
+            self._pos = pos + 1
+            ctype = header & 0x0F
             if ctype == _CompactType.STOP:
                 break
+            delta = header >> 4
+            fid = last_fid + delta if delta else self._zigzag()
             last_fid = fid
-            field = spec.get(fid)
-            if field is None or not _same_type(ctype, field[0]):
+            field = fields.get(fid)
+            if field is None or field[0] != (_CompactType.TRUE if ctype == _CompactType.FALSE else ctype):
                 self.skip(ctype)
                 continue
-            if ctype in (_CompactType.TRUE, _CompactType.FALSE):
-                value: Any = ctype == _CompactType.TRUE  # a bool field lives in its header
+            ttype = field[1]
+            value: Any
+            if ttype == TType.STRING:
+                value = self._bytes().decode("utf-8")
+            elif ttype == TType.BINARY:
+                value = self._bytes()
+            elif ttype == TType.I64 or ttype == TType.I32 or ttype == TType.I16:
+                value = self._zigzag()
+            elif ttype == TType.BOOL:
+                value = ctype == _CompactType.TRUE  # a bool field lives in its header
             else:
-                value = self._read_value(field[0], field[2] if len(field) == 4 else None)
-            setattr(obj, field[1], value)
+                value = self._read_value(ttype, field[3])
+            setattr(obj, field[2], value)
         self._leave()
+
+    def _bytes(self) -> bytes:
+        """A length-prefixed string or binary (the common one-byte length inline)."""
+        data = self._data
+        pos = self._pos
+        if pos < len(data) and data[pos] < 0x80:
+            size = data[pos]
+            pos += 1
+        else:
+            size = self._size(1)
+            pos = self._pos
+        end = pos + size
+        if end > len(data):
+            raise FrameDecodeError(f"payload truncated: {size} bytes declared at byte {pos}")
+        self._pos = end
+        return data[pos:end]
 
     def _read_value(self, ttype: int, spec: Any) -> Any:
         if ttype == TType.STRING:
-            return self._take(self._size(1)).decode("utf-8")
+            return self._bytes().decode("utf-8")
         if ttype == TType.BINARY:
-            return self._take(self._size(1))
+            return self._bytes()
         if ttype in (TType.I16, TType.I32, TType.I64):
             return self._zigzag()
         if ttype == TType.BYTE:
@@ -513,10 +571,34 @@ class _CompactReader:
         if size and not _same_type(ctype, elem_ttype):
             raise FrameDecodeError(f"list elements have compact type {ctype}, expected thrift type {elem_ttype}")
         self._enter()
+        if elem_ttype in (TType.I16, TType.I32, TType.I64):
+            items = self._zigzag_list(size)  # offsets in acks: the one long list of a request
+        else:
+            items = [self._read_value(elem_ttype, elem_spec) for _ in range(size)]
+        self._leave()
+        return items
+
+    def _zigzag_list(self, size: int) -> list[int]:
+        data = self._data
+        end = len(data)
+        pos = self._pos
         items = []
         for _ in range(size):
-            items.append(self._read_value(elem_ttype, elem_spec))
-        self._leave()
+            result = 0
+            shift = 0
+            while True:
+                if pos >= end:
+                    raise FrameDecodeError(f"payload truncated at byte {pos}")
+                byte = data[pos]
+                pos += 1
+                result |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+                if shift >= 7 * _VARINT_MAX_BYTES:
+                    raise FrameDecodeError(f"varint longer than {_VARINT_MAX_BYTES} bytes")
+            items.append((result >> 1) ^ -(result & 1))
+        self._pos = pos
         return items
 
     def _read_map(self, spec: Any) -> dict[Any, Any]:
