@@ -95,6 +95,7 @@ if TYPE_CHECKING:
         tag: str | None
         offset: int | None
         properties: dict[str, str] | None
+        produceTime: int | None
 
         def __init__(
             self,
@@ -103,6 +104,7 @@ if TYPE_CHECKING:
             tag: str | None = None,
             offset: int | None = None,
             properties: dict[str, str] | None = None,
+            produceTime: int | None = None,
         ) -> None: ...
 
     class Context(TPayload):
@@ -370,7 +372,7 @@ def _fields_of(struct_class: type) -> dict[int, _FieldEntry]:
     """``thrift_spec`` of ``struct_class`` arranged for the reader (built once per class)."""
     fields = _FIELDS.get(struct_class)
     if fields is None:
-        spec: dict[int, Any] = getattr(struct_class, "thrift_spec")
+        spec: dict[int, Any] = struct_class.thrift_spec  # type: ignore[attr-defined]
         fields = _FIELDS[struct_class] = {
             fid: (_COMPACT_OF_TTYPE.get(field[0], -1), field[0], field[1], field[2] if len(field) == 4 else None)
             for fid, field in spec.items()
@@ -383,6 +385,22 @@ def _split_spec(spec: Any) -> tuple[int, Any]:
     if isinstance(spec, tuple):
         return spec[0], spec[1]
     return spec, None
+
+
+class _OtherLayout(Exception):
+    """A struct is not in the layout a fast path expects (read it the generic way)."""
+
+
+_STRING_MAP_SPEC: Final = (TType.STRING, TType.STRING)
+#: Whether the loaded IDL's ``Message`` is the one :meth:`_CompactReader._read_message` reads.
+_MESSAGE_FAST_PATH: Final = {fid: tuple(field[:2]) for fid, field in Message.thrift_spec.items()} == {
+    1: (TType.STRING, "key"),
+    2: (TType.BINARY, "value"),
+    3: (TType.STRING, "tag"),
+    4: (TType.I64, "offset"),
+    5: (TType.MAP, "properties"),
+    20: (TType.I64, "produceTime"),
+} and Message.thrift_spec[5][2] == _STRING_MAP_SPEC
 
 
 class _CompactReader:
@@ -556,6 +574,8 @@ class _CompactReader:
         if ttype == TType.DOUBLE:
             return _DOUBLE.unpack(self._take(8))[0]
         if ttype == TType.STRUCT:
+            if spec is Message and _MESSAGE_FAST_PATH:
+                return self._read_message()
             obj = spec()
             self.read_struct(obj)
             return obj
@@ -564,6 +584,52 @@ class _CompactReader:
         if ttype == TType.MAP:
             return self._read_map(spec)
         raise FrameDecodeError(f"cannot read thrift type {ttype}")
+
+    def _read_message(self) -> Message:
+        """A ``Message`` laid out as the proxy writes it (fields 1-5 and 20, in order), read without the
+        generic field loop; any other layout (a missing or extra field) goes through :meth:`read_struct`."""
+        data = self._data
+        start = self._pos
+        try:
+            if data[start] != 0x18:  # key: delta 1, BINARY
+                raise _OtherLayout
+            self._pos = start + 1
+            key = self._bytes().decode("utf-8")
+            if data[self._pos] != 0x18:  # value
+                raise _OtherLayout
+            self._pos += 1
+            value = self._bytes()
+            if data[self._pos] != 0x18:  # tag
+                raise _OtherLayout
+            self._pos += 1
+            tag = self._bytes().decode("utf-8")
+            if data[self._pos] != 0x16:  # offset: delta 1, I64
+                raise _OtherLayout
+            self._pos += 1
+            offset = self._zigzag()
+            if data[self._pos] != 0x1B:  # properties: delta 1, MAP
+                raise _OtherLayout
+            self._pos += 1
+            if data[self._pos] == 0:
+                self._pos += 1
+                properties: dict[str, str] = {}
+            else:
+                properties = self._read_map(_STRING_MAP_SPEC)
+            if data[self._pos] != 0xF6:  # produceTime: field 20, delta 15, I64
+                raise _OtherLayout
+            self._pos += 1
+            produce_time = self._zigzag()
+            if data[self._pos] != _CompactType.STOP:
+                raise _OtherLayout
+            self._pos += 1
+        except (_OtherLayout, IndexError):
+            self._pos = start
+            message = Message()
+            self.read_struct(message)
+            return message
+        return Message(
+            key=key, value=value, tag=tag, offset=offset, properties=properties, produceTime=produce_time
+        )
 
     def _read_list(self, spec: Any) -> list[Any]:
         elem_ttype, elem_spec = _split_spec(spec)

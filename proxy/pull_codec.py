@@ -101,7 +101,9 @@ def encode_pull_reply(seqid: int, group: str, topic: str, qid: str, messages: Se
     raw_topic = topic.encode("utf-8")
     raw_qid = qid.encode("utf-8")
     count = len(messages)
-    list_header = bytes((count << 4 | _STRUCT_ELEMENT,)) if count <= 14 else bytes((_STRUCT_LIST_MANY,)) + _varint(count)
+    list_header = (
+        bytes((count << 4 | _STRUCT_ELEMENT,)) if count <= 14 else bytes((_STRUCT_LIST_MANY,)) + _varint(count)
+    )
     parts = [
         _REPLY_HEADER,
         _varint(seqid),

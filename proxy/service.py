@@ -212,7 +212,13 @@ class ProxyService:
             linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
         if self._state != "running":
             linger_ms = 0
-        return await consumer_group.buffer.pull(topic, batch, max(0, linger_ms))
+        buffer = consumer_group.buffer
+        if results and not buffer.ready:
+            # The acks may have released their keys' successors; the dispatcher hands them to the
+            # buffer on its next step. Let it run once, so this pull can take them at once instead of
+            # parking until then (with QID order this is every pull).
+            await asyncio.sleep(0)
+        return await buffer.pull(topic, batch, max(0, linger_ms))
 
     async def submit(self, results: list[QueueResult]) -> None:
         self._apply(results)
