@@ -212,6 +212,10 @@ class PullBuffer:
         slot = self._wheel.get(job.deadline)
         if slot is not None:
             slot.discard(job)
+            if not slot:
+                # A set never shrinks as it empties: dropped here, its table does not sit in memory until
+                # the tick passes (timeout_ms later), which grew RSS with throughput x timeout_ms.
+                del self._wheel[job.deadline]
 
     # results -----------------------------------------------------------------------------------
 

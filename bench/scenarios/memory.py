@@ -28,7 +28,7 @@ from bench.stack import ProxyRun, RedisServer, rss_mb
 
 __all__ = ["RssSampler", "memory", "trend"]
 
-INTERVAL_S = 0.5
+INTERVAL_S = 0.2
 SETTLE_S = 2.0
 MAX_RSS_MB = 250
 FLAT_FRACTION = 0.05
