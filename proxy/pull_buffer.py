@@ -360,6 +360,11 @@ class PullBuffer:
         return sum(len(slot) for slot in self._wheel.values())
 
     @property
+    def wheel_ticks(self) -> int:
+        """Ticks of the timing wheel holding jobs (a tick whose jobs were all acked is dropped)."""
+        return len(self._wheel)
+
+    @property
     def parked(self) -> int:
         return sum(1 for w in self._waiters if not w.future.done())
 
