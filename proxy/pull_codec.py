@@ -29,7 +29,6 @@ __all__ = ["FAST_PULL_REPLY", "encode_message", "encode_pull_reply"]
 _I64_MIN: Final = -(1 << 63)
 _I64_MAX: Final = (1 << 63) - 1
 _FRAME_HEADER: Final = struct.Struct("!i")
-_ONE_BYTE: Final = [bytes((n,)) for n in range(0x80)]
 
 # Compact-protocol field headers: (field-id delta << 4) | compact type.
 _STRING_NEXT: Final = b"\x18"  # next field id, BINARY (strings and binaries alike)
@@ -48,15 +47,33 @@ _PULL_NAME: Final = b"\x04pull"
 _MESSAGE: Final = b"\x18%b%b\x18%b%b\x18%b%b\x16%b\x1b%b\xf6%b\x00"
 
 
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _ONE_BYTE[n]
+def _varint_loop(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+# Varints by 14-bit chunks from two tables (about 1.4 MB): offsets and millisecond timestamps are 3 to 6
+# bytes long, and a byte-at-a-time loop over them was a sixth of the encoder's time.
+_LAST14: Final = [_varint_loop(n) for n in range(1 << 14)]  # a final chunk: 1 or 2 bytes
+_MORE14: Final = [bytes(((n & 0x7F) | 0x80, (n >> 7) | 0x80)) for n in range(1 << 14)]  # 2 bytes, more follow
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x4000:
+        return _LAST14[n]
+    if n < 1 << 28:
+        return _MORE14[n & 0x3FFF] + _LAST14[n >> 14]
+    if n < 1 << 42:
+        return _MORE14[n & 0x3FFF] + _MORE14[(n >> 14) & 0x3FFF] + _LAST14[n >> 28]
+    if n < 1 << 56:
+        return b"".join(
+            (_MORE14[n & 0x3FFF], _MORE14[(n >> 14) & 0x3FFF], _MORE14[(n >> 28) & 0x3FFF], _LAST14[n >> 42])
+        )
+    return _varint_loop(n)
 
 
 def _i64(n: int) -> bytes:
