@@ -270,19 +270,22 @@ class TopicConsumer:
             self._room.clear()
             await self._room.wait()
 
-    async def accept(self, queue: QueueId, message: StoredMessage) -> None:
-        """A message read from ``queue``, in order."""
+    async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None:
+        """Messages read from ``queue``, in order (one read's batch: one call, not one per message)."""
         tracker = self.trackers[queue.qid]
-        if tracker.track(message.offset):
-            self.counters["skipped_finished"] += 1  # a previous owner finished it
-            return
-        if self._tags and message.tag not in self._tags:
-            tracker.finish(message.offset)
-            self.counters["filtered"] += 1
-            return
-        self.unfinished += 1
-        self.counters["read"] += 1
-        await self.run(UpstreamJob(self, queue, message, tracker))
+        tags = self._tags
+        counters = self.counters
+        for message in messages:
+            if tracker.track(message.offset):
+                counters["skipped_finished"] += 1  # a previous owner finished it
+                continue
+            if tags and message.tag not in tags:
+                tracker.finish(message.offset)
+                counters["filtered"] += 1
+                continue
+            self.unfinished += 1
+            counters["read"] += 1
+            await self.run(UpstreamJob(self, queue, message, tracker))
 
     # the chain ---------------------------------------------------------------------------------
 

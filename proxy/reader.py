@@ -94,5 +94,4 @@ class QueueReader:
             backoff = 0.1
             if self._stopping:
                 return  # not tracked, so never committed: the next reader reads them again
-            for message in messages:
-                await consumer.accept(queue, message)
+            await consumer.accept(queue, messages)
