@@ -13,6 +13,7 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:seq``            string    last offset assigned by the producer script
 ``ddmq:{<t>:<q>}:off:<g>``        string    group g's committed offset (next offset to consume)
 ``ddmq:{<t>:<q>}:done:<g>``       string    offsets past it already finished, as ranges ``a-b,c``
+``ddmq:{<t>:<q>}:fetch:<g>``      string    group g's low-level ``ack`` position (next offset to fetch)
 ``ddmq:{<t>:<q>}:lease:<g>``      string    group g's lease on the queue: ``<owner> <term>``, PX expiry
 ``ddmq:{<t>:<q>}:term:<g>``       string    group g's lease term counter (the fencing token source)
 ``ddmq:dlq:{<g>:<t>}``            stream    group g's dead letters for topic t
@@ -62,6 +63,10 @@ def committed(group: str, topic: str, qid: int) -> str:
 
 def finished(group: str, topic: str, qid: int) -> str:
     return f"{_queue_tag(topic, qid)}:done:{group}"
+
+
+def fetch_position(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:fetch:{group}"
 
 
 def lease(group: str, topic: str, qid: int) -> str:

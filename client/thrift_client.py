@@ -27,11 +27,14 @@ from thriftpy2.thrift import TPayload
 from ddmq.client.wire import (
     DEFAULT_PORT,
     FRAME_HEADER_BYTES,
+    AckResult,
     ConsumeResult,
     ConsumerService,
     ConsumeStats,
     ConsumeStatsRequest,
     Envelope,
+    FetchRequest,
+    FetchResponse,
     FrameDecodeError,
     PullRequest,
     PullResponse,
@@ -82,12 +85,18 @@ class ProxyProtocolError(ProxyClientError):
 
 
 class RemoteApplicationError(ProxyClientError):
-    """The server replied with a Thrift ``TApplicationException`` (``kind`` is its type number)."""
+    """The server replied with a Thrift ``TApplicationException`` (``kind`` is its type number).
+
+    ``fetch`` and ``ack`` declare no exception, so the proxy reports their errors this way with the
+    ``PullException`` code first (``"1001: unknown group 'g'..."``); :attr:`code` is that number, else None.
+    """
 
     def __init__(self, kind: int, message: str) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        head, sep, _ = message.partition(":")
+        self.code: int | None = int(head) if sep and head.isdigit() else None
 
 
 class _CallCodec:
@@ -143,7 +152,7 @@ class _CallCodec:
         return body.success
 
     @staticmethod
-    def _pull_wait_s(request: PullRequest) -> float:
+    def _pull_wait_s(request: PullRequest | FetchRequest) -> float:
         linger_ms = request.maxLingerTime if request.maxLingerTime is not None else _SERVER_DEFAULT_LINGER_MS
         return max(linger_ms, 0) / 1000
 
@@ -194,6 +203,16 @@ class ProxyClient(_CallCodec):
     def get_consume_stats(self, request: ConsumeStatsRequest) -> list[ConsumeStats]:
         stats: list[ConsumeStats] = self._call("getConsumeStats", 0.0, request=request)
         return stats
+
+    def fetch(self, request: FetchRequest) -> FetchResponse:
+        """Low-level read from the offsets the request names (no ordering gates); see ``proxy/fetch.py``."""
+        response: FetchResponse = self._call("fetch", self._pull_wait_s(request), request=request)
+        return response
+
+    def ack(self, result: AckResult) -> bool:
+        """Store low-level positions (the next offset to fetch, per topic and qid) for the group."""
+        ok: bool = self._call("ack", 0.0, result=result)
+        return ok
 
     def _call(self, name: str, wait_s: float, **args: Any) -> Any:
         with self._lock:
@@ -291,6 +310,14 @@ class AsyncProxyClient(_CallCodec):
     async def get_consume_stats(self, request: ConsumeStatsRequest) -> list[ConsumeStats]:
         stats: list[ConsumeStats] = await self._call("getConsumeStats", 0.0, request=request)
         return stats
+
+    async def fetch(self, request: FetchRequest) -> FetchResponse:
+        response: FetchResponse = await self._call("fetch", self._pull_wait_s(request), request=request)
+        return response
+
+    async def ack(self, result: AckResult) -> bool:
+        ok: bool = await self._call("ack", 0.0, result=result)
+        return ok
 
     async def _call(self, name: str, wait_s: float, **args: Any) -> Any:
         async with self._lock:

@@ -164,6 +164,9 @@ if TYPE_CHECKING:
         topic: str | None
         consumeOffsets: dict[str, int] | None
         produceOffsets: dict[str, int] | None
+        owners: dict[str, str] | None
+        leaseTtlMs: dict[str, int] | None
+        leaseTerms: dict[str, int] | None
 
         def __init__(
             self,
@@ -171,6 +174,9 @@ if TYPE_CHECKING:
             topic: str | None = None,
             consumeOffsets: dict[str, int] | None = None,
             produceOffsets: dict[str, int] | None = None,
+            owners: dict[str, str] | None = None,
+            leaseTtlMs: dict[str, int] | None = None,
+            leaseTerms: dict[str, int] | None = None,
         ) -> None: ...
 
     class FetchRequest(TPayload):

@@ -166,6 +166,8 @@ class ProxyConfig(_Model):
     #: On shutdown, how long clients may still ack in-flight messages before offsets are flushed.
     shutdown_grace_ms: Annotated[int, Field(ge=0)] = 2000
     leases: LeaseConfig = LeaseConfig()
+    #: Append one JSON line per stream read (owner, lease term, offsets) to this file; off when unset.
+    audit_log: str | None = None
     topics: dict[str, TopicConfig] = {}
     groups: dict[str, dict[str, TopicGroupConfig]] = {}
 

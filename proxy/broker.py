@@ -122,6 +122,25 @@ class Broker:
                 raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc
         return messages
 
+    async def read_many(
+        self, streams: dict[str, str], count: int, block_ms: int | None
+    ) -> dict[str, list[StoredMessage]]:
+        """Up to ``count`` messages per stream after each given id, in one XREAD (one slot per stream)."""
+        with map_redis_errors(f"reading {len(streams)} queue(s)"):
+            reply: Any = await self.redis.xread(streams, count=count, block=block_ms)
+        pages: dict[str, list[StoredMessage]] = {}
+        for raw_stream, entries in reply or ():
+            stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
+            messages = pages[stream] = []
+            for entry_id, fields in entries:
+                try:
+                    messages.append(decode_entry(entry_id, fields))
+                except ValueError as exc:
+                    if messages:
+                        break
+                    raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc
+        return pages
+
     async def committed_offset(self, group: str, topic: str, qid: int) -> int | None:
         with map_redis_errors(f"reading the offset of {group}/{topic}#{qid}"):
             raw = await self.redis.get(keys.committed(group, topic, qid))

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from ddmq.actions import Action, Status, build_chain
 from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
+from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
@@ -68,6 +69,8 @@ class TopicConsumer:
         self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
+        #: Set by the service when ``audit_log`` is configured.
+        self.read_audit: ReadAudit | None = None
 
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
@@ -187,7 +190,7 @@ class TopicConsumer:
         start = await self._with_retry(lambda: self._start_offset(qid), f"start offset of #{qid}")
         skip = await self._finished_past(qid, start)
         self.trackers[qid] = OffsetTracker(start, skip)
-        reader = self.readers[qid] = QueueReader(self, qid)
+        reader = self.readers[qid] = QueueReader(self, qid, term)
         reader.start()
         log.info("%s/%s#%d: lease term %d, reading from offset %d", self.group, self.topic, qid, term, start)
 

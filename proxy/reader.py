@@ -42,9 +42,11 @@ class TokenBucket:
 
 
 class QueueReader:
-    def __init__(self, consumer: TopicConsumer, qid: int) -> None:
+    def __init__(self, consumer: TopicConsumer, qid: int, term: int = 0) -> None:
         self.consumer = consumer
         self.qid = qid
+        #: The lease term this reader reads under (recorded by the read audit).
+        self.term = term
         self.queue = QueueId(consumer.topic, qid)
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -94,4 +96,8 @@ class QueueReader:
             backoff = 0.1
             if self._stopping:
                 return  # not tracked, so never committed: the next reader reads them again
+            audit = consumer.read_audit
+            if audit is not None and messages:
+                audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
+                             messages[-1].offset)
             await consumer.accept(queue, messages)

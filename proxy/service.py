@@ -2,7 +2,7 @@
 
 It owns the Redis connection (and the embedded redis-server when configured), one
 :class:`~ddmq.proxy.group.ConsumerGroup` per configured group, the offset committer and the server
-adapters. Adapters call :meth:`pull`, :meth:`submit` and :meth:`consume_stats` (the
+adapters. Adapters call :meth:`pull`, :meth:`submit`, :meth:`consume_stats`, :meth:`fetch` and :meth:`ack` (the
 :class:`~ddmq.proxy.api.ConsumeService` surface) and nothing else.
 
 >>> async with ProxyService(load("proxy.yaml")) as service:
@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 
 from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
+from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, map_redis_errors
 from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
 from ddmq.proxy.errors import (
@@ -31,11 +32,12 @@ from ddmq.proxy.errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
+from ddmq.proxy.fetch import LowLevelApi
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
 from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult
+from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, QueueId, QueueResult
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class ProxyService:
         self.thrift_port: int | None = None
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
+        self._low_level: LowLevelApi | None = None
+        self._audit: ReadAudit | None = None
         self._committer: asyncio.Task[None] | None = None
         self._state = "new"
         self._closed = asyncio.Event()
@@ -88,6 +92,7 @@ class ProxyService:
         with map_redis_errors(f"connecting to {self.redis_url}"):
             await self.redis.ping()
         self.broker = Broker(self.redis)
+        self._low_level = LowLevelApi(self.broker)
         self.leases = LeaseStore(self.redis, config.instance_id, config.leases.ttl_ms)
         for topic, topic_config in config.topics.items():
             try:
@@ -98,6 +103,11 @@ class ProxyService:
                 raise BrokerError(str(exc)) from exc
         membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
         self.groups = build_groups(config, self.broker, self.leases, membership)
+        if config.audit_log:
+            self._audit = ReadAudit(config.audit_log, config.instance_id)
+            for group in self.groups.values():
+                for consumer in group.consumers.values():
+                    consumer.read_audit = self._audit
         for group in self.groups.values():
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
@@ -147,6 +157,8 @@ class ProxyService:
         if self._committer is not None and not self._committer.done():
             self._committer.cancel()
             await asyncio.gather(self._committer, return_exceptions=True)
+        if self._audit is not None:
+            self._audit.close()
         if self.redis is not None:
             await self.redis.aclose()
         if self._embedded is not None:
@@ -208,20 +220,39 @@ class ProxyService:
         if max_batch is not None and max_batch < 0:
             raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
         batch = min(max_batch, cap) if max_batch else cap
-        if linger_ms is None:
-            linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
-        if self._state != "running":
-            linger_ms = 0
         buffer = consumer_group.buffer
         if results and not buffer.ready:
             # The acks may have released their keys' successors; the dispatcher hands them to the
             # buffer on its next step. Let it run once, so this pull can take them at once instead of
             # parking until then (with QID order this is every pull).
             await asyncio.sleep(0)
-        return await buffer.pull(topic, batch, max(0, linger_ms))
+        return await buffer.pull(topic, batch, self._linger(linger_ms))
 
     async def submit(self, results: list[QueueResult]) -> None:
         self._apply(results)
+
+    def _linger(self, linger_ms: int | None) -> int:
+        if linger_ms is None:
+            linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
+        return max(0, linger_ms) if self._state == "running" else 0
+
+    async def fetch(
+        self,
+        group: str,
+        offsets: dict[str, dict[str, int]] | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+    ) -> list[FetchedQueue]:
+        consumer_group = self._group(group)
+        if self._low_level is None:
+            raise UnavailableError("the proxy is not started")
+        return await self._low_level.fetch(consumer_group, offsets, max_batch, self._linger(linger_ms))
+
+    async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
+        consumer_group = self._group(group)
+        if self._low_level is None:
+            raise UnavailableError("the proxy is not started")
+        await self._low_level.ack(consumer_group, offsets)
 
     def _apply(self, results: list[QueueResult]) -> None:
         for result in results:
@@ -263,7 +294,17 @@ class ProxyService:
             else:
                 committed = await self.broker.committed_offset(consumer.group, consumer.topic, qid)
                 consume[str(qid)] = committed if committed is not None else 1
-        return ConsumeStatsRow(
-            consumer.group, consumer.topic, consume, {str(qid): off for qid, off in enumerate(produce)}
+        assert self.leases is not None
+        holders = await asyncio.gather(
+            *(self.leases.holder(consumer.group, consumer.topic, qid) for qid in range(consumer.queues))
         )
-
+        live = [(str(qid), holder) for qid, holder in enumerate(holders) if holder is not None]
+        return ConsumeStatsRow(
+            consumer.group,
+            consumer.topic,
+            consume,
+            {str(qid): off for qid, off in enumerate(produce)},
+            owners={qid: holder.owner for qid, holder in live},
+            lease_ttl_ms={qid: holder.expires_in_ms for qid, holder in live},
+            lease_terms={qid: holder.term for qid, holder in live},
+        )

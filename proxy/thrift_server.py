@@ -29,10 +29,12 @@ from ddmq.client.wire import (
     ConsumeStats,
     Context,
     Envelope,
+    FetchResponse,
     FrameDecodeError,
     Message,
     PullException,
     PullResponse,
+    QidResponse,
     TApplicationException,
     TMessageType,
     decode,
@@ -43,7 +45,7 @@ from ddmq.client.wire import (
 from ddmq.proxy.api import ConsumeService
 from ddmq.proxy.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
 from ddmq.proxy.pull_codec import FAST_PULL_REPLY, encode_pull_reply
-from ddmq.proxy.types import PullBatch, QueueResult
+from ddmq.proxy.types import PullBatch, QueueResult, StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ _RESULTS: Final[dict[str, Any]] = {
 
 
 class ThriftServer:
-    """Serves ``ConsumerService`` (pull, submit, getConsumeStats; fetch/ack not yet) on one port.
+    """Serves ``ConsumerService`` (pull, submit, getConsumeStats, fetch, ack) on one port.
 
     ``port=0`` binds a free port; read it back from :attr:`port` after :meth:`start`. Counters for
     metrics: :attr:`connections` (accepted so far), :attr:`frames_rejected` (bad length),
@@ -92,8 +94,8 @@ class ThriftServer:
             "pull": self._pull,
             "submit": self._submit,
             "getConsumeStats": self._get_consume_stats,
-            "fetch": self._not_supported,
-            "ack": self._not_supported,
+            "fetch": self._fetch,
+            "ack": self._ack,
         }
         self.connections = 0
         self.frames_rejected = 0
@@ -276,12 +278,40 @@ class ThriftServer:
                 topic=row.topic,
                 consumeOffsets=dict(row.consume_offsets),
                 produceOffsets=dict(row.produce_offsets),
+                owners=dict(row.owners),
+                leaseTtlMs=dict(row.lease_ttl_ms),
+                leaseTerms=dict(row.lease_terms),
             )
             for row in rows
         ]
 
-    async def _not_supported(self, args: Any) -> Any:
-        raise NotSupportedError("fetch/ack arrive with the proxy-cluster release")
+    async def _fetch(self, args: Any) -> FetchResponse:
+        request = args.request
+        if request is None or not request.groupId:
+            raise BadRequestError("FetchRequest.groupId is required")
+        linger_ms = request.maxLingerTime
+        if linger_ms is not None:
+            linger_ms = min(max(linger_ms, 0), self._max_linger_ms)
+        pages = await self._service.fetch(request.groupId, request.fetchOffset, request.maxBatchSize, linger_ms)
+        return FetchResponse(
+            code=0,
+            results=[
+                QidResponse(
+                    topic=page.topic,
+                    qid=str(page.qid),
+                    nextRequestOffset=page.next_offset,
+                    messages=[_message(m) for m in page.messages],
+                )
+                for page in pages
+            ],
+        )
+
+    async def _ack(self, args: Any) -> bool:
+        result = args.result
+        if result is None or not result.groupId:
+            raise BadRequestError("AckResult.groupId is required")
+        await self._service.ack(result.groupId, result.offsets or {})
+        return True
 
 
 def queue_results(head: ConsumeResult | None, default_group: str) -> list[QueueResult]:
@@ -310,17 +340,13 @@ def pull_response(group: str, topic: str | None, batch: PullBatch) -> PullRespon
         return PullResponse(context=Context(groupId=group, topic=topic or "", qid=""), messages=[])
     return PullResponse(
         context=Context(groupId=group, topic=batch.queue.topic, qid=str(batch.queue.qid)),
-        messages=[
-            Message(
-                key=m.key,
-                value=m.value,
-                tag=m.tag,
-                offset=m.offset,
-                properties=dict(m.properties),
-                produceTime=m.produce_ms,
-            )
-            for m in batch.messages
-        ],
+        messages=[_message(m) for m in batch.messages],
+    )
+
+
+def _message(m: StoredMessage) -> Message:
+    return Message(
+        key=m.key, value=m.value, tag=m.tag, offset=m.offset, properties=dict(m.properties), produceTime=m.produce_ms
     )
 
 

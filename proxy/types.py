@@ -46,6 +46,15 @@ class PullBatch(NamedTuple):
     messages: list[StoredMessage]
 
 
+class FetchedQueue(NamedTuple):
+    """One queue's page of a low-level ``fetch``: messages in offset order and where to continue."""
+
+    topic: str
+    qid: int
+    next_offset: int
+    messages: list[StoredMessage]
+
+
 class ConsumeStatsRow(NamedTuple):
     """Per queue of one (group, topic): next offset to consume vs next offset to be produced."""
 
@@ -53,3 +62,7 @@ class ConsumeStatsRow(NamedTuple):
     topic: str
     consume_offsets: dict[str, int]
     produce_offsets: dict[str, int]
+    #: Per qid with a live lease: holder, milliseconds left, term.
+    owners: dict[str, str] = {}
+    lease_ttl_ms: dict[str, int] = {}
+    lease_terms: dict[str, int] = {}

@@ -9,7 +9,7 @@
  *   1001  unknown group
  *   1002  unknown topic
  *   1003  bad request (e.g. a missing required field)
- *   1004  not supported (fetch/ack until the proxy-cluster release)
+ *   1004  not supported by this proxy
  *   1005  unavailable: the proxy is shutting down or not ready; retry elsewhere or later
  *   1006  broker (Redis) error; retriable
  *   1500  internal error (logged with a traceback by the proxy)
@@ -77,14 +77,23 @@ struct ConsumeStats {
     2: string topic;
     3: map<string, i64> consumeOffsets;
     4: map<string, i64> produceOffsets;
+    /* ddmq extensions, keyed by qid like the maps above; a queue nobody holds is absent. */
+    /* Instance id of the proxy holding the queue's lease. */
+    20: optional map<string, string> owners;
+    /* Milliseconds until that lease expires unless renewed. */
+    21: optional map<string, i64> leaseTtlMs;
+    /* The lease's term (the fencing token; it grows with every change of owner). */
+    22: optional map<string, i64> leaseTerms;
 }
 
 struct FetchRequest {
     1: required string consumerId;
     2: required string groupId;
     3: required string cluster;
-    /* topic -> qid -> offset to read from */
+    /* topic -> qid -> first offset to read (a queue starts at 1; -1 = the position stored by ack).
+       Unset: every queue of the group from its stored position. */
     4: optional map<string, map<string, i64>> fetchOffset;
+    /* Messages per queue: default 64, at most 10000; 0 = positions only. */
     10: optional i32 maxBatchSize;
     11: optional i32 maxLingerTime;
     60: optional string version;
@@ -93,6 +102,7 @@ struct FetchRequest {
 struct QidResponse {
     1: required string topic;
     2: required string qid;
+    /* The offset to fetch next: one past the last message returned, or the asked-for start. */
     3: optional i64 nextRequestOffset;
     10: required list<Message> messages;
 }
@@ -106,7 +116,7 @@ struct AckResult {
     1: required string consumerId;
     2: required string groupId;
     3: required string cluster;
-    /* topic -> qid -> offset */
+    /* topic -> qid -> the group's next offset to fetch (ack nextRequestOffset) */
     4: required map<string, map<string, i64>> offsets;
 }
 

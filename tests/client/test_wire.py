@@ -77,6 +77,9 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         2: (STRING, "topic", "", None),
         3: (MAP, "consumeOffsets", "", (STRING, I64)),
         4: (MAP, "produceOffsets", "", (STRING, I64)),
+        20: (MAP, "owners", "optional", (STRING, STRING)),
+        21: (MAP, "leaseTtlMs", "optional", (STRING, I64)),
+        22: (MAP, "leaseTerms", "optional", (STRING, I64)),
     },
     "FetchRequest": {
         1: (STRING, "consumerId", "required", None),

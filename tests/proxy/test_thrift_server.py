@@ -42,9 +42,9 @@ from ddmq.client.wire import (
     PullRequest,
     TMessageType,
 )
-from ddmq.proxy.errors import BrokerError, UnknownGroupError
+from ddmq.proxy.errors import BrokerError, UnknownGroupError, UnknownTopicError
 from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, PullBatch, QueueId, QueueResult, StoredMessage
+from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, QueueId, QueueResult, StoredMessage
 
 GUARD_S = 5  # failure guard for waits: a hang fails the test instead of blocking the run
 
@@ -70,6 +70,9 @@ class FakeService:
         self.pulls: list[PullCall] = []
         self.submits: list[list[QueueResult]] = []
         self.stats: list[ConsumeStatsRow] = []
+        self.fetches: list[tuple[str, dict[str, dict[str, int]] | None, int | None, int | None]] = []
+        self.fetch_pages: list[FetchedQueue] = []
+        self.acks: list[tuple[str, dict[str, dict[str, int]]]] = []
         self.parked = asyncio.Event()
         self._arrived = asyncio.Event()
 
@@ -123,6 +126,19 @@ class FakeService:
         if self.errors:
             raise self.errors.popleft()
         return [row for row in self.stats if row.group == group and topic in (None, row.topic)]
+
+    async def fetch(
+        self, group: str, offsets: dict[str, dict[str, int]] | None, max_batch: int | None, linger_ms: int | None
+    ) -> list[FetchedQueue]:
+        self.fetches.append((group, offsets, max_batch, linger_ms))
+        if self.errors:
+            raise self.errors.popleft()
+        return self.fetch_pages
+
+    async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
+        self.acks.append((group, offsets))
+        if self.errors:
+            raise self.errors.popleft()
 
 
 @pytest.fixture
@@ -233,7 +249,7 @@ async def test_linger_is_clamped(server: ThriftServer, service: FakeService, ask
 
 async def test_submit_and_consume_stats(server: ThriftServer, service: FakeService) -> None:
     service.stats = [
-        ConsumeStatsRow("g", "t", {"0": 5, "1": 7}, {"0": 9, "1": 7}),
+        ConsumeStatsRow("g", "t", {"0": 5, "1": 7}, {"0": 9, "1": 7}, {"1": "proxy-b"}, {"1": 2500}, {"1": 3}),
         ConsumeStatsRow("g", "u", {"0": 1}, {"0": 1}),
     ]
     results = wire.link_results([ConsumeResult(Context("g", "t", "1"), [3], [4])])
@@ -242,7 +258,15 @@ async def test_submit_and_consume_stats(server: ThriftServer, service: FakeServi
         stats = await client.get_consume_stats(ConsumeStatsRequest(group="g", topic="t"))
     assert service.submits == [[QueueResult("g", "t", "1", [3], [4])]]
     assert stats == [
-        wire.ConsumeStats(group="g", topic="t", consumeOffsets={"0": 5, "1": 7}, produceOffsets={"0": 9, "1": 7})
+        wire.ConsumeStats(
+            group="g",
+            topic="t",
+            consumeOffsets={"0": 5, "1": 7},
+            produceOffsets={"0": 9, "1": 7},
+            owners={"1": "proxy-b"},
+            leaseTtlMs={"1": 2500},
+            leaseTerms={"1": 3},
+        )
     ]
 
 
@@ -427,8 +451,7 @@ def _stock_calls(port: int) -> dict[str, Any]:
         out["stats"] = client.getConsumeStats(STOCK.ConsumeStatsRequest(group="g"))
         for name, call in [
             ("error", lambda: client.pull(STOCK.PullRequest(groupId="nope"))),
-            ("fetch", lambda: client.fetch(STOCK.FetchRequest(consumerId="c", groupId="g", cluster="k"))),
-            ("ack", lambda: client.ack(STOCK.AckResult(consumerId="c", groupId="g", cluster="k", offsets={}))),
+            ("ack_error", lambda: client.ack(STOCK.AckResult(consumerId="c", groupId="nope", cluster="k", offsets={}))),
         ]:
             try:
                 call()
@@ -437,6 +460,11 @@ def _stock_calls(port: int) -> dict[str, Any]:
             except TApplicationException as exc:
                 out[name] = (exc.type, exc.message)
         out["empty"] = client.pull(STOCK.PullRequest(groupId="g", maxLingerTime=0))
+        fetch = STOCK.FetchRequest(
+            consumerId="c", groupId="g", cluster="k", fetchOffset={"t": {"2": 40}}, maxBatchSize=5
+        )
+        out["fetch"] = client.fetch(fetch)
+        out["ack"] = client.ack(STOCK.AckResult(consumerId="c", groupId="g", cluster="k", offsets={"t": {"2": 42}}))
         return out
     finally:
         client.close()
@@ -452,7 +480,19 @@ async def test_stock_thriftpy2_client(server: ThriftServer, service: FakeService
             raise UnknownGroupError("unknown group 'nope'")
         return await original_pull(group, *args)
 
+    async def ack(group: str, offsets: dict[str, dict[str, int]]) -> None:
+        if group == "nope":
+            raise UnknownGroupError("unknown group 'nope'")
+        await original_ack(group, offsets)
+
+    original_ack = service.ack
     service.pull = pull  # type: ignore[method-assign]
+    service.ack = ack  # type: ignore[method-assign]
+    service.fetch_pages = [
+        FetchedQueue(
+            "t", 2, 42, [StoredMessage(40, b"v40", "k40", "", {}, 5), StoredMessage(41, b"v41", "k41", "x", {}, 6)]
+        )
+    ]
     out = await asyncio.to_thread(_stock_calls, server.port)
     assert out["pull"] == STOCK.PullResponse(
         context=STOCK.Context("g", "t", "2"),
@@ -466,13 +506,27 @@ async def test_stock_thriftpy2_client(server: ThriftServer, service: FakeService
         ],
     )
     assert out["submit"] is True
-    assert out["stats"] == [STOCK.ConsumeStats("g", "t", {"2": 40}, {"2": 42})]
+    assert out["stats"] == [STOCK.ConsumeStats("g", "t", {"2": 40}, {"2": 42}, {}, {}, {})]
     assert out["error"] == (1001, "unknown group 'nope'")
-    assert out["fetch"] == (
-        TApplicationException.UNKNOWN_METHOD,
-        "1004: fetch/ack arrive with the proxy-cluster release",
+    assert out["fetch"] == STOCK.FetchResponse(
+        code=0,
+        results=[
+            STOCK.QidResponse(
+                topic="t",
+                qid="2",
+                nextRequestOffset=42,
+                messages=[
+                    STOCK.Message(key="k40", value=b"v40", tag="", offset=40, properties={}, produceTime=5),
+                    STOCK.Message(key="k41", value=b"v41", tag="x", offset=41, properties={}, produceTime=6),
+                ],
+            )
+        ],
     )
-    assert out["ack"] == (TApplicationException.UNKNOWN_METHOD, "1004: fetch/ack arrive with the proxy-cluster release")
+    assert service.fetches == [("g", {"t": {"2": 40}}, 5, None)]
+    assert out["ack"] is True
+    assert service.acks == [("g", {"t": {"2": 42}})]
+    # fetch/ack declare no exception: errors arrive as an application error whose message starts with the code.
+    assert out["ack_error"] == (TApplicationException.INTERNAL_ERROR, "1001: unknown group 'nope'")
     assert out["empty"] == STOCK.PullResponse(context=STOCK.Context("g", "", ""), messages=[])
     assert service.pulls[0].results == [QueueResult("g", "t", "2", [5], [6])]
     assert service.submits == [[QueueResult("g", "t", "2", [7], [])]]
@@ -510,13 +564,18 @@ async def test_sync_client_round_trip_and_reconnect(service: FakeService) -> Non
         client.close()
 
 
-async def test_clients_report_application_exceptions(server: ThriftServer) -> None:
+async def test_clients_report_application_exceptions(server: ThriftServer, service: FakeService) -> None:
     client = AsyncProxyClient("127.0.0.1", server.port, timeout_s=GUARD_S)
     try:
+        service.errors.append(UnknownTopicError("group 'g' does not consume topic 'x'"))
         with pytest.raises(RemoteApplicationError) as error:
-            await client._call("fetch", 0.0, request=wire.FetchRequest(consumerId="c", groupId="g", cluster="k"))
-        assert error.value.kind == TApplicationException.UNKNOWN_METHOD
-        assert "1004" in error.value.message
+            await client.fetch(wire.FetchRequest(consumerId="c", groupId="g", cluster="k", fetchOffset={"x": {}}))
+        assert error.value.kind == TApplicationException.INTERNAL_ERROR
+        assert error.value.code == 1002
+        assert "does not consume topic 'x'" in error.value.message
+        with pytest.raises(RemoteApplicationError) as error:
+            await client.fetch(wire.FetchRequest(consumerId="c", groupId="", cluster="k"))
+        assert error.value.code == 1003
     finally:
         await client.close()
 

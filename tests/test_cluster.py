@@ -1,0 +1,234 @@
+"""A proxy cluster under churn: three proxies share 8 queues while clients pull from all of them; one
+is killed with SIGKILL mid-stream, a fourth joins, one is stopped gracefully.
+
+Checked over the whole run:
+- every produced message is acked, and committed offsets end equal to produce offsets;
+- per-key order: no message is delivered before its key's predecessor was acked, and within one lease
+  term a key is only ever redelivered from its current head (a new term may replay from the
+  committed point: that is the at-least-once cost of a move);
+- no queue ever had two readers: every proxy records its stream reads with its lease term
+  (``audit_log``); each term has one owner, and a term's reads all precede the next term's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from ddmq.client import keys, wire
+from ddmq.client.producer import Producer
+from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
+
+from .support import OrderChecker, ProxyProcess, body
+
+QUEUES = 8
+KEYS = 1200
+MESSAGES = 60_000
+PRE_PRODUCED = 10_000
+LEASES = {"ttl_ms": 1500, "renew_ms": 400, "claim_interval_ms": 100, "handoff_drain_ms": 1500}
+GROUP = {"order_key": "KEY", "timeout_ms": 3000, "max_retry": 50, "retry_intervals_ms": [20, 100]}
+FAIL_RATE = 0.01
+PULLERS_PER_PROXY = 2
+
+
+@dataclass
+class Delivery:
+    owner: str
+    qid: int
+    offset: int
+    key: str
+    seq: int
+    acked: bool
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path, redis_url: str) -> None:
+        self.tmp_path = tmp_path
+        self.redis_url = redis_url
+        self.proxies: dict[str, ProxyProcess] = {}
+
+    def start(self, name: str) -> ProxyProcess:
+        folder = self.tmp_path / name
+        folder.mkdir()
+        proxy = ProxyProcess(
+            folder, self.redis_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}},
+            instance_id=name, leases=LEASES, audit_log=str(folder / "reads.jsonl"), shutdown_grace_ms=500,
+        )
+        self.proxies[name] = proxy.start()
+        return proxy
+
+    def reads(self) -> list[dict[str, Any]]:
+        records = []
+        for proxy in self.proxies.values():
+            path = proxy.config_path.parent / "reads.jsonl"
+            if path.exists():
+                records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return records
+
+
+def produce(redis_url: str, count: int, produced: dict[str, int], rng: random.Random, pause_s: float = 0) -> None:
+    with Producer(redis_url) as producer:
+        producer.ensure_topic("t", QUEUES)
+        for start in range(0, count, 500):
+            batch = []
+            for _ in range(min(500, count - start)):
+                key = f"rider-{rng.randrange(KEYS)}"
+                seq = produced.get(key, 0)
+                produced[key] = seq + 1
+                batch.append({"key": key, "value": body(key, seq)})
+            producer.send_batch("t", batch)
+            time.sleep(pause_s)
+
+
+async def puller(owner: str, port: int, log: list[Delivery], stop: asyncio.Event, rng: random.Random) -> None:
+    """Pull from one proxy, ack on the next pull (1% fails); reconnect while the proxy is away."""
+    pending: list[wire.ConsumeResult] = []
+    async with AsyncProxyClient("127.0.0.1", port, timeout_s=5) as client:
+        while not stop.is_set():
+            try:
+                response = await client.pull(wire.PullRequest(
+                    groupId="g", topic="t", maxBatchSize=64, maxLingerTime=200, result=wire.link_results(pending)))
+            except ProxyClientError:
+                pending.clear()  # those acks are lost with the connection: the messages come again
+                await asyncio.sleep(0.2)
+                continue
+            pending.clear()
+            ok, failed = [], []
+            for message in response.messages:
+                event = json.loads(message.value)
+                acked = rng.random() >= FAIL_RATE
+                (ok if acked else failed).append(message.offset)
+                log.append(Delivery(owner, int(response.context.qid), message.offset, event["k"], event["seq"], acked))
+            if ok or failed:
+                pending.append(wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=failed))
+        if pending:
+            try:
+                await client.submit(wire.link_results(pending))
+            except ProxyClientError:
+                pass
+
+
+def term_of(reads: dict[tuple[str, int], list[dict[str, Any]]], delivery: Delivery) -> int:
+    """The lease term under which ``delivery``'s owner read that offset (its latest read covering it)."""
+    term = None
+    for record in reads[(delivery.owner, delivery.qid)]:
+        if record["first"] <= delivery.offset <= record["last"]:
+            term = record["term"]
+    assert term is not None, f"{delivery} was delivered without a recorded read"
+    return term
+
+
+def check_single_reader(records: list[dict[str, Any]]) -> int:
+    """One owner per (queue, term), and each term's reads end before the next term's begin."""
+    by_queue: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        by_queue[record["qid"]][record["term"]].append(record)
+    moves = 0
+    for qid, terms in by_queue.items():
+        previous_end = None
+        for term in sorted(terms):
+            owners = {r["owner"] for r in terms[term]}
+            assert len(owners) == 1, f"queue {qid} term {term} was read by {owners}"
+            start, end = min(r["t"] for r in terms[term]), max(r["t"] for r in terms[term])
+            if previous_end is not None:
+                assert start > previous_end, f"queue {qid}: term {term} read before the previous term's last read"
+                moves += 1
+            previous_end = end
+    return moves
+
+
+@pytest.mark.timeout(300)
+async def test_three_proxies_kill_join_and_stop_lose_nothing_and_keep_every_key_in_order(
+    redis_url: str, redis_client: aioredis.Redis, tmp_path: Path
+) -> None:
+    rng = random.Random(11)
+    produced: dict[str, int] = {}
+    await asyncio.to_thread(produce, redis_url, PRE_PRODUCED, produced, rng)
+    cluster = Cluster(tmp_path, redis_url)
+    log: list[Delivery] = []
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    def add_pullers(name: str) -> None:
+        port = cluster.proxies[name].port
+        for i in range(PULLERS_PER_PROXY):
+            tasks.append(asyncio.create_task(puller(name, port, log, stop, random.Random(f"{name}{i}"))))
+
+    async def wait_for_acks(count: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while sum(d.acked for d in log) < count:
+            assert time.monotonic() < deadline, f"stuck at {sum(d.acked for d in log)} acks (waiting for {count})"
+            await asyncio.sleep(0.05)
+
+    try:
+        for name in ("proxy-1", "proxy-2", "proxy-3"):
+            await asyncio.to_thread(cluster.start, name)
+            add_pullers(name)
+        # The rest arrives steadily through the whole run, so every event below happens mid-stream.
+        rest = threading.Thread(target=produce, args=(redis_url, MESSAGES - PRE_PRODUCED, produced,
+                                                      random.Random(12), 0.1))
+        rest.start()
+        await wait_for_acks(15_000)
+        cluster.proxies["proxy-2"].kill()  # SIGKILL mid-stream: its queues move once its leases expire
+        await wait_for_acks(30_000)
+        await asyncio.to_thread(cluster.start, "proxy-4")  # joins: the others hand queues over
+        add_pullers("proxy-4")
+        await wait_for_acks(45_000)
+        assert await asyncio.to_thread(cluster.proxies["proxy-1"].stop) == 0  # graceful: drains, releases
+        await asyncio.to_thread(rest.join)
+        # Drain: until every key's last message was acked.
+        deadline = time.monotonic() + 120
+        while True:
+            acked_upto: dict[str, int] = {}
+            for d in log:
+                if d.acked:
+                    acked_upto[d.key] = max(acked_upto.get(d.key, 0), d.seq + 1)
+            if acked_upto == produced:
+                break
+            assert time.monotonic() < deadline, "not every message was acked"
+            await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(*tasks)
+        for name in ("proxy-3", "proxy-4"):
+            assert await asyncio.to_thread(cluster.proxies[name].stop) == 0
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for proxy in cluster.proxies.values():
+            proxy.stop()
+
+    # Nothing lost: committed offsets reached the end of every queue.
+    produce_next = [int(await redis_client.get(keys.sequence("t", q)) or 0) + 1 for q in range(QUEUES)]
+    committed = [int(await redis_client.get(keys.committed("g", "t", q)) or 0) for q in range(QUEUES)]
+    assert committed == produce_next
+
+    # No two readers, ever.
+    records = cluster.reads()
+    moves = check_single_reader(records)
+    assert moves >= 3, "the churn should have moved queues (kill, join, stop)"
+
+    # Per-key order across the whole run, with each delivery's epoch = the lease term it was read under.
+    reads: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for record in sorted(records, key=lambda r: r["t"]):
+        reads[(record["owner"], record["qid"])].append(record)
+    checker = OrderChecker()
+    for d in log:
+        term = term_of(reads, d)
+        checker.delivered(d.key, d.seq, term)
+        if d.acked:
+            checker.acked(d.key, d.seq, term)
+    assert checker.violations == [], checker.violations[:5]
+    assert checker.missing(produced) == {}
+    assert sum(produced.values()) == MESSAGES and len(produced) >= 1000
+    print(f"\ncluster churn: {MESSAGES} messages, {len(produced)} keys, {len(log)} deliveries, "
+          f"{checker.duplicates} redelivered, {moves} queue moves, {len(records)} reads audited")
