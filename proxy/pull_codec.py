@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from thriftpy2.thrift import TType
 
-from ddmq.client.wire import ConsumerService, Context, Message, PullResponse, TMessageType
+from ddmq.client.wire import ConsumerService, Context, Message, PullResponse, TMessageType, varint
 from ddmq.proxy.types import StoredMessage
 
 __all__ = ["FAST_PULL_REPLY", "encode_message", "encode_pull_reply"]
@@ -47,39 +47,10 @@ _PULL_NAME: Final = b"\x04pull"
 _MESSAGE: Final = b"\x18%b%b\x18%b%b\x18%b%b\x16%b\x1b%b\xf6%b\x00"
 
 
-def _varint_loop(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-# Varints by 14-bit chunks from two tables (about 1.4 MB): offsets and millisecond timestamps are 3 to 6
-# bytes long, and a byte-at-a-time loop over them was a sixth of the encoder's time.
-_LAST14: Final = [_varint_loop(n) for n in range(1 << 14)]  # a final chunk: 1 or 2 bytes
-_MORE14: Final = [bytes(((n & 0x7F) | 0x80, (n >> 7) | 0x80)) for n in range(1 << 14)]  # 2 bytes, more follow
-
-
-def _varint(n: int) -> bytes:
-    if n < 0x4000:
-        return _LAST14[n]
-    if n < 1 << 28:
-        return _MORE14[n & 0x3FFF] + _LAST14[n >> 14]
-    if n < 1 << 42:
-        return _MORE14[n & 0x3FFF] + _MORE14[(n >> 14) & 0x3FFF] + _LAST14[n >> 28]
-    if n < 1 << 56:
-        return b"".join(
-            (_MORE14[n & 0x3FFF], _MORE14[(n >> 14) & 0x3FFF], _MORE14[(n >> 28) & 0x3FFF], _LAST14[n >> 42])
-        )
-    return _varint_loop(n)
-
-
 def _i64(n: int) -> bytes:
     if not _I64_MIN <= n <= _I64_MAX:
         raise ValueError(f"{n} does not fit a thrift i64")
-    return _varint((n << 1) ^ (n >> 63))
+    return varint((n << 1) ^ (n >> 63))
 
 
 def encode_message(message: StoredMessage) -> bytes:
@@ -89,11 +60,11 @@ def encode_message(message: StoredMessage) -> bytes:
     tag = message.tag.encode("utf-8")
     properties = message.properties
     return _MESSAGE % (
-        _varint(len(key)),
+        varint(len(key)),
         key,
-        _varint(len(value)),
+        varint(len(value)),
         value,
-        _varint(len(tag)),
+        varint(len(tag)),
         tag,
         _i64(message.offset),
         _encode_properties(properties) if properties else _EMPTY_MAP,
@@ -102,11 +73,11 @@ def encode_message(message: StoredMessage) -> bytes:
 
 
 def _encode_properties(properties: dict[str, str]) -> bytes:
-    parts = [_varint(len(properties)), _STRING_PAIR]
+    parts = [varint(len(properties)), _STRING_PAIR]
     for name, text in properties.items():
         raw_name = name.encode("utf-8")
         raw_text = text.encode("utf-8")
-        parts += (_varint(len(raw_name)), raw_name, _varint(len(raw_text)), raw_text)
+        parts += (varint(len(raw_name)), raw_name, varint(len(raw_text)), raw_text)
     return b"".join(parts)
 
 
@@ -118,23 +89,21 @@ def encode_pull_reply(seqid: int, group: str, topic: str, qid: str, messages: Se
     raw_topic = topic.encode("utf-8")
     raw_qid = qid.encode("utf-8")
     count = len(messages)
-    list_header = (
-        bytes((count << 4 | _STRUCT_ELEMENT,)) if count <= 14 else bytes((_STRUCT_LIST_MANY,)) + _varint(count)
-    )
+    list_header = bytes((count << 4 | _STRUCT_ELEMENT,)) if count <= 14 else bytes((_STRUCT_LIST_MANY,)) + varint(count)
     parts = [
         _REPLY_HEADER,
-        _varint(seqid),
+        varint(seqid),
         _PULL_NAME,
         _SUCCESS_FIELD,
         _STRUCT_NEXT,
         _STRING_NEXT,
-        _varint(len(raw_group)),
+        varint(len(raw_group)),
         raw_group,
         _STRING_NEXT,
-        _varint(len(raw_topic)),
+        varint(len(raw_topic)),
         raw_topic,
         _STRING_NEXT,
-        _varint(len(raw_qid)),
+        varint(len(raw_qid)),
         raw_qid,
         _STOP,
         _LIST_NEXT,
