@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 _METADATA_POLL_S = 1.0
 
+# Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
+_CONTINUE = Status.CONTINUE
+_ASYNC = Status.ASYNC
+
 
 class TopicConsumer:
     """One group consuming one topic: the chain runs here, and finished jobs come back here."""
@@ -304,9 +308,9 @@ class TopicConsumer:
                 log.exception("action %s failed on %r", type(action).__name__, job)
                 job.last_error = f"{type(action).__name__} raised {exc!r}"
                 status = Status.FAIL
-            if status is Status.CONTINUE:
+            if status is _CONTINUE:
                 continue
-            if status is Status.ASYNC:
+            if status is _ASYNC:
                 return
             if status is Status.FAIL:
                 self.buffer.dead_letter(job, job.last_error or "action failed")

@@ -23,6 +23,9 @@ class JobState(IntEnum):
     FINISHED = 6  # acked, filtered, or dead-lettered
 
 
+_NEW = JobState.NEW  # a plain global: enum members read through their class are slow on Python 3.11
+
+
 #: ``data`` of a job whose body is not valid JSON (set by the Json action).
 INVALID_JSON: Any = object()
 #: ``data`` of a job no Json action has parsed.
@@ -58,7 +61,7 @@ class UpstreamJob:
         self.tracker = tracker
         self.message = message
         self.index = 0
-        self.state = JobState.NEW
+        self.state = _NEW
         self.data: Any = NOT_PARSED
         self.order_key: Hashable | None = None
         self.next: UpstreamJob | None = None
