@@ -12,6 +12,7 @@ own reads (and only those, marked with an option) get the server's reply as it i
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,10 @@ from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
 
 _EMPTY_PROPERTIES: dict[str, str] = {}
+#: ``StoredMessage(*fields)`` without the generated ``__new__``'s Python frame (once per message read).
+_new_message: Callable[[tuple[int, bytes, str, str, dict[str, str], int]], StoredMessage] = functools.partial(
+    tuple.__new__, StoredMessage
+)
 #: A command option that makes the XREAD callback hand back the unparsed reply.
 _RAW_REPLY = "ddmq_raw_reply"
 
@@ -62,13 +67,15 @@ def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
         if entry_id[:2] != b"0-":
             raise ValueError(f"stream entry {entry_id!r} was not written by the ddmq producer")
         ts = fields[7]
-        return StoredMessage(
-            int(entry_id[2:]),
-            fields[1],
-            fields[3].decode("utf-8", "replace"),
-            fields[5].decode("utf-8", "replace"),
-            _EMPTY_PROPERTIES,
-            int(ts) if ts else 0,
+        return _new_message(
+            (
+                int(entry_id[2:]),
+                fields[1],
+                fields[3].decode("utf-8", "replace"),
+                fields[5].decode("utf-8", "replace"),
+                _EMPTY_PROPERTIES,
+                int(ts) if ts else 0,
+            )
         )
     return decode_entry(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))
 

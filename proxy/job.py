@@ -44,6 +44,7 @@ class UpstreamJob:
         "last_error",
         "message",
         "next",
+        "offset",
         "order_key",
         "qid",
         "queue",
@@ -60,6 +61,7 @@ class UpstreamJob:
         self.qid = queue.qid
         self.tracker = tracker
         self.message = message
+        self.offset = message.offset  # read several times per job: a slot, not a property
         self.index = 0
         self.state = _NEW
         self.data: Any = NOT_PARSED
@@ -68,10 +70,6 @@ class UpstreamJob:
         self.attempts = 0
         self.deadline = 0  # timing-wheel tick while in flight
         self.last_error = ""
-
-    @property
-    def offset(self) -> int:
-        return self.message.offset
 
     def __repr__(self) -> str:
         return (
