@@ -1,19 +1,37 @@
 """The action chain: each message runs through the actions its group/topic config names.
 
-Importing this package registers the built-in actions (``Json``, ``Order``, ``PullServer``).
+Importing this package registers the built-in actions (``Json``, ``Transit``, ``Filter``, ``Order``,
+``PullServer``, ``AsyncHttp``, ``Redis``).
 """
 
-from ddmq.actions import json_action, order, pull_server
-from ddmq.actions.base import Action, ChainContext, Status, build_chain, register, registered_names
+from ddmq.actions import async_http, filter_action, json_action, order, pull_server, redis_action, transit
+from ddmq.actions.base import (
+    Action,
+    ChainContext,
+    ServiceAction,
+    Status,
+    build_chain,
+    close_chain,
+    register,
+    registered_names,
+    start_chain,
+)
 
 __all__ = [
     "Action",
     "ChainContext",
+    "ServiceAction",
     "Status",
+    "async_http",
     "build_chain",
+    "close_chain",
+    "filter_action",
     "json_action",
     "order",
     "pull_server",
+    "redis_action",
     "register",
     "registered_names",
+    "start_chain",
+    "transit",
 ]

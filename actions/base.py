@@ -11,6 +11,8 @@ job with ``await action.act(job)``. It answers a :class:`Status`:
 
 Actions after ``Order`` run one job at a time in the consumer's dispatcher: they must not wait on
 I/O themselves; I/O-bound actions return ``ASYNC`` and finish the job from their own bounded tasks.
+An action that owns tasks or connections also has ``start()`` (called once the loop runs) and
+``async close()``; the consumer calls them through :func:`start_chain` / :func:`close_chain`.
 
 >>> @register("Noop")
 ... class Noop:
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from ddmq.proxy.errors import ConfigError
 
@@ -58,6 +60,15 @@ class Action(Protocol):
     async def act(self, job: UpstreamJob) -> Status: ...
 
 
+@runtime_checkable
+class ServiceAction(Protocol):
+    """An action with a lifecycle (push actions: worker tasks, connection pools)."""
+
+    def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 ActionFactory = Callable[[ChainContext], Action]
 _T = TypeVar("_T", bound=ActionFactory)
 _REGISTRY: dict[str, ActionFactory] = {}
@@ -84,3 +95,17 @@ def build_chain(names: list[str], ctx: ChainContext) -> list[Action]:
     if unknown:
         raise ConfigError(f"unknown action(s) {unknown}; known: {sorted(_REGISTRY)}")
     return [_REGISTRY[name](ctx) for name in names]
+
+
+def start_chain(chain: list[Action]) -> None:
+    """Start the actions of ``chain`` that have a lifecycle."""
+    for action in chain:
+        if isinstance(action, ServiceAction):
+            action.start()
+
+
+async def close_chain(chain: list[Action]) -> None:
+    """Close the actions of ``chain`` that have a lifecycle (their unfinished jobs stay uncommitted)."""
+    for action in chain:
+        if isinstance(action, ServiceAction):
+            await action.close()

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Any
 
-from jsonpath_ng.ext.parser import parse as parse_jsonpath
-
 from ddmq.actions.base import ChainContext, Status, register
+from ddmq.actions.jsonpath import MISSING, compile_jsonpath
 from ddmq.config.schema import ORDER_KEY_KEY, ORDER_KEY_NONE, ORDER_KEY_QID
 from ddmq.proxy.job import INVALID_JSON, UpstreamJob
 
@@ -27,41 +25,9 @@ _ASYNC = Status.ASYNC  # a plain global: enum members read through their class a
 
 log = logging.getLogger(__name__)
 
-_MISSING: Any = object()
-_SIMPLE_PATH = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-
-
-def compile_jsonpath(path: str) -> Callable[[Any], Any]:
-    """A getter returning the first match of ``path`` in a parsed body, or ``_MISSING``.
-
-    Plain dotted paths (``$.order.id``) become chained dict lookups; anything else uses jsonpath-ng,
-    parsed once here rather than per message.
-    """
-    if _SIMPLE_PATH.match(path):
-        names = path[2:].split(".")
-
-        def get_simple(data: Any) -> Any:
-            for name in names:
-                if not isinstance(data, dict):
-                    return _MISSING
-                data = data.get(name, _MISSING)
-                if data is _MISSING:
-                    return _MISSING
-            return data
-
-        return get_simple
-
-    expression = parse_jsonpath(path)
-
-    def get_general(data: Any) -> Any:
-        matches = expression.find(data)
-        return matches[0].value if matches else _MISSING
-
-    return get_general
-
 
 def _key_of(value: Any) -> Hashable | None:
-    if value is _MISSING or value is None:
+    if value is MISSING or value is None:
         return None
     if isinstance(value, str):
         return value

@@ -259,6 +259,7 @@ class ProxyRun:
         topics: dict[str, Any],
         profiler: Profiler | None = None,
         start_timeout_s: float = 30.0,
+        **extra: Any,
     ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="ddmq-bench-proxy-"))
         self.port = free_port()
@@ -274,9 +275,11 @@ class ProxyRun:
             "shutdown_grace_ms": 500,
             "topics": topics,
             "groups": groups,
+            **extra,
         }
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self._proc: subprocess.Popen[bytes] | None = None
+        self._killed = False
 
     @property
     def pid(self) -> int:
@@ -328,6 +331,13 @@ class ProxyRun:
             self.profile = self.profiler.finish()
         return proc.returncode
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._killed = True
+            self._proc.kill()
+            self._proc.wait()
+
     def log_tail(self, chars: int = 4000) -> str:
         with contextlib.suppress(OSError):
             return self.log_path.read_text(errors="replace")[-chars:]
@@ -340,7 +350,7 @@ class ProxyRun:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         code = self.stop()
-        failed = code not in (0, -signal.SIGTERM)
+        failed = code not in (0, -signal.SIGTERM) and not self._killed
         if failed or exc is not None:
             print(f"proxy log ({self.log_path}), last lines:\n{self.log_tail()}", file=sys.stderr)
         shutil.rmtree(self._dir, ignore_errors=True)

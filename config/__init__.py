@@ -10,6 +10,7 @@ from ddmq.config.loader import load, parse
 from ddmq.config.schema import (
     ACTION_NAMES,
     EmbeddedRedisConfig,
+    HttpConfig,
     LeaseConfig,
     ListenConfig,
     ProxyConfig,
@@ -21,6 +22,7 @@ from ddmq.config.schema import (
 __all__ = [
     "ACTION_NAMES",
     "EmbeddedRedisConfig",
+    "HttpConfig",
     "LeaseConfig",
     "ListenConfig",
     "ProxyConfig",

@@ -11,12 +11,14 @@ import socket
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ddmq.client.keys import check_name
 
 #: Names an action chain may use; each is implemented in ``ddmq.actions``.
-ACTION_NAMES: frozenset[str] = frozenset({"Json", "Order", "PullServer"})
+ACTION_NAMES: frozenset[str] = frozenset({"Json", "Transit", "Filter", "Order", "PullServer", "AsyncHttp", "Redis"})
+#: Actions that end a chain by taking the message somewhere: exactly one, last.
+SINK_ACTIONS: tuple[str, ...] = ("PullServer", "AsyncHttp", "Redis")
 
 #: Order keys that are not JSONPaths.
 ORDER_KEY_QID = "QID"
@@ -39,7 +41,7 @@ def _default_instance_id() -> str:
 
 class ListenConfig(_Model):
     host: str = "127.0.0.1"
-    #: 0 turns the listener off, except for Thrift where tests use it for "any free port".
+    #: 0 binds a free port (tests use it).
     port: Annotated[int, Field(ge=0, le=65535)] = 9713
 
 
@@ -47,6 +49,23 @@ class ThriftConfig(ListenConfig):
     #: Largest accepted request frame; a bigger one closes that connection (it is logged).
     max_frame_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
     #: Upper bound on a client's ``maxLingerTime`` (long-poll wait).
+    max_linger_ms: Annotated[int, Field(ge=0)] = 30_000
+
+
+class HttpConfig(_Model):
+    """The HTTP server: pull API, ``/metrics``, health checks and the admin endpoints."""
+
+    enabled: bool = False
+    #: Loopback by default: the admin endpoints are then reachable from this machine only.
+    host: str = "127.0.0.1"
+    #: 0 picks a free port (read it back from the log or ``ProxyService.http_port``).
+    port: Annotated[int, Field(ge=0, le=65535)] = 9714
+    #: When set, every ``/admin/...`` request needs ``Authorization: Bearer <admin_token>``. When unset,
+    #: admin endpoints answer loopback peers only (the pull API, metrics and health checks stay open).
+    admin_token: Annotated[str, Field(min_length=16)] | None = None
+    #: Largest accepted request body; a bigger one is answered 413 (nothing of it is applied).
+    max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 1024 * 1024
+    #: Upper bound on a pull's ``linger_ms`` (long-poll wait).
     max_linger_ms: Annotated[int, Field(ge=0)] = 30_000
 
 
@@ -61,6 +80,148 @@ class EmbeddedRedisConfig(_Model):
 
 class TopicConfig(_Model):
     queues: Annotated[int, Field(ge=1, le=4096)] = 8
+
+
+def _jsonpath(value: str) -> str:
+    from ddmq.actions.jsonpath import check_jsonpath
+
+    return check_jsonpath(value)
+
+
+def _expression(value: str) -> str:
+    from ddmq.actions.expression import compile_expression
+
+    compile_expression(value)  # raises ExpressionError (a ValueError) naming the column
+    return value
+
+
+JsonPath = Annotated[str, AfterValidator(_jsonpath)]
+Expression = Annotated[str, AfterValidator(_expression)]
+
+
+class FilterConfig(_Model):
+    """``Filter``: a message is kept when it passes every condition given; dropped ones finish at once."""
+
+    #: Keep only messages with one of these tags (empty = any tag).
+    tags: list[str] = []
+    #: Drop messages with one of these tags.
+    exclude_tags: list[str] = []
+    #: Keep only messages for which this is true (see ``ddmq.actions.expression``), e.g.
+    #: ``$.amount >= 100 and not $.city in ['bj', 'sh']``.
+    expression: Expression | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> FilterConfig:
+        if not (self.tags or self.exclude_tags or self.expression):
+            raise ValueError("give at least one of tags, exclude_tags, expression")
+        return self
+
+
+def _transit(mapping: dict[str, str]) -> dict[str, str]:
+    if not mapping:
+        raise ValueError("transit needs at least one field")
+    fields = set(mapping)
+    for name, path in mapping.items():
+        parts = name.split(".")
+        if not all(parts):
+            raise ValueError(f"bad output field {name!r}: empty part")
+        for i in range(1, len(parts)):
+            if ".".join(parts[:i]) in fields:
+                raise ValueError(f"output field {name!r} is inside field {'.'.join(parts[:i])!r}, also mapped")
+        _jsonpath(path)
+    return mapping
+
+
+#: ``Transit``: output field (dots nest: ``rider.id``) -> JSONPath into the parsed body.
+TransitConfig = Annotated[dict[str, str], AfterValidator(_transit)]
+
+
+class AsyncHttpConfig(_Model):
+    """``AsyncHttp``: push each message to one of ``urls``; 2xx is success, anything else a failed attempt."""
+
+    #: Tried round-robin, one per attempt (a retry goes to the next one).
+    urls: Annotated[list[str], Field(min_length=1)]
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    headers: dict[str, str] = {}
+    #: ``json``: the message body as is, ``Content-Type: application/json`` (after ``Transit``, its
+    #: output); ``form``: the top-level fields of the JSON body as form fields; ``none``: no body.
+    body: Literal["json", "form", "none"] = "json"
+    #: Query parameter -> JSONPath into the parsed body (a parameter whose path finds nothing is left out).
+    query_params: dict[str, JsonPath] = {}
+    #: Sent as ``Authorization: Bearer <token>``.
+    token: str | None = None
+    #: Requests per second to the upstream (retries included); None = unlimited.
+    http_max_tps: Annotated[float, Field(gt=0)] | None = None
+    #: One attempt's time limit (connect + answer); over it the attempt failed.
+    timeout_ms: Annotated[int, Field(ge=1)] = 5_000
+    #: Most requests in flight at once for this group/topic (the size of its worker pool and connection pool).
+    max_in_flight: Annotated[int, Field(ge=1, le=10_000)] = 32
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return urls
+
+
+class RedisCommandConfig(_Model):
+    """One command of the ``Redis`` action, run for every message (or those matching ``when``)."""
+
+    command: Literal["set", "hset", "hmset", "del"]
+    #: The Redis key; ``{$.path}`` is replaced by the value found in the body, e.g. ``rider:{$.rider_id}``.
+    key: str
+    #: ``set``: JSONPath of the value.
+    value: JsonPath | None = None
+    #: ``hset`` / ``hmset``: hash field -> JSONPath (fields whose path finds nothing are left out).
+    fields: dict[str, JsonPath] = {}
+    #: ``set`` / ``hset`` / ``hmset``: expire the key after this.
+    ttl_ms: Annotated[int, Field(ge=1)] | None = None
+    #: Run the command only for messages where this expression is true.
+    when: Expression | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _key_template(cls, key: str) -> str:
+        from ddmq.actions.redis_action import parse_key_template
+
+        parse_key_template(key)
+        return key
+
+    @model_validator(mode="after")
+    def _arguments(self) -> RedisCommandConfig:
+        if self.command == "set" and self.value is None:
+            raise ValueError("set needs value (a JSONPath)")
+        if self.command != "set" and self.value is not None:
+            raise ValueError(f"value is for set, not {self.command} (hset/hmset take fields)")
+        if self.command in ("hset", "hmset") and not self.fields:
+            raise ValueError(f"{self.command} needs fields (hash field -> JSONPath)")
+        if self.command not in ("hset", "hmset") and self.fields:
+            raise ValueError(f"fields are for hset/hmset, not {self.command}")
+        if self.command == "del" and self.ttl_ms is not None:
+            raise ValueError("del takes no ttl_ms")
+        return self
+
+
+class RedisActionConfig(_Model):
+    """``Redis``: write fields of each message to a Redis, pipelined."""
+
+    url: str
+    commands: Annotated[list[RedisCommandConfig], Field(min_length=1)]
+    #: Messages per pipeline.
+    batch_size: Annotated[int, Field(ge=1, le=10_000)] = 64
+    #: Pipelines in flight at once.
+    max_in_flight: Annotated[int, Field(ge=1, le=1_000)] = 4
+    #: One pipeline's time limit; over it every message in it failed an attempt.
+    timeout_ms: Annotated[int, Field(ge=1)] = 5_000
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if value.startswith(("redis://", "rediss://", "unix://")):
+            return value
+        raise ValueError("url must be a redis:// / rediss:// / unix:// URL")
 
 
 class TopicGroupConfig(_Model):
@@ -90,6 +251,12 @@ class TopicGroupConfig(_Model):
     #: Messages per stream read.
     read_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 256
     start_from: StartFrom = StartFrom.EARLIEST
+    #: Settings of the ``Transit``, ``Filter``, ``AsyncHttp`` and ``Redis`` actions; each is required
+    #: when its action is in ``actions`` and refused when it is not.
+    transit: TransitConfig | None = None
+    filter: FilterConfig | None = None
+    async_http: AsyncHttpConfig | None = None
+    redis_action: RedisActionConfig | None = None
 
     @field_validator("actions")
     @classmethod
@@ -97,11 +264,37 @@ class TopicGroupConfig(_Model):
         unknown = [a for a in actions if a not in ACTION_NAMES]
         if unknown:
             raise ValueError(f"unknown action(s) {unknown}; known: {sorted(ACTION_NAMES)}")
-        if not actions or actions[-1] != "PullServer":
-            raise ValueError("the chain must end with PullServer")
+        if not actions or actions[-1] not in SINK_ACTIONS:
+            raise ValueError(f"the chain must end with {', '.join(SINK_ACTIONS[:-1])} or {SINK_ACTIONS[-1]}")
         if len(set(actions)) != len(actions):
             raise ValueError("an action appears twice")
+        sinks = [a for a in actions if a in SINK_ACTIONS]
+        if len(sinks) > 1:
+            raise ValueError(f"only one of {', '.join(SINK_ACTIONS)} may end a chain, got {sinks}")
         return actions
+
+    @model_validator(mode="after")
+    def _action_settings(self) -> TopicGroupConfig:
+        sections = {"Transit": "transit", "Filter": "filter", "AsyncHttp": "async_http", "Redis": "redis_action"}
+        for action, section in sections.items():
+            present = getattr(self, section) is not None
+            if action in self.actions and not present:
+                raise ValueError(f"the {action} action needs its settings under {section!r}")
+            if present and action not in self.actions:
+                raise ValueError(f"{section!r} is set but the {action} action is not in actions")
+        needs_json = []
+        if "Transit" in self.actions:
+            needs_json.append("Transit")
+        if self.filter is not None and self.filter.expression:
+            needs_json.append("Filter")
+        if self.async_http is not None and (self.async_http.body == "form" or self.async_http.query_params):
+            needs_json.append("AsyncHttp")
+        if "Redis" in self.actions:
+            needs_json.append("Redis")
+        for action in needs_json:
+            if "Json" not in self.actions or self.actions.index("Json") > self.actions.index(action):
+                raise ValueError(f"{action} reads the parsed body: it needs the Json action before it")
+        return self
 
     @field_validator("order_key")
     @classmethod
@@ -146,6 +339,9 @@ class LeaseConfig(_Model):
     #: A queue assigned elsewhere after a rebalance: how long clients may still ack what they hold
     #: before its offset is committed and its lease released (unacked ones are redelivered there).
     handoff_drain_ms: Annotated[int, Field(ge=0)] = 5_000
+    #: With every commit, also store the offsets finished past the commit point, so the queue's next
+    #: owner skips them; off = it redelivers everything past the commit point (smaller commits).
+    persist_completions: bool = True
 
     @model_validator(mode="after")
     def _renew_in_time(self) -> LeaseConfig:
@@ -160,7 +356,7 @@ class ProxyConfig(_Model):
     redis: str = "embedded"
     embedded_redis: EmbeddedRedisConfig = EmbeddedRedisConfig()
     thrift: ThriftConfig = ThriftConfig()
-    http: ListenConfig = ListenConfig(port=0)
+    http: HttpConfig = HttpConfig()
     #: How often committed offsets are written to Redis (and always on graceful shutdown).
     commit_interval_ms: Annotated[int, Field(ge=10)] = 1000
     #: On shutdown, how long clients may still ack in-flight messages before offsets are flushed.
@@ -188,7 +384,9 @@ class ProxyConfig(_Model):
     @field_validator("groups")
     @classmethod
     def _group_topics(cls, groups: dict[str, dict[str, TopicGroupConfig]]) -> dict[str, dict[str, TopicGroupConfig]]:
-        for topics in groups.values():
+        for group, topics in groups.items():
+            if not topics:
+                raise ValueError(f"group {group!r} consumes no topic; list one or remove the group")
             for topic in topics:
                 check_name("topic", topic)
         return groups

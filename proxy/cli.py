@@ -1,4 +1,5 @@
-"""``ddmq-proxy --config FILE``: run the consume proxy until SIGTERM/SIGINT, then stop gracefully."""
+"""``ddmq-proxy --config FILE``: run the consume proxy until SIGTERM/SIGINT, then stop gracefully.
+SIGHUP reloads the config file (groups and topics change live; see ``ddmq.proxy.reload``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from ddmq.config import load
 from ddmq.proxy.errors import ConfigError, DdmqError
+from ddmq.proxy.reload import ConfigReloader
 from ddmq.proxy.service import ProxyService
 
 log = logging.getLogger("ddmq.proxy")
@@ -24,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO"
     )
     parser.add_argument("--check", action="store_true", help="validate the config file and exit")
+    parser.add_argument(
+        "--watch-interval-ms", type=int, default=0, metavar="MS",
+        help="also reload the config when the file's content changes, checked every MS ms "
+        "(default 0: off; SIGHUP always reloads)",
+    )
     return parser
 
 
@@ -35,12 +42,16 @@ def configure_logging(level: str) -> None:
     )
 
 
-async def serve(service: ProxyService) -> None:
+async def serve(service: ProxyService, config_path: str, watch_interval_ms: int = 0) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reloader = ConfigReloader(service, config_path, watch_interval_ms)
+    # Installed before start-up: SIGHUP's default action would end the process. Served once running.
+    loop.add_signal_handler(signal.SIGHUP, reloader.request)
     await service.start()
+    reloader.start()
     # Long-lived state (config, clients, compiled scripts) moves out of the collector's sight, and
     # young-generation collections run less often: the hot path allocates a few objects per message,
     # and with the default threshold the cyclic collector ran every ~700 of them.
@@ -51,6 +62,7 @@ async def serve(service: ProxyService) -> None:
         await stop.wait()
         log.info("stopping: no more reads; clients have %d ms to ack", service.config.shutdown_grace_ms)
     finally:
+        await reloader.close()
         await service.close()
         log.info("stopped")
 
@@ -63,11 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ddmq-proxy: {exc}", file=sys.stderr)
         return 2
+    if args.watch_interval_ms < 0:
+        print("ddmq-proxy: --watch-interval-ms must not be negative", file=sys.stderr)
+        return 2
     if args.check:
         print(f"{args.config}: ok ({len(config.groups)} groups, {len(config.topics)} topics)")
         return 0
     try:
-        asyncio.run(serve(ProxyService(config)))
+        asyncio.run(serve(ProxyService(config), args.config, args.watch_interval_ms))
     except DdmqError as exc:
         print(f"ddmq-proxy: {exc}", file=sys.stderr)
         return 1

@@ -7,7 +7,9 @@
     │   ├── UnknownGroupError     1001
     │   ├── UnknownTopicError     1002
     │   ├── BadRequestError       1003
-    │   └── NotSupportedError     1004
+    │   ├── NotSupportedError     1004
+    │   ├── UnauthorizedError     1007  HTTP admin endpoint without the right bearer token
+    │   └── ForbiddenError        1008  HTTP admin endpoint from another host, no token configured
     ├── UnavailableError          1005  shutting down or not ready; retry elsewhere/later
     ├── BrokerError               1006  Redis failed; retriable
     └── ConfigError                     a config file is invalid (never on the wire)
@@ -45,6 +47,14 @@ class NotSupportedError(RequestError):
     code = 1004
 
 
+class UnauthorizedError(RequestError):
+    code = 1007
+
+
+class ForbiddenError(RequestError):
+    code = 1008
+
+
 class UnavailableError(DdmqError):
     code = 1005
     retriable = True
@@ -62,5 +72,5 @@ class ConfigError(DdmqError):
 ERRORS_BY_CODE: dict[int, type[DdmqError]] = {
     cls.code: cls
     for cls in (UnknownGroupError, UnknownTopicError, BadRequestError, NotSupportedError,
-                UnavailableError, BrokerError)
+                UnauthorizedError, ForbiddenError, UnavailableError, BrokerError)
 }

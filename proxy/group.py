@@ -6,8 +6,9 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 
-from ddmq.actions import Action, Status, build_chain
+from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
 from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
 from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker
@@ -63,6 +64,8 @@ class TopicConsumer:
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         self.chain: list[Action] = build_chain(config.actions, self)
+        #: One duration observer per action of the chain (set by ProxyMetrics.instrument), or None.
+        self.action_timers: list[Callable[[float], None]] | None = None
         self.queues = 0
         self.trackers: dict[int, OffsetTracker] = {}
         self.readers: dict[int, QueueReader] = {}
@@ -73,6 +76,8 @@ class TopicConsumer:
         self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
+        #: False once the consumer is retiring (its topic left the config): nothing more is handed out.
+        self.serving = True
         #: Set by the service when ``audit_log`` is configured.
         self.read_audit: ReadAudit | None = None
 
@@ -85,6 +90,7 @@ class TopicConsumer:
         if self._started:
             raise RuntimeError(f"consumer {self.group}/{self.topic} already started")
         self._started = True
+        start_chain(self.chain)
         self._tasks.append(asyncio.create_task(self._open(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
 
@@ -188,7 +194,9 @@ class TopicConsumer:
     def may_serve(self, qid: int) -> bool:
         """True while this proxy's lease on ``qid`` is surely valid (checked before every delivery)."""
         confirmed = self._confirmed_at.get(qid)
-        return confirmed is not None and asyncio.get_running_loop().time() - confirmed < self._lease_s
+        return (
+            self.serving and confirmed is not None and asyncio.get_running_loop().time() - confirmed < self._lease_s
+        )
 
     async def open_queue(self, qid: int, term: int) -> None:
         start = await self._with_retry(lambda: self._start_offset(qid), f"start offset of #{qid}")
@@ -265,6 +273,49 @@ class TopicConsumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await close_chain(self.chain)
+
+    async def retire(self, drain_ms: int) -> None:
+        """Stop for good (the topic left this group's config, or a new consumer replaces this one).
+
+        Stop reading and handing out; give clients up to ``drain_ms`` to ack or fail what they hold;
+        commit; release the leases. Jobs read but not finished stay uncommitted, so whoever reads the
+        queue next delivers them again, each key in order. Membership is the group's business.
+        """
+        self.serving = False
+        await self.stop_reading()
+        await asyncio.gather(*self._handoffs.values(), return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_ms / 1000
+        log.info("%s/%s: retiring: reading stopped; clients have up to %d ms to ack %d jobs in flight",
+                 self.group, self.topic, drain_ms, self.buffer.in_flight_of(self.topic))
+        # Once per reload, so polling is fine; the ack path stays free of retirement bookkeeping.
+        while self.buffer.in_flight_of(self.topic) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        left = sum(tracker.unfinished for tracker in self.trackers.values())
+        for qid in list(self.held):
+            try:
+                await self._commit(qid)
+            except DdmqError as exc:
+                log.warning("%s/%s#%d: final commit failed (%s); the unacked part is redelivered",
+                            self.group, self.topic, qid, exc)
+            await self.drop_queue(qid, release=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await close_chain(self.chain)  # push workers and their connection pools
+        log.info("%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
+                 self.group, self.topic, left)
+
+    def reconfigure(self, config: TopicGroupConfig) -> None:
+        """Apply settings the engine reads as it goes (see ``ddmq.proxy.reload.IN_PLACE_FIELDS``)."""
+        old, self.config = self.config, config
+        if config.max_tps != old.max_tps:
+            self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
+        self._tags = frozenset(config.tags)
+        self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
+        if self.unfinished < config.concurrency:
+            self._room.set()
 
     # reading -----------------------------------------------------------------------------------
 
@@ -299,15 +350,20 @@ class TopicConsumer:
     async def run(self, job: UpstreamJob) -> None:
         """Run ``job`` from its current position in the chain until an action takes it over."""
         chain = self.chain
+        timers = self.action_timers
         while job.index < len(chain):
-            action = chain[job.index]
-            job.index += 1
+            index = job.index
+            action = chain[index]
+            job.index = index + 1
+            started = perf_counter() if timers is not None else 0.0
             try:
                 status = await action.act(job)
             except Exception as exc:
                 log.exception("action %s failed on %r", type(action).__name__, job)
                 job.last_error = f"{type(action).__name__} raised {exc!r}"
                 status = Status.FAIL
+            if timers is not None:
+                timers[index](perf_counter() - started)
             if status is _CONTINUE:
                 continue
             if status is _ASYNC:
@@ -357,7 +413,8 @@ class TopicConsumer:
         if tracker is None or lease is None or tracker.version == tracker.committed_version:
             return
         point, version = tracker.commit_point, tracker.version
-        if await self.leases.commit(lease, point, tracker.finished_beyond()):
+        finished = tracker.finished_beyond() if self.lease_config.persist_completions else ""
+        if await self.leases.commit(lease, point, finished):
             tracker.committed, tracker.committed_version = point, version
         elif self.held.get(qid) == lease:
             log.warning("%s/%s#%d: commit fenced off (lease term %d taken over); dropping the queue",
@@ -383,15 +440,69 @@ class ConsumerGroup:
     ) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
-        self.consumers = {
-            topic: TopicConsumer(name, topic, config, broker, self.buffer, leases, lease_config, membership)
-            for topic, config in topics.items()
-        }
+        self._broker = broker
+        self._leases = leases
+        self._lease_config = lease_config
+        self._membership = membership
+        #: Given to consumers added later by a config reload (the service sets it with ``audit_log``).
+        self.read_audit: ReadAudit | None = None
+        self.consumers = {topic: self.make_consumer(topic, config) for topic, config in topics.items()}
+        #: Consumers of topics removed by a config reload, until their drain is over (acks still count).
+        self.retiring: dict[str, TopicConsumer] = {}
+        #: Set when the group left the config: pulls get "unknown group", acks still count.
+        self.removed = False
+
+    def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
+        """A consumer of ``topic`` for this group, not started."""
+        consumer = TopicConsumer(self.name, topic, config, self._broker, self.buffer, self._leases,
+                                 self._lease_config, self._membership)
+        consumer.read_audit = self.read_audit
+        return consumer
 
     def start(self) -> None:
         self.buffer.start()
         for consumer in self.consumers.values():
             consumer.start()
+
+    # live configuration (see ddmq.proxy.reload) --------------------------------------------------
+
+    def add_topic(self, consumer: TopicConsumer) -> None:
+        if consumer.topic in self.consumers:
+            raise RuntimeError(f"group {self.name} already consumes {consumer.topic}")
+        self.consumers[consumer.topic] = consumer
+        consumer.start()
+
+    async def remove_topic(self, topic: str) -> None:
+        """Stop consuming ``topic``: pulls for it fail at once (unknown topic), acks count while it drains."""
+        consumer = self.retiring[topic] = self.consumers.pop(topic)
+        try:
+            await consumer.retire(self._lease_config.handoff_drain_ms)
+        finally:
+            del self.retiring[topic]
+
+    async def replace_topic(self, consumer: TopicConsumer) -> None:
+        """Swap in a consumer with new settings: the old one drains and commits first, so the new one
+        resumes from its commit point. Pulls for the topic stay valid meanwhile (they wait)."""
+        old = self.consumers[consumer.topic]
+        try:
+            await old.retire(self._lease_config.handoff_drain_ms)
+        finally:
+            self.consumers[consumer.topic] = consumer
+            consumer.start()
+
+    async def retire(self) -> None:
+        """The group left the config: answer parked pulls, drain every topic, leave the member set."""
+        self.removed = True
+        self.buffer.stop_serving()
+        drains = (c.retire(self._lease_config.handoff_drain_ms) for c in self.consumers.values())
+        for outcome in await asyncio.gather(*drains, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.error("%s: stopping a consumer failed", self.name, exc_info=outcome)
+        try:
+            await self._membership.leave(self.name)
+        except DdmqError as exc:
+            log.warning("%s: leaving the member set failed: %s", self.name, exc)
+        await self.close()
 
     async def stop_reading(self) -> None:
         await asyncio.gather(*(c.stop_reading() for c in self.consumers.values()))

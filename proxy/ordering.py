@@ -86,6 +86,10 @@ class UpstreamJobBlockingQueue:
         """Keys with at least one unfinished job."""
         return len(self._heads)
 
+    def heads(self) -> list[tuple[Hashable, UpstreamJob]]:
+        """Every key with an unfinished job, and its head (a copy: for admin views and metrics)."""
+        return list(self._heads.items())
+
     def chain_length(self, key: Hashable) -> int:
         """Unfinished jobs of ``key`` (walks the chain: for admin views, not the hot path)."""
         count = 0

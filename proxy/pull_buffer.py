@@ -12,7 +12,9 @@ One buffer per consumer group holds:
 
 A failed attempt (client fail, or timeout) is retried after ``retry_intervals_ms``; after
 ``max_retry`` retries the job is written to the group's dead-letter stream and then finished. A job
-stays the head of its order key through all of this, so its key's order holds.
+stays the head of its order key through all of this, so its key's order holds. Push actions
+(``AsyncHttp``, ``Redis``) report their failed attempts through :meth:`PullBuffer.retry_later`, so they
+share this schedule and dead-letter path; their retries go back to them (:meth:`route_retries`).
 
 An ack finishes the job whatever state it is in (a late ack after a timeout still counts: the
 message was processed). Acks and fails for offsets the buffer does not hold are counted and ignored.
@@ -25,9 +27,9 @@ import heapq
 import itertools
 import logging
 import math
-from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, fields
 
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
@@ -46,6 +48,8 @@ _FINISHED = JobState.FINISHED
 
 @dataclass
 class BufferStats:
+    """Counts of what happened to a queue's messages (monotonic: exported as Prometheus counters)."""
+
     delivered: int = 0
     acked: int = 0
     failed: int = 0
@@ -67,7 +71,8 @@ class _Waiter:
 class PullBuffer:
     def __init__(self, group: str) -> None:
         self.group = group
-        self.stats = BufferStats()
+        #: Per queue; :attr:`stats` sums them. A queue's entry lives as long as the buffer.
+        self.queue_stats: defaultdict[QueueId, BufferStats] = defaultdict(BufferStats)
         self._ready: dict[QueueId, deque[UpstreamJob]] = {}
         self._ready_order: deque[QueueId] = deque()  # queues with ready jobs, round-robin
         self._ready_count = 0
@@ -80,6 +85,7 @@ class PullBuffer:
         self._seq = itertools.count()
         self._timer: asyncio.Task[None] | None = None
         self._dead_letter_tasks: set[asyncio.Task[None]] = set()
+        self._requeue: dict[str, Callable[[UpstreamJob], None]] = {}  # topic -> its push action
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -210,7 +216,7 @@ class PullBuffer:
             job.attempts += 1
             job.deadline = tick
             slot.add(job)
-        self.stats.delivered += len(batch)
+        self.queue_stats[batch[0].queue].delivered += len(batch)
 
     def _untime(self, job: UpstreamJob) -> None:
         """``job`` leaves the in-flight state: take it off the wheel."""
@@ -226,7 +232,7 @@ class PullBuffer:
 
     def ack(self, queue: QueueId, offsets: Iterable[int]) -> None:
         jobs = self._jobs.get(queue)
-        stats = self.stats
+        stats = self.queue_stats[queue]
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
             if job is None or job.state is _FINISHED:
@@ -242,15 +248,25 @@ class PullBuffer:
 
     def fail(self, queue: QueueId, offsets: Iterable[int], reason: str = "client reported failure") -> None:
         jobs = self._jobs.get(queue)
+        stats = self.queue_stats[queue]
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
             if job is None or job.state is not JobState.IN_FLIGHT:
-                self.stats.unknown_fails += 1
+                stats.unknown_fails += 1
                 log.debug("ignoring fail for offset %s@%s not in flight (group %s)", queue, offset, self.group)
                 continue
-            self.stats.failed += 1
+            stats.failed += 1
             self._untime(job)
             self._failed_attempt(job, reason)
+
+    def route_retries(self, topic: str, requeue: Callable[[UpstreamJob], None]) -> None:
+        """Jobs of ``topic`` are pushed, not pulled: when a retry is due, hand the job to ``requeue``."""
+        self._requeue[topic] = requeue
+
+    def retry_later(self, job: UpstreamJob, reason: str) -> None:
+        """A push attempt of ``job`` failed: retry on schedule, or dead-letter after the last retry."""
+        self.queue_stats[job.queue].failed += 1
+        self._failed_attempt(job, reason)
 
     def _failed_attempt(self, job: UpstreamJob, reason: str) -> None:
         job.last_error = reason
@@ -287,7 +303,7 @@ class PullBuffer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         if not _finished(job):  # an ack may have come in during the write
-            self.stats.dead_lettered += 1
+            self.queue_stats[job.queue].dead_lettered += 1
             log.info("dead-lettered %r after %d attempts: %s", job, job.attempts, job.last_error)
             self._finish(job)
 
@@ -334,17 +350,35 @@ class PullBuffer:
                 continue
             for job in slot:
                 if job.state is JobState.IN_FLIGHT:
-                    self.stats.timed_out += 1
+                    self.queue_stats[job.queue].timed_out += 1
                     self._failed_attempt(job, f"not acked within {job.consumer.config.timeout_ms} ms")
         self._wheel_cursor = current + 1
         retries = self._retries
         while retries and retries[0][0] <= now:
             _, _, job = heapq.heappop(retries)
             if job.state is JobState.RETRY_WAIT:
-                self.stats.retried += 1
-                self._make_ready(job)
+                self.queue_stats[job.queue].retried += 1
+                requeue = self._requeue.get(job.queue.topic)
+                if requeue is None:
+                    self._make_ready(job)
+                else:
+                    requeue(job)
 
     # views -------------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> BufferStats:
+        """The group's totals over all queues (a snapshot, summed when read)."""
+        total = BufferStats()
+        for stats in self.queue_stats.values():
+            for f in fields(BufferStats):
+                setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+        return total
+
+    def jobs(self) -> Iterator[UpstreamJob]:
+        """Every unfinished job the buffer holds (ready, in flight, waiting for a retry)."""
+        for jobs in self._jobs.values():
+            yield from jobs.values()
 
     @property
     def ready(self) -> int:
@@ -353,6 +387,13 @@ class PullBuffer:
     @property
     def in_flight(self) -> int:
         return sum(1 for jobs in self._jobs.values() for j in jobs.values() if j.state is JobState.IN_FLIGHT)
+
+    def in_flight_of(self, topic: str) -> int:
+        """Jobs of ``topic`` handed to clients and not acked or failed yet."""
+        return sum(
+            1 for queue, jobs in self._jobs.items() if queue.topic == topic
+            for job in jobs.values() if job.state is JobState.IN_FLIGHT
+        )
 
     @property
     def held(self) -> int:

@@ -75,13 +75,13 @@ class QueueReader:
         consumer = self.consumer
         broker = consumer.broker
         tracker = consumer.trackers[self.qid]
-        batch_size = consumer.config.read_batch_size
-        limiter = consumer.limiter
         queue = self.queue
         backoff = 0.1
         while not self._stopping:
             room = await consumer.wait_for_room()
-            wanted = min(batch_size, room)
+            # Looked up per batch, not once: a config reload may change them in place.
+            wanted = min(consumer.config.read_batch_size, room)
+            limiter = consumer.limiter
             if limiter is not None:
                 wanted = await limiter.take(wanted)
             try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from time import perf_counter
 from types import TracebackType
 
 import redis.asyncio as aioredis
@@ -34,8 +35,11 @@ from ddmq.proxy.errors import (
 )
 from ddmq.proxy.fetch import LowLevelApi
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
+from ddmq.proxy.http_server import HttpServer
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
+from ddmq.proxy.metrics import ProxyMetrics
+from ddmq.proxy.reload import ConfigChange, apply_config
 from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, QueueId, QueueResult
 
@@ -54,14 +58,19 @@ class ProxyService:
         self.redis: aioredis.Redis | None = None
         self.broker: Broker | None = None
         self.leases: LeaseStore | None = None
+        self.membership: Membership | None = None
         self.thrift_port: int | None = None
+        self.http_port: int | None = None
+        self.metrics = ProxyMetrics(self)
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
+        self._http: HttpServer | None = None
         self._low_level: LowLevelApi | None = None
         self._audit: ReadAudit | None = None
         self._committer: asyncio.Task[None] | None = None
         self._state = "new"
         self._closed = asyncio.Event()
+        self._reloading = asyncio.Lock()
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -101,11 +110,14 @@ class ProxyService:
                 raise ConfigError(f"topics.{topic}.queues: {exc}") from exc
             except ProduceError as exc:
                 raise BrokerError(str(exc)) from exc
-        membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
-        self.groups = build_groups(config, self.broker, self.leases, membership)
+        self.membership = Membership(self.redis, config.instance_id, config.leases.ttl_ms)
+        self.groups = build_groups(config, self.broker, self.leases, self.membership)
+        if config.http.enabled:  # action timings are only read through /metrics
+            self.metrics.instrument(self.groups.values())
         if config.audit_log:
             self._audit = ReadAudit(config.audit_log, config.instance_id)
             for group in self.groups.values():
+                group.read_audit = self._audit
                 for consumer in group.consumers.values():
                     consumer.read_audit = self._audit
         for group in self.groups.values():
@@ -115,9 +127,15 @@ class ProxyService:
         self._thrift = ThriftServer(self, thrift.host, thrift.port, thrift.max_frame_bytes, thrift.max_linger_ms)
         await self._thrift.start()
         self.thrift_port = self._thrift.port
+        if config.http.enabled:
+            self._http = HttpServer(self, config.http)
+            await self._http.start()
+            self.http_port = self._http.port
         log.info(
-            "ddmq-proxy %s ready: thrift %s:%d, redis %s, groups %s",
-            config.instance_id, thrift.host, self.thrift_port, self.redis_url, sorted(self.groups),
+            "ddmq-proxy %s ready: thrift %s:%d, http %s, redis %s, groups %s",
+            config.instance_id, thrift.host, self.thrift_port,
+            f"{config.http.host}:{self.http_port}" if self.http_port is not None else "off",
+            self.redis_url, sorted(self.groups),
         )
 
     async def close(self) -> None:
@@ -128,6 +146,8 @@ class ProxyService:
             return
         was_running = self._state == "running"
         self._state = "closing"
+        async with self._reloading:  # a reload under way finishes first (its drain is bounded)
+            pass
         try:
             if was_running:
                 await asyncio.gather(*(g.stop_reading() for g in self.groups.values()))
@@ -151,6 +171,8 @@ class ProxyService:
             await asyncio.sleep(0.05)
 
     async def _release(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         if self._thrift is not None:
             await self._thrift.close()
         await asyncio.gather(*(g.close() for g in self.groups.values()), return_exceptions=True)
@@ -163,6 +185,26 @@ class ProxyService:
             await self.redis.aclose()
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
+
+    @property
+    def running(self) -> bool:
+        """True from the end of start() until close() begins (what ``/readyz`` reports)."""
+        return self._state == "running"
+
+    @property
+    def read_audit(self) -> ReadAudit | None:
+        """The read audit (``audit_log``): every consumer records into it, also those a reload adds."""
+        return self._audit
+
+    async def reload(self, config: ProxyConfig) -> ConfigChange:
+        """Apply a new, already validated config: groups and topics change live (see
+        :mod:`ddmq.proxy.reload`). Raises ConfigError, and changes nothing, when it cannot apply."""
+        if self._state != "running":
+            raise UnavailableError(f"cannot reload the config of a proxy that is {self._state}")
+        async with self._reloading:
+            if self._state != "running":
+                raise UnavailableError(f"cannot reload the config of a proxy that is {self._state}")
+            return await apply_config(self, config)
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -185,7 +227,7 @@ class ProxyService:
             await self._flush_all()
 
     async def _flush_all(self) -> None:
-        for group in self.groups.values():
+        for group in list(self.groups.values()):  # a reload may add or remove groups meanwhile
             try:
                 await group.flush_offsets()
             except DdmqError as exc:
@@ -195,8 +237,9 @@ class ProxyService:
 
     def _group(self, name: str) -> ConsumerGroup:
         group = self.groups.get(name)
-        if group is None:
-            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self.groups)}")
+        if group is None or group.removed:
+            serves = sorted(n for n, g in self.groups.items() if not g.removed)
+            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {serves}")
         return group
 
     async def pull(
@@ -207,8 +250,8 @@ class ProxyService:
         linger_ms: int | None,
         results: list[QueueResult],
     ) -> PullBatch:
+        self._apply(results)  # first: acks count even when the group was just removed
         consumer_group = self._group(group)
-        self._apply(results)
         topic = topic or None
         if topic is not None:
             consumer = consumer_group.consumers.get(topic)
@@ -221,12 +264,15 @@ class ProxyService:
             raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
         batch = min(max_batch, cap) if max_batch else cap
         buffer = consumer_group.buffer
+        started = perf_counter()
         if results and not buffer.ready:
             # The acks may have released their keys' successors; the dispatcher hands them to the
             # buffer on its next step. Let it run once, so this pull can take them at once instead of
             # parking until then (with QID order this is every pull).
             await asyncio.sleep(0)
-        return await buffer.pull(topic, batch, self._linger(linger_ms))
+        answer = await buffer.pull(topic, batch, self._linger(linger_ms))
+        self.metrics.observe_pull(group, answer, perf_counter() - started)
+        return answer
 
     async def submit(self, results: list[QueueResult]) -> None:
         self._apply(results)
@@ -257,7 +303,9 @@ class ProxyService:
     def _apply(self, results: list[QueueResult]) -> None:
         for result in results:
             group = self.groups.get(result.group)
-            consumer = group.consumers.get(result.topic) if group is not None else None
+            consumer = None
+            if group is not None:  # a topic being removed still takes acks while it drains
+                consumer = group.consumers.get(result.topic) or group.retiring.get(result.topic)
             try:
                 qid = int(result.qid)
             except ValueError:

@@ -206,3 +206,32 @@ async def test_a_paused_owner_is_fenced_off_when_it_wakes_up(
         assert "dropping the queue" in proxy_a.log()
     finally:
         proxy_a.stop()
+
+
+async def test_without_persisted_completions_the_next_owner_redelivers_past_the_commit_point(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    """``persist_completions: false``: commits carry no finished ranges, so a successor redelivers every
+    message past the commit point; still nothing is lost and every key stays in order."""
+    rng = random.Random(8)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    leases = {**LEASES, "persist_completions": False}
+    async with running_proxy(redis_url, GROUP_CONFIG, queues=QUEUES, instance_id="proxy-a", leases=leases) as a:
+        await asyncio.to_thread(produce, redis_url, 400, produced, rng)
+        first = await a.pull("g", "t", 8, 2000, [])  # never acked: holds its queue's commit point back
+        for m in first.messages:
+            event = json.loads(m.value)
+            checker.delivered(event["k"], event["seq"], 1)
+        results: list[QueueResult] = []
+        for _ in range(6):
+            _, results = await pull_in_process(a, checker, 1, results)
+        await a.submit(results)
+        await a.groups["g"].flush_offsets()
+        finished = [await redis_client.get(keys.finished("g", "t", q)) for q in range(QUEUES)]
+        assert not any(finished), "no finished ranges may be stored"
+    # The next owner (another instance) redelivers everything past the commit points.
+    async with running_proxy(redis_url, GROUP_CONFIG, queues=QUEUES, instance_id="proxy-b", leases=leases) as b:
+        await drain_in_process(b, checker, 2, produced, 30)
+    assert checker.violations == [], checker.violations[:5]
+    assert checker.duplicates > 0

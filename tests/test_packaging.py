@@ -90,6 +90,7 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
     assert "ddmq/__init__.py" not in files  # ddmq stays a namespace others can share
     assert not any(n.split("/")[0] in GENERIC_NAMES for n in names)
     assert "ddmq/proxy/__init__.py" in files
+    assert "ddmq/proxy/http_server/openapi.yaml" in files  # served at /openapi.json
     assert "ddmq/client/keys.py" in files and "ddmq/client/py.typed" in files
     for thrift in sorted((REPO / "client" / "idl").glob("*.thrift")):
         assert f"ddmq/client/idl/{thrift.name}" in files

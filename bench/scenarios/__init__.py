@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from bench.report import Row
 from bench.scenarios.base import Settings
+from bench.scenarios.failover import failover
 from bench.scenarios.latency import latency
 from bench.scenarios.memory import memory
 from bench.scenarios.throughput import isolation, throughput
@@ -26,11 +27,6 @@ class Scenario:
     run: Callable[[Settings], list[Row]]
 
 
-def failover(settings: Settings) -> list[Row]:
-    reason = "n/a (needs the cluster release)"
-    return [Row("P6", "failover", reason, "-", None, None, {}, {"skipped": True, "reason": reason}, verdict="n/a")]
-
-
 SCENARIOS: dict[str, Scenario] = {
     s.id: s
     for s in (
@@ -39,6 +35,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("P3", "key-parallel work, 100 in flight", key_parallel_work),
         Scenario("P4", "latency produce -> client, vs XREAD BLOCK", latency),
         Scenario("P5", "proxy RSS under a large backlog", memory),
-        Scenario("P6", "failover", failover),
+        Scenario("P6", "failover: kill -9 and graceful moves, redelivery with/without persisted completions",
+                 failover),
     )
 }

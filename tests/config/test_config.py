@@ -19,7 +19,7 @@ ISSUE_SHAPE = """
 instance_id: proxy-1
 redis: redis://127.0.0.1:6379/0        # or: embedded
 thrift: {host: 127.0.0.1, port: 9713}
-http: {host: 127.0.0.1, port: 0}       # 0 = off until the HTTP issue
+http: {enabled: true, host: 127.0.0.1, port: 9714}
 topics:
   rides: {queues: 8}
 groups:
@@ -106,3 +106,60 @@ def test_check_flag_validates_without_starting() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "ok" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("topic", "expected"),
+    [
+        ("{actions: [Json, Transit, PullServer]}", "the Transit action needs its settings under 'transit'"),
+        ("{transit: {a: $.a}}", "'transit' is set but the Transit action is not in actions"),
+        ("{actions: [Transit, Json, PullServer], transit: {a: $.a}}", "Transit reads the parsed body"),
+        ("{actions: [Json, Transit, PullServer], transit: {a: nope}}", "groups.g.t.transit"),
+        ("{actions: [Json, Transit, PullServer], transit: {a: $.a, a.b: $.b}}", "is inside field 'a'"),
+        ("{actions: [Filter, PullServer], filter: {}}", "give at least one of"),
+        ("{actions: [Filter, PullServer], filter: {expression: '$.a > 1'}}", "Filter reads the parsed body"),
+        ("{actions: [Json, Order, AsyncHttp, PullServer], async_http: {urls: ['http://h/']}}", "only one of"),
+        ("{actions: [Json, Order, AsyncHttp]}", "needs its settings under 'async_http'"),
+        ("{actions: [AsyncHttp], async_http: {urls: []}}", "groups.g.t.async_http.urls"),
+        ("{actions: [AsyncHttp], async_http: {urls: ['ftp://h/']}}", "not an http:// or https:// URL"),
+        ("{actions: [AsyncHttp], async_http: {urls: ['http://h/'], method: FETCH}}", "async_http.method"),
+        ("{actions: [AsyncHttp], async_http: {urls: ['http://h/'], body: form}}", "AsyncHttp reads the parsed"),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'localhost', commands: [{command: del, key: k}]}}",
+            "redis_action.url",
+        ),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: set, key: k}]}}",
+            "set needs value",
+        ),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: hset, key: k}]}}",
+            "hset needs fields",
+        ),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: del, key: 'a:{$[[}'}]}}",
+            "redis_action.commands.0.key",
+        ),
+        (
+            "{actions: [Json, Redis], redis_action: {url: 'redis://h', commands: [{command: del, key: k, when: 'x'}]}}",
+            "redis_action.commands.0.when",
+        ),
+    ],
+)
+def test_action_settings_are_checked_at_load(tmp_path: Path, topic: str, expected: str) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(f"groups: {{g: {{t: {topic}}}}}")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert expected in str(info.value)
+
+
+def test_every_example_passes_check() -> None:
+    for path in EXAMPLES:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddmq.proxy", "--config", str(path), "--check"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, f"{path.name}: {proc.stderr}"

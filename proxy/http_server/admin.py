@@ -1,0 +1,246 @@
+"""Operator endpoints: ``/metrics``, ``/healthz``, ``/readyz`` and the ``/admin/...`` JSON views.
+
+The handlers decode the query, call one function of :mod:`ddmq.proxy.views`,
+:mod:`ddmq.proxy.dead_letters` or :mod:`ddmq.client.status`, and encode the answer. Access to
+``/admin/...`` is checked by :func:`admin_guard` (bearer token, or loopback peers only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Final
+
+import redis
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ddmq.client.status import GroupStatus, group_status
+from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
+from ddmq.proxy.errors import (
+    BadRequestError,
+    BrokerError,
+    ForbiddenError,
+    UnauthorizedError,
+    UnknownGroupError,
+    UnknownTopicError,
+)
+from ddmq.proxy.group import ConsumerGroup
+from ddmq.proxy.http_server.errors import Handler
+from ddmq.proxy.http_server.pull_api import JsonBody, message_json, parse
+from ddmq.proxy.types import StoredMessage
+from ddmq.proxy.views import blocked_keys, group_view, in_flight
+
+if TYPE_CHECKING:
+    from ddmq.proxy.service import ProxyService
+
+log = logging.getLogger(__name__)
+
+ADMIN_PREFIX: Final = "/admin/"
+#: How long /readyz waits for Redis to answer a PING.
+READY_PING_S: Final = 1.0
+
+
+def admin_guard(token: str | None) -> Middleware:
+    """Middleware: ``/admin/...`` needs ``Authorization: Bearer <token>`` when a token is set, and
+    otherwise a loopback peer. Other routes pass."""
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # Decided by the route that matched, not by the raw path, so no spelling of a URL slips by.
+        resource = request.match_info.route.resource
+        if resource is not None and resource.canonical.startswith(ADMIN_PREFIX):
+            if expected is not None:
+                given = request.headers.get("Authorization", "").encode()
+                if not hmac.compare_digest(given, expected):
+                    raise UnauthorizedError("admin endpoints need 'Authorization: Bearer <http.admin_token>'")
+            elif not _is_loopback(request.remote):
+                raise ForbiddenError(
+                    "admin endpoints answer loopback clients only; set http.admin_token to reach them from elsewhere"
+                )
+        return await handler(request)
+
+    return guard
+
+
+def _is_loopback(remote: str | None) -> bool:
+    if remote is None:
+        return False
+    try:
+        address = ipaddress.ip_address(remote)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack socket
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _limit(request: web.Request, default: int, most: int = MAX_PAGE) -> int:
+    raw = request.query.get("limit")
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= most:
+        raise BadRequestError(f"limit must be an integer 1..{most}, got {raw!r}")
+    return value
+
+
+class SelectionIn(JsonBody):
+    """``{"ids": [...]}`` or ``{"all": true}``."""
+
+    ids: list[str] | None = None
+    all: bool = False
+
+
+def _selection(raw: bytes) -> list[str] | None:
+    body = parse(SelectionIn, raw)
+    if body.all == (body.ids is not None):
+        raise BadRequestError('give either "ids": [...] or "all": true')
+    if body.ids is not None:
+        if len(body.ids) > MAX_PAGE:
+            raise BadRequestError(f"at most {MAX_PAGE} ids per call")
+        return [check_id(entry_id) for entry_id in body.ids]
+    return None
+
+
+def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
+    message = message_json(
+        StoredMessage(letter.offset, letter.value, letter.key, letter.tag, letter.properties, letter.produce_ms)
+    )
+    return {
+        "id": letter.id,
+        "qid": letter.qid,
+        **message,
+        "attempts": letter.attempts,
+        "error": letter.error,
+        "dead_ms": letter.dead_ms,
+    }
+
+
+class OperatorApi:
+    def __init__(self, service: ProxyService) -> None:
+        self._service = service
+
+    def add_routes(self, app: web.Application) -> None:
+        router = app.router
+        router.add_get("/metrics", self.metrics)
+        router.add_get("/healthz", self.healthz)
+        router.add_get("/readyz", self.readyz)
+        router.add_get("/admin/groups", self.groups)
+        router.add_get("/admin/groups/{group}", self.group)
+        router.add_get("/admin/groups/{group}/in-flight", self.in_flight)
+        router.add_get("/admin/groups/{group}/blocked-keys", self.blocked_keys)
+        letters = "/admin/groups/{group}/topics/{topic}/dead-letters"
+        router.add_get(letters, self.dead_letters)
+        router.add_post(letters + "/replay", self.replay)
+        router.add_post(letters + "/purge", self.purge)
+
+    # health ----------------------------------------------------------------------------------
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        metrics = self._service.metrics
+        await metrics.refresh()
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "instance_id": self._service.config.instance_id})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        service = self._service
+        running = service.running
+        redis_ok = False
+        if running and service.redis is not None:
+            try:
+                redis_ok = bool(await asyncio.wait_for(service.redis.ping(), READY_PING_S))
+            except (redis.RedisError, OSError, TimeoutError) as exc:
+                log.info("readyz: redis does not answer: %s", exc)
+        ready = running and redis_ok
+        return web.json_response(
+            {"status": "ready" if ready else "not ready", "checks": {"running": running, "redis": redis_ok}},
+            status=200 if ready else 503,
+        )
+
+    # views -----------------------------------------------------------------------------------
+
+    def _group(self, request: web.Request) -> ConsumerGroup:
+        name = request.match_info["group"]
+        group = self._service.groups.get(name)
+        if group is None:
+            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self._service.groups)}")
+        return group
+
+    def _topic(self, group: ConsumerGroup, topic: str | None) -> str | None:
+        if topic is not None and topic not in group.consumers:
+            raise UnknownTopicError(f"group {group.name!r} does not consume topic {topic!r}")
+        return topic
+
+    async def groups(self, request: web.Request) -> web.Response:
+        views = [asdict(group_view(group)) for _, group in sorted(self._service.groups.items())]
+        return web.json_response({"groups": views})
+
+    async def group(self, request: web.Request) -> web.Response:
+        group = self._group(request)
+        view = asdict(group_view(group))
+        status = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
+        return web.json_response({**view, "members": status.members, "queues": [asdict(q) for q in status.queues]})
+
+    def _owners(self, group: str, topics: list[str]) -> GroupStatus:
+        """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection)."""
+        try:
+            with redis.Redis.from_url(self._service.redis_url, socket_timeout=5) as client:
+                return group_status(client, group, topics)
+        except (redis.RedisError, OSError) as exc:
+            raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
+
+    async def in_flight(self, request: web.Request) -> web.Response:
+        group = self._group(request)
+        topic = self._topic(group, request.query.get("topic"))
+        total, jobs = in_flight(group, topic, _limit(request, 100))
+        return web.json_response({"group": group.name, "total": total, "jobs": [asdict(job) for job in jobs]})
+
+    async def blocked_keys(self, request: web.Request) -> web.Response:
+        group = self._group(request)
+        topic = self._topic(group, request.query.get("topic"))
+        keys = blocked_keys(group, topic, _limit(request, 20))
+        return web.json_response({"group": group.name, "keys": [asdict(key) for key in keys]})
+
+    # dead letters ----------------------------------------------------------------------------
+
+    def _letters(self, request: web.Request) -> DeadLetters:
+        group = self._group(request)
+        topic = self._topic(group, request.match_info["topic"])
+        assert topic is not None and self._service.redis is not None
+        return DeadLetters(self._service.redis, group.name, topic)
+
+    async def dead_letters(self, request: web.Request) -> web.Response:
+        letters = self._letters(request)
+        after = request.query.get("after")
+        page = await letters.read(after, _limit(request, 100))
+        return web.json_response(
+            {
+                "group": letters.group,
+                "topic": letters.topic,
+                "total": await letters.count(),
+                "entries": [dead_letter_json(letter) for letter in page],
+                "next_after": page[-1].id if page else None,
+            }
+        )
+
+    async def replay(self, request: web.Request) -> web.Response:
+        letters = self._letters(request)
+        result = await letters.replay(_selection(await request.read()))
+        log.info("replayed %d dead letters of %s/%s", result.replayed, letters.group, letters.topic)
+        return web.json_response({"replayed": result.replayed, "missing": result.missing})
+
+    async def purge(self, request: web.Request) -> web.Response:
+        letters = self._letters(request)
+        purged = await letters.purge(_selection(await request.read()))
+        log.info("purged %d dead letters of %s/%s", purged, letters.group, letters.topic)
+        return web.json_response({"purged": purged})

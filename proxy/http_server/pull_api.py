@@ -1,0 +1,125 @@
+"""``POST /v1/pull`` and ``POST /v1/ack``: DDMQ's pull API as JSON, for clients without Thrift.
+
+Same semantics as the Thrift ``pull`` and ``submit``: a pull applies the piggy-backed ``results``
+first, then answers messages of one (topic, qid), waiting up to ``linger_ms`` when none are ready;
+acks for offsets the proxy does not hold are ignored (counted). Bodies are validated by the models
+below (unknown fields, wrong types and offsets < 1 are a 400 naming the field).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddmq.proxy.errors import BadRequestError, UnknownGroupError
+from ddmq.proxy.http_server.errors import validation_message
+from ddmq.proxy.types import PullBatch, QueueResult, StoredMessage
+
+if TYPE_CHECKING:
+    from ddmq.proxy.service import ProxyService
+
+#: Offsets are dense per queue, from 1; the wire type is i64.
+Offset = Annotated[int, Field(ge=1, le=2**63 - 1)]
+#: Most offsets a single request may report (acks and fails of all its results together).
+MAX_OFFSETS: Final = 100_000
+
+
+class JsonBody(BaseModel):
+    """A request body: unknown fields and type coercions are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ResultIn(JsonBody):
+    """Acks and fails for one (topic, qid): one node of DDMQ's ConsumeResult list."""
+
+    group: str | None = None
+    topic: Annotated[str, Field(min_length=1, max_length=200)]
+    qid: Annotated[int, Field(ge=0, le=65535)] | Annotated[str, Field(max_length=20)]
+    success: Annotated[list[Offset], Field(max_length=MAX_OFFSETS)] = []
+    fail: Annotated[list[Offset], Field(max_length=MAX_OFFSETS)] = []
+
+
+class PullIn(JsonBody):
+    group: Annotated[str, Field(min_length=1, max_length=200)]
+    topic: Annotated[str, Field(max_length=200)] | None = None
+    max_batch: Annotated[int, Field(ge=0, le=10_000)] | None = None
+    linger_ms: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    results: Annotated[list[ResultIn], Field(max_length=10_000)] = []
+
+
+class AckIn(JsonBody):
+    group: Annotated[str, Field(min_length=1, max_length=200)]
+    results: Annotated[list[ResultIn], Field(max_length=10_000)]
+
+
+_M = TypeVar("_M", bound="JsonBody")
+
+
+def parse(model: type[_M], raw: bytes) -> _M:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise BadRequestError(f"invalid request body: {validation_message(exc)}") from exc
+
+
+def queue_results(group: str, results: list[ResultIn]) -> list[QueueResult]:
+    if sum(len(r.success) + len(r.fail) for r in results) > MAX_OFFSETS:
+        raise BadRequestError(f"a request may report at most {MAX_OFFSETS} offsets")
+    return [QueueResult(r.group or group, r.topic, str(r.qid), list(r.success), list(r.fail)) for r in results]
+
+
+def message_json(message: StoredMessage) -> dict[str, Any]:
+    try:
+        text: str | None = message.value.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return {
+        "offset": message.offset,
+        "key": message.key,
+        "tag": message.tag,
+        "properties": message.properties,
+        "produce_ms": message.produce_ms,
+        "value_base64": base64.b64encode(message.value).decode("ascii"),
+        "value_text": text,
+    }
+
+
+def pull_json(group: str, topic: str | None, batch: PullBatch) -> dict[str, Any]:
+    queue = batch.queue
+    return {
+        "group": group,
+        "topic": queue.topic if queue is not None else topic,
+        "qid": queue.qid if queue is not None else None,
+        "messages": [message_json(m) for m in batch.messages],
+    }
+
+
+class PullApi:
+    """The two routes, bound to one service."""
+
+    def __init__(self, service: ProxyService, max_linger_ms: int) -> None:
+        self._service = service
+        self._max_linger_ms = max_linger_ms
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/pull", self.pull)
+        app.router.add_post("/v1/ack", self.ack)
+
+    async def pull(self, request: web.Request) -> web.Response:
+        body = parse(PullIn, await request.read())
+        linger_ms = min(body.linger_ms, self._max_linger_ms) if body.linger_ms is not None else None
+        batch = await self._service.pull(
+            body.group, body.topic, body.max_batch, linger_ms, queue_results(body.group, body.results)
+        )
+        return web.json_response(pull_json(body.group, body.topic or None, batch))
+
+    async def ack(self, request: web.Request) -> web.Response:
+        body = parse(AckIn, await request.read())
+        if body.group not in self._service.groups:
+            raise UnknownGroupError(f"unknown group {body.group!r}; this proxy serves {sorted(self._service.groups)}")
+        await self._service.submit(queue_results(body.group, body.results))
+        return web.json_response({"ok": True})

@@ -1,0 +1,104 @@
+"""The OpenAPI document is valid, documents exactly the routes the app serves, and real answers of
+every operation validate against it."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+from openapi_spec_validator import validate
+
+from ddmq.client.producer import AsyncProducer
+from ddmq.config import parse
+from ddmq.proxy.http_server import build_app, load_openapi
+from ddmq.proxy.service import ProxyService
+
+from ..http_support import ApiClient, OpenApiChecker
+from .conftest import running_proxy
+
+
+def test_the_document_is_valid_openapi() -> None:
+    validate(load_openapi())
+
+
+def test_every_route_is_documented_and_every_documented_operation_is_served() -> None:
+    config = parse({"redis": "redis://127.0.0.1:1", "http": {"enabled": True}})
+    app = build_app(ProxyService(config), config.http)
+    served = {
+        (route.resource.canonical, route.method.lower())
+        for route in app.router.routes()
+        if route.resource is not None and route.method != "HEAD"
+    }
+    documented = {
+        (path, method)
+        for path, item in load_openapi()["paths"].items()
+        for method in item
+        if method in ("get", "post", "put", "patch", "delete")
+    }
+    assert served == documented
+
+
+async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
+    config = {"order_key": "KEY", "max_retry": 0, "retry_intervals_ms": [10]}
+    checker = OpenApiChecker()
+    async with running_proxy(redis_url, config, http={"enabled": True, "port": 0}) as service:
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch(
+                "t",
+                [
+                    {"key": "a", "value": "text", "qid": 0, "tag": "x", "properties": {"p": "1"}},
+                    {"key": "a", "value": b"\x00\xff", "qid": 0},
+                ],
+            )
+        async with aiohttp.ClientSession() as session:
+            api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", checker)
+            status, batch = await api.call("POST", "/v1/pull", json={"group": "g", "topic": "t", "linger_ms": 5000})
+            assert status == 200 and len(batch["messages"]) == 1  # key a: one at a time
+            for path in (
+                "/admin/groups",
+                "/admin/groups/g",
+                "/admin/groups/g/in-flight",
+                "/admin/groups/g/blocked-keys",
+            ):
+                assert (await api.call("GET", path))[0] == 200
+            fail = [{"topic": "t", "qid": batch["qid"], "fail": [batch["messages"][0]["offset"]]}]
+            status, second = await api.call(
+                "POST",
+                "/v1/pull",
+                json={
+                    "group": "g",
+                    "topic": "t",
+                    "linger_ms": 5000,
+                    "results": fail,
+                },
+            )
+            assert status == 200 and second["messages"][0]["value_text"] is None
+            assert (
+                await api.call(
+                    "POST",
+                    "/v1/ack",
+                    json={
+                        "group": "g",
+                        "results": [{"topic": "t", "qid": second["qid"], "success": [second["messages"][0]["offset"]]}],
+                    },
+                )
+            )[0] == 200
+            letters = "/admin/groups/g/topics/t/dead-letters"
+            status, page = await api.call("GET", letters)
+            assert status == 200 and page["total"] == 1 and page["entries"][0]["tag"] == "x"
+            assert (await api.call("POST", letters + "/replay", json={"ids": [page["entries"][0]["id"]]}))[0] == 200
+            assert (await api.call("POST", letters + "/purge", json={"all": True}))[0] == 200
+            for path in ("/healthz", "/readyz", "/metrics"):
+                assert (await api.call("GET", path))[0] == 200
+            status, document = await api.call("GET", "/openapi.json")
+            assert status == 200 and document == json.loads(json.dumps(load_openapi()))
+            assert (await api.call("POST", "/v1/pull", json={"group": "nope"}))[0] == 404
+
+    documented_success = {
+        (path, method, int(status))
+        for path, item in checker.document["paths"].items()
+        for method, operation in item.items()
+        for status in operation["responses"]
+        if status.startswith("2")
+    }
+    assert documented_success <= checker.seen, documented_success - checker.seen
