@@ -109,10 +109,8 @@ class Broker:
         stream = keys.stream(topic, qid)
         with map_redis_errors(f"reading {topic}#{qid}"):
             if self._raw_reads:
-                reply: Any = await self.redis.execute_command(
-                    "XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", stream, keys.stream_id_after(after),
-                    **{_RAW_REPLY: True},
-                )
+                args = ("COUNT", count, "BLOCK", block_ms, "STREAMS", stream, keys.stream_id_after(after))
+                reply: Any = await self.redis.execute_command("XREAD", *args, **{_RAW_REPLY: True})
             else:
                 reply = await self.redis.xread({stream: keys.stream_id_after(after)}, count=count, block=block_ms)
         if not reply:
