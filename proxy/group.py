@@ -334,6 +334,10 @@ class TopicConsumer:
         tags = self._tags
         counters = self.counters
         for message in messages:
+            if self.unfinished >= self.config.concurrency:
+                # Several readers size their reads before the others' land: hold the rest of this
+                # batch (untracked, so a stop here loses nothing) until there is room again.
+                await self.wait_for_room()
             if tracker.track(message.offset):
                 counters["skipped_finished"] += 1  # a previous owner finished it
                 continue
