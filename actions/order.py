@@ -21,6 +21,8 @@ from ddmq.actions.jsonpath import MISSING, compile_jsonpath
 from ddmq.config.schema import ORDER_KEY_KEY, ORDER_KEY_NONE, ORDER_KEY_QID
 from ddmq.proxy.job import INVALID_JSON, UpstreamJob
 
+_ASYNC = Status.ASYNC  # a plain global: enum members read through their class are slow on Python 3.11
+
 log = logging.getLogger(__name__)
 
 
@@ -66,4 +68,4 @@ class OrderAction:
         # Runnable now or waiting behind its key's head: either way the consumer's dispatcher
         # continues the chain once the blocking queue hands the job out.
         self._queue.put(job)
-        return Status.ASYNC
+        return _ASYNC

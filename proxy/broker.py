@@ -3,13 +3,19 @@
 Every Redis error leaves this module as :class:`BrokerError` (see :func:`map_redis_errors`), so the
 engine deals with one retriable error type. Entry fields are the producer's (``ddmq.client.producer``):
 ``v`` body, ``k`` key, ``t`` tag, ``p`` properties (JSON object), ``ts`` produce time in ms.
+
+Queue reads are the proxy's busiest Redis call. redis-py's XREAD callback turns every entry's field
+list into a dict before we look at it; :class:`Broker` wraps that callback on its client so that its
+own reads (and only those, marked with an option) get the server's reply as it is, and
+:func:`decode_fields` builds each message straight from the flat field list.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,6 +28,12 @@ from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
 
 _EMPTY_PROPERTIES: dict[str, str] = {}
+#: ``StoredMessage(*fields)`` without the generated ``__new__``'s Python frame (once per message read).
+_new_message: Callable[[tuple[int, bytes, str, str, dict[str, str], int]], StoredMessage] = functools.partial(
+    tuple.__new__, StoredMessage
+)
+#: A command option that makes the XREAD callback hand back the unparsed reply.
+_RAW_REPLY = "ddmq_raw_reply"
 
 
 @contextmanager
@@ -46,11 +58,46 @@ def decode_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> StoredMessage:
     )
 
 
+def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
+    """One entry from XREAD's flat ``[name, value, ...]`` list; ValueError when it cannot be read."""
+    if fields is None:
+        raise ValueError("the entry has no fields")
+    if len(fields) == 8 and fields[0] == b"v" and fields[2] == b"k" and fields[4] == b"t" and fields[6] == b"ts":
+        # The producer's layout for a message without properties: no dict needed.
+        if entry_id[:2] != b"0-":
+            raise ValueError(f"stream entry {entry_id!r} was not written by the ddmq producer")
+        ts = fields[7]
+        return _new_message(
+            (
+                int(entry_id[2:]),
+                fields[1],
+                fields[3].decode("utf-8", "replace"),
+                fields[5].decode("utf-8", "replace"),
+                _EMPTY_PROPERTIES,
+                int(ts) if ts else 0,
+            )
+        )
+    return decode_entry(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))
+
+
+def _xread_callback(parse: Callable[..., Any]) -> Callable[..., Any]:
+    def callback(response: Any, **options: Any) -> Any:
+        if options.pop(_RAW_REPLY, False):
+            return response
+        return parse(response, **options)
+
+    return callback
+
+
 class Broker:
     """The proxy's view of Redis. ``redis`` must return bytes (``decode_responses=False``)."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
+        self._raw_reads = redis.get_connection_kwargs().get("protocol") in (None, 2, "2")
+        if self._raw_reads:
+            parse = redis.response_callbacks["XREAD"]
+            redis.set_response_callback("XREAD", _xread_callback(parse))
 
     async def topic_queues(self, topic: str) -> int | None:
         with map_redis_errors(f"reading metadata of topic {topic}"):
@@ -61,14 +108,20 @@ class Broker:
         """Up to ``count`` messages with offset > ``after``, waiting up to ``block_ms`` for the first."""
         stream = keys.stream(topic, qid)
         with map_redis_errors(f"reading {topic}#{qid}"):
-            reply: Any = await self.redis.xread({stream: keys.stream_id_after(after)}, count=count, block=block_ms)
+            if self._raw_reads:
+                args = ("COUNT", count, "BLOCK", block_ms, "STREAMS", stream, keys.stream_id_after(after))
+                reply: Any = await self.redis.execute_command("XREAD", *args, **{_RAW_REPLY: True})
+            else:
+                reply = await self.redis.xread({stream: keys.stream_id_after(after)}, count=count, block=block_ms)
         if not reply:
             return []
+        entries = reply[0][1]
+        decode = decode_fields if self._raw_reads else decode_entry
         messages: list[StoredMessage] = []
-        for entry_id, fields in reply[0][1]:
+        for entry_id, fields in entries:
             try:
-                messages.append(decode_entry(entry_id, fields))
-            except ValueError as exc:
+                messages.append(decode(entry_id, fields))
+            except (ValueError, AttributeError, TypeError) as exc:
                 if messages:
                     break  # deliver what precedes it; the next read stops right here
                 raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc

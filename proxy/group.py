@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 _METADATA_POLL_S = 1.0
 
+# Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
+_CONTINUE = Status.CONTINUE
+_ASYNC = Status.ASYNC
+
 
 class TopicConsumer:
     """One group consuming one topic: the chain runs here, and finished jobs come back here."""
@@ -324,19 +328,26 @@ class TopicConsumer:
             self._room.clear()
             await self._room.wait()
 
-    async def accept(self, queue: QueueId, message: StoredMessage) -> None:
-        """A message read from ``queue``, in order."""
+    async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None:
+        """Messages read from ``queue``, in order (one read's batch: one call, not one per message)."""
         tracker = self.trackers[queue.qid]
-        if tracker.track(message.offset):
-            self.counters["skipped_finished"] += 1  # a previous owner finished it
-            return
-        if self._tags and message.tag not in self._tags:
-            tracker.finish(message.offset)
-            self.counters["filtered"] += 1
-            return
-        self.unfinished += 1
-        self.counters["read"] += 1
-        await self.run(UpstreamJob(self, queue, message, tracker))
+        tags = self._tags
+        counters = self.counters
+        for message in messages:
+            if self.unfinished >= self.config.concurrency:
+                # Several readers size their reads before the others' land: hold the rest of this
+                # batch (untracked, so a stop here loses nothing) until there is room again.
+                await self.wait_for_room()
+            if tracker.track(message.offset):
+                counters["skipped_finished"] += 1  # a previous owner finished it
+                continue
+            if tags and message.tag not in tags:
+                tracker.finish(message.offset)
+                counters["filtered"] += 1
+                continue
+            self.unfinished += 1
+            counters["read"] += 1
+            await self.run(UpstreamJob(self, queue, message, tracker))
 
     # the chain ---------------------------------------------------------------------------------
 
@@ -357,9 +368,9 @@ class TopicConsumer:
                 status = Status.FAIL
             if timers is not None:
                 timers[index](perf_counter() - started)
-            if status is Status.CONTINUE:
+            if status is _CONTINUE:
                 continue
-            if status is Status.ASYNC:
+            if status is _ASYNC:
                 return
             if status is Status.FAIL:
                 self.buffer.dead_letter(job, job.last_error or "action failed")

@@ -23,6 +23,9 @@ class JobState(IntEnum):
     FINISHED = 6  # acked, filtered, or dead-lettered
 
 
+_NEW = JobState.NEW  # a plain global: enum members read through their class are slow on Python 3.11
+
+
 #: ``data`` of a job whose body is not valid JSON (set by the Json action).
 INVALID_JSON: Any = object()
 #: ``data`` of a job no Json action has parsed.
@@ -41,6 +44,7 @@ class UpstreamJob:
         "last_error",
         "message",
         "next",
+        "offset",
         "order_key",
         "qid",
         "queue",
@@ -57,18 +61,15 @@ class UpstreamJob:
         self.qid = queue.qid
         self.tracker = tracker
         self.message = message
+        self.offset = message.offset  # read several times per job: a slot, not a property
         self.index = 0
-        self.state = JobState.NEW
+        self.state = _NEW
         self.data: Any = NOT_PARSED
         self.order_key: Hashable | None = None
         self.next: UpstreamJob | None = None
         self.attempts = 0
         self.deadline = 0  # timing-wheel tick while in flight
         self.last_error = ""
-
-    @property
-    def offset(self) -> int:
-        return self.message.offset
 
     def __repr__(self) -> str:
         return (

@@ -100,5 +100,4 @@ class QueueReader:
             if audit is not None and messages:
                 audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
                              messages[-1].offset)
-            for message in messages:
-                await consumer.accept(queue, message)
+            await consumer.accept(queue, messages)

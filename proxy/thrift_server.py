@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ddmq.client.wire import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -44,6 +44,7 @@ from ddmq.client.wire import (
 )
 from ddmq.proxy.api import ConsumeService
 from ddmq.proxy.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
+from ddmq.proxy.pull_codec import FAST_PULL_REPLY, encode_pull_reply
 from ddmq.proxy.types import PullBatch, PullLease, QueueResult, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,12 @@ class ThriftServer:
             return _application_error(name, seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {name!r}")
         result = _RESULTS[name]()
         try:
-            result.success = await handler(args)
+            success = await handler(args)
+            if isinstance(success, _PullReply):
+                if mtype == TMessageType.CALL and FAST_PULL_REPLY:
+                    return _encode_pull_reply(seqid, success, peer)
+                success = pull_response(*success)
+            result.success = success
         except Exception as exc:
             error = _pull_exception(exc, name, peer)
             if "error" in (field[1] for field in result.thrift_spec.values()):
@@ -242,7 +248,7 @@ class ThriftServer:
 
     # handlers: decode the request, call the service once, encode the answer --------------------
 
-    async def _pull(self, args: Any) -> PullResponse:
+    async def _pull(self, args: Any) -> _PullReply:
         request = args.request
         if request is None or not request.groupId:
             raise BadRequestError("PullRequest.groupId is required")
@@ -260,7 +266,7 @@ class ThriftServer:
             queue_results(request.result, default_group=request.groupId),
             lease,
         )
-        return pull_response(request.groupId, request.topic, batch)
+        return _PullReply(request.groupId, request.topic, batch)
 
     async def _ack_leases(self, args: Any) -> int:
         request = args.request
@@ -353,6 +359,28 @@ def _message(m: StoredMessage) -> Message:
     return Message(
         key=m.key, value=m.value, tag=m.tag, offset=m.offset, properties=dict(m.properties), produceTime=m.produce_ms
     )
+
+
+class _PullReply(NamedTuple):
+    """What ``_pull`` answers before encoding: :func:`pull_response`'s arguments."""
+
+    group: str
+    topic: str | None
+    batch: PullBatch
+
+
+def _encode_pull_reply(seqid: int, reply: _PullReply, peer: str) -> bytes:
+    """The reply frame by the hand-written encoder (:mod:`ddmq.proxy.pull_codec`)."""
+    queue = reply.batch.queue
+    try:
+        if queue is None:
+            return encode_pull_reply(seqid, reply.group, reply.topic or "", "", ())
+        return encode_pull_reply(seqid, reply.group, queue.topic, str(queue.qid), reply.batch.messages)
+    except Exception:
+        log.exception("could not encode the pull reply for %s", peer)
+        return _application_error(
+            "pull", seqid, TApplicationException.INTERNAL_ERROR, "internal error: the reply could not be encoded"
+        )
 
 
 def _pull_exception(exc: Exception, method: str, peer: str) -> PullException:

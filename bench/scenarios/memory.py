@@ -1,7 +1,7 @@
 """P5 memory: the proxy's RSS with a backlog far larger than its window.
 
-1M messages (quick: 200k) are produced before the proxy starts; the group uses the default
-``concurrency`` (1000 unfinished messages). The proxy's ``VmRSS`` is sampled every 0.5 s from the
+1M messages (quick: 600k) are produced before the proxy starts; the group uses the default
+``concurrency`` (1000 unfinished messages). The proxy's ``VmRSS`` is sampled every 0.2 s from the
 moment it listens: first no client at all, then one slow client (16 messages every 100 ms), then 8
 connections draining at full speed until the time is up or the backlog is gone.
 
@@ -28,7 +28,7 @@ from bench.stack import ProxyRun, RedisServer, rss_mb
 
 __all__ = ["RssSampler", "memory", "trend"]
 
-INTERVAL_S = 0.5
+INTERVAL_S = 0.2
 SETTLE_S = 2.0
 MAX_RSS_MB = 250
 FLAT_FRACTION = 0.05
@@ -81,7 +81,7 @@ def _phase_max(samples: list[tuple[float, float]], began: float, ended: float) -
 
 
 def memory(settings: Settings) -> list[Row]:
-    backlog = settings.size(200_000, 1_000_000)
+    backlog = settings.size(600_000, 1_000_000)
     idle_s = settings.seconds(4, 10)
     slow_s = settings.seconds(6, 15)
     fast_s = settings.seconds(12, 45)

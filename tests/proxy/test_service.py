@@ -252,7 +252,30 @@ async def test_memory_for_timeouts_is_bounded_by_what_is_in_flight(redis_url: st
             batch = await pull(service, max_batch=50, results=results)
             delivered += len(batch.messages)
             assert buffer.timed == buffer.in_flight == len(batch.messages)
+            assert buffer.wheel_ticks == 1  # the acked batches' ticks are gone, not left empty
             results = ack(batch)
         await service.submit(results)
         # Everything acked long before its 60 s deadline: nothing is left to time out.
-        assert buffer.timed == 0 and buffer.held == 0
+        assert buffer.timed == 0 and buffer.held == 0 and buffer.wheel_ticks == 0
+
+
+async def test_concurrency_bounds_unfinished_jobs_across_all_readers(redis_url: str) -> None:
+    """Every reader sizes its read by the room left; reads landing together must not overshoot it."""
+    config = {"order_key": "NONE", "concurrency": 10, "read_batch_size": 10}
+    async with running_proxy(redis_url, config, queues=4) as service:
+        await produce(redis_url, [(f"k{i}", f"m{i}") for i in range(200)])
+        consumer = service.groups["g"].consumers["t"]
+        async with asyncio.timeout(10):
+            while consumer.unfinished < 10:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # give every reader the chance to overshoot
+        assert consumer.unfinished == 10
+        seen: list[bytes] = []
+        results: list[QueueResult] = []
+        while len(seen) < 200:
+            batch = await pull(service, results=results, max_batch=64)
+            assert consumer.unfinished <= 10
+            seen += [m.value for m in batch.messages]
+            results = ack(batch) if batch.messages else []
+        await service.submit(results)
+        assert sorted(seen) == sorted(f"m{i}".encode() for i in range(200))

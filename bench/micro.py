@@ -1,0 +1,167 @@
+"""Micro-benchmarks of the proxy's hot path, in CPU time (steadier than wall time on a shared box).
+
+``python bench/micro.py [--messages N]`` prints, per message:
+
+- ``codec``: encoding a 64-message pull reply with thriftpy2's writer (what the proxy used to do), with
+  ``wire.encode`` from thriftpy2 structs, and with :mod:`ddmq.proxy.pull_codec`; the client's decoding
+  of that reply; a pull request carrying 64 acks, encoded and decoded;
+- ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
+  ``Order, PullServer`` by KEY, drained through ``ProxyService.pull`` by 8 pullers acking on their next
+  pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    here = Path(__file__).resolve().parent
+    if sys.path and Path(sys.path[0] or ".").resolve() == here:
+        del sys.path[0]
+    sys.path.append(str(here.parent))
+
+from thriftpy2.protocol.compact import TCompactProtocol
+from thriftpy2.transport import TMemoryBuffer
+
+from ddmq.client.producer import AsyncProducer
+from ddmq.client.wire import ConsumeResult, ConsumerService, Context, PullRequest, TMessageType, decode, encode
+from ddmq.config import parse
+from ddmq.proxy.embedded import EmbeddedRedis
+from ddmq.proxy.pull_codec import encode_pull_reply
+from ddmq.proxy.service import ProxyService
+from ddmq.proxy.thrift_server import pull_response
+from ddmq.proxy.types import PullBatch, QueueId, QueueResult, StoredMessage
+
+BATCH = 64
+
+
+def _cpu_us(call: Callable[[], Any], repeat: int, per: int) -> float:
+    began = time.process_time()
+    for _ in range(repeat):
+        call()
+    return (time.process_time() - began) / repeat / per * 1e6
+
+
+def codec(repeat: int = 300) -> dict[str, float]:
+    rng = random.Random(1)
+    messages = [
+        StoredMessage(
+            100_000 + i,
+            b'{"k":"k0042","seq":17,"ts":1763776220.12}',
+            f"k{rng.randrange(1000):04d}",
+            "",
+            {},
+            1_763_776_220_123,
+        )
+        for i in range(BATCH)
+    ]
+    batch = PullBatch(QueueId("t", 3), messages)
+    reply = encode_pull_reply(7, "g", "t", "3", messages)
+    result = ConsumeResult(
+        context=Context(groupId="g", topic="t", qid="3"),
+        successOffsets=[m.offset for m in messages],
+        failOffsets=[],
+    )
+    request = ConsumerService.pull_args(
+        request=PullRequest(groupId="g", topic="t", maxBatchSize=BATCH, maxLingerTime=200, result=result)
+    )
+    request_frame = encode("pull", TMessageType.CALL, 7, request)
+
+    def structs_reply() -> bytes:
+        return encode(
+            "pull", TMessageType.REPLY, 7, ConsumerService.pull_result(success=pull_response("g", "t", batch))
+        )
+
+    def thriftpy2_reply() -> bytes:
+        buffer: Any = TMemoryBuffer()
+        protocol: Any = TCompactProtocol(buffer)
+        protocol.write_message_begin("pull", TMessageType.REPLY, 7)
+        protocol.write_struct(ConsumerService.pull_result(success=pull_response("g", "t", batch)))
+        payload: bytes = buffer.getvalue()
+        return len(payload).to_bytes(4, "big") + payload
+
+    return {
+        "reply_encode_thriftpy2_us": _cpu_us(thriftpy2_reply, repeat, BATCH),
+        "reply_encode_structs_wire_encode_us": _cpu_us(structs_reply, repeat, BATCH),
+        "reply_encode_pull_codec_us": _cpu_us(lambda: encode_pull_reply(7, "g", "t", "3", messages), repeat, BATCH),
+        "reply_decode_client_us": _cpu_us(
+            lambda: decode(reply[4:], lambda name, mtype: ConsumerService.pull_result()), repeat, BATCH
+        ),
+        "request_with_acks_encode_us": _cpu_us(lambda: encode("pull", TMessageType.CALL, 7, request), repeat, BATCH),
+        "request_with_acks_decode_us": _cpu_us(
+            lambda: decode(request_frame[4:], lambda name, mtype: ConsumerService.pull_args()), repeat, BATCH
+        ),
+    }
+
+
+async def _engine(url: str, messages: int) -> float:
+    producer = AsyncProducer(url)
+    rng = random.Random(1)
+    try:
+        for start in range(0, messages, 1000):
+            batch = []
+            for seq in range(start, min(start + 1000, messages)):
+                key = f"k{rng.randrange(1000):04d}"
+                batch.append({"value": f'{{"k":"{key}","seq":{seq}}}', "key": key})
+            await producer.send_batch("t", batch)
+    finally:
+        await producer.close()
+    config = parse(
+        {
+            "instance_id": "micro",
+            "redis": url,
+            "thrift": {"port": 0},
+            "shutdown_grace_ms": 0,
+            "topics": {"t": {"queues": 8}},
+            "groups": {"g": {"t": {"order_key": "KEY", "actions": ["Order", "PullServer"]}}},
+        }
+    )
+    received = 0
+
+    async def puller(service: ProxyService) -> None:
+        nonlocal received
+        results: list[QueueResult] = []
+        while received < messages:
+            batch = await service.pull("g", "t", BATCH, 200, results)
+            received += len(batch.messages)
+            results = []
+            if batch.queue is not None:
+                offsets = [m.offset for m in batch.messages]
+                results = [QueueResult("g", batch.queue.topic, str(batch.queue.qid), offsets, [])]
+        if results:
+            await service.submit(results)
+
+    async with ProxyService(config) as service:
+        began = time.process_time()
+        await asyncio.gather(*(puller(service) for _ in range(8)))
+        return (time.process_time() - began) / messages * 1e6
+
+
+def engine(messages: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as data_dir:
+        redis_server = EmbeddedRedis(data_dir).start()
+        try:
+            return {"engine_cpu_us": asyncio.run(_engine(redis_server.url, messages))}
+        finally:
+            redis_server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python bench/micro.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=100_000, help="messages for the engine run")
+    args = parser.parse_args()
+    for name, value in {**codec(), **engine(args.messages)}.items():
+        print(f"{name:38s} {value:7.2f} us per message")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Reading queue entries: the producer's flat field list straight into a message, anything else by name."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+
+from ddmq.client import keys
+from ddmq.client.producer import AsyncProducer
+from ddmq.proxy.broker import Broker, decode_entry, decode_fields
+from ddmq.proxy.types import StoredMessage
+
+
+def test_the_producers_layout_and_any_other_order_decode_alike() -> None:
+    canonical = [b"v", b'{"a":1}', b"k", "clé".encode(), b"t", b"tag", b"ts", b"1763776220123"]
+    expected = StoredMessage(42, b'{"a":1}', "clé", "tag", {}, 1763776220123)
+    assert decode_fields(b"0-42", canonical) == expected
+    shuffled = [b"ts", b"1763776220123", b"k", "clé".encode(), b"v", b'{"a":1}', b"t", b"tag"]
+    assert decode_fields(b"0-42", shuffled) == expected
+    with_properties = [*canonical[:6], b"p", b'{"x":"y"}', *canonical[6:]]
+    assert decode_fields(b"0-42", with_properties) == expected._replace(properties={"x": "y"})
+    fields = dict(zip(with_properties[::2], with_properties[1::2], strict=True))
+    assert decode_fields(b"0-42", with_properties) == decode_entry(b"0-42", fields)
+
+
+@pytest.mark.parametrize(
+    ("entry_id", "fields"),
+    [
+        (b"1700000000000-0", [b"v", b"x", b"k", b"", b"t", b"", b"ts", b"1"]),  # a plain XADD * id
+        (b"0-1", [b"v", b"x", b"k", b"", b"t", b"", b"ts", b"soon"]),  # produce time not a number
+        (b"0-1", [b"v", b"x", b"p"]),  # odd field list
+        (b"0-1", [b"v", b"x", b"p", b"{not json"]),
+        (b"0-1", None),  # a deleted entry
+    ],
+)
+def test_unreadable_entries_are_value_errors(entry_id: bytes, fields: list[bytes] | None) -> None:
+    with pytest.raises(ValueError):
+        decode_fields(entry_id, fields)
+
+
+async def test_read_returns_what_the_producer_wrote(redis_url: str, redis_client: aioredis.Redis) -> None:
+    producer = AsyncProducer(redis_url)
+    try:
+        await producer.send("rt", "plain", key="a", qid=0)
+        await producer.send("rt", "with props", key="b", tag="x", properties={"h": "ü"}, qid=0)
+    finally:
+        await producer.close()
+    broker = Broker(redis_client)
+    messages = await broker.read("rt", 0, 0, 10, 100)
+    assert [(m.offset, m.value, m.key, m.tag, m.properties) for m in messages] == [
+        (1, b"plain", "a", "", {}),
+        (2, b"with props", "b", "x", {"h": "ü"}),
+    ]
+    assert all(m.produce_ms > 0 for m in messages)
+    assert await broker.read("rt", 0, 2, 10, 10) == []
+    # The client's other XREAD users still get redis-py's parsed reply.
+    parsed = await redis_client.xread({keys.stream("rt", 0): "0-0"}, count=1)
+    assert parsed[0][1][0][1][b"v"] == b"plain"

@@ -1,0 +1,135 @@
+"""The hand-written pull reply encoder and the client's fast Message reader against thriftpy2.
+
+The encoder must give thriftpy2's bytes exactly, and the reader must give what thriftpy2's own
+compact reader gives, for many random replies: unicode, empty and large strings, properties, big and
+negative numbers, list sizes around the one-byte header limit (14/15), large seqids.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from thriftpy2.protocol.compact import TCompactProtocol
+from thriftpy2.transport import TMemoryBuffer
+
+from ddmq.client import wire
+from ddmq.client.wire import ConsumerService, Message, PullResponse, TMessageType
+from ddmq.proxy import pull_codec
+from ddmq.proxy.pull_codec import encode_pull_reply
+from ddmq.proxy.thrift_server import pull_response
+from ddmq.proxy.types import PullBatch, QueueId, StoredMessage
+
+_ALPHABET = "abcXYZ019 _-:/{}\"'\\\x00\x7féüß€日本語🙂\U0010fffd"
+
+
+def _text(rng: random.Random, longest: int = 20) -> str:
+    size = rng.choice([0, 1, rng.randint(0, longest), 127, 128])
+    return "".join(rng.choice(_ALPHABET) for _ in range(size))
+
+
+def _number(rng: random.Random) -> int:
+    return rng.choice([0, 1, 127, 128, 16_383, 16_384, rng.randint(0, 1 << 40), (1 << 63) - 1, -1, -(1 << 63)])
+
+
+def _message(rng: random.Random) -> StoredMessage:
+    size = rng.choice([0, 1, 50, 127, 128, 300, 70_000])
+    value = rng.randbytes(size)
+    properties = {_text(rng): _text(rng) for _ in range(rng.choice([0, 0, 1, 3, 20]))}
+    return StoredMessage(_number(rng), value, _text(rng), _text(rng), properties, _number(rng))
+
+
+def _thriftpy2_reply(seqid: int, group: str, topic: str, qid: str, messages: list[StoredMessage]) -> bytes:
+    response = pull_response(group, topic, PullBatch(QueueId(topic, int(qid)), messages))
+    return _thriftpy2_frame(seqid, ConsumerService.pull_result(success=response))
+
+
+def _thriftpy2_frame(seqid: int, result: Any) -> bytes:
+    """thriftpy2's own writer: the oracle (``wire.encode`` is ours, so not used here)."""
+    buffer: Any = TMemoryBuffer()
+    protocol: Any = TCompactProtocol(buffer)
+    protocol.write_message_begin("pull", TMessageType.REPLY, seqid)
+    protocol.write_struct(result)
+    payload: bytes = buffer.getvalue()
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def _thriftpy2_read(payload: bytes) -> PullResponse:
+    """The reply as thriftpy2's own compact reader sees it (the oracle for our reader)."""
+    protocol = TCompactProtocol(TMemoryBuffer(payload))
+    protocol.read_message_begin()
+    result = ConsumerService.pull_result()
+    protocol.read_struct(result)
+    response: PullResponse = result.success
+    return response
+
+
+def test_the_shipped_idl_takes_the_fast_paths() -> None:
+    assert pull_codec.FAST_PULL_REPLY
+    assert wire._MESSAGE_FAST_PATH
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_encoder_matches_thriftpy2_byte_for_byte(seed: int) -> None:
+    rng = random.Random(seed)
+    count = rng.choice([0, 1, 2, 14, 15, 16, 64, 200])
+    messages = [_message(rng) for _ in range(count)]
+    seqid = rng.choice([0, 1, 127, 128, rng.randint(0, 0xFFFFFFFF), 0xFFFFFFFF])
+    group, topic, qid = _text(rng), _text(rng), str(rng.randint(0, 300))
+    ours = encode_pull_reply(seqid, group, topic, qid, messages)
+    assert ours == _thriftpy2_reply(seqid, group, topic, qid, messages)
+
+
+def test_empty_reply_matches_thriftpy2() -> None:
+    expected = _thriftpy2_frame(9, ConsumerService.pull_result(success=pull_response("g", "t", PullBatch(None, []))))
+    assert encode_pull_reply(9, "g", "t", "", ()) == expected
+
+
+def test_encoder_refuses_what_thrift_cannot_carry() -> None:
+    message = StoredMessage(1 << 63, b"", "", "", {}, 0)
+    with pytest.raises(ValueError):
+        encode_pull_reply(1, "g", "t", "0", [message])
+    with pytest.raises(ValueError):
+        encode_pull_reply(-1, "g", "t", "0", [])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reader_matches_thriftpy2(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    messages = [_message(rng) for _ in range(rng.choice([0, 1, 15, 64]))]
+    frame = encode_pull_reply(5, "g", "t", "3", messages)
+    ours = wire.decode(frame[4:], lambda name, mtype: ConsumerService.pull_result()).body
+    assert ours is not None
+    assert ours.success == _thriftpy2_read(frame[4:])
+    assert [m.offset for m in ours.success.messages] == [m.offset for m in messages]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message(key="k", value=b"v", tag="t", offset=3),  # no properties, no produceTime
+        Message(key="k", value=b"v", tag="t", offset=3, properties={}),  # no produceTime
+        Message(key="k", offset=3, produceTime=7),  # fields missing in the middle
+        Message(),
+        Message(key="ü" * 200, value=b"\x00" * 300, tag="", offset=-5, properties={"a": "b"}, produceTime=1 << 62),
+    ],
+)
+def test_reader_takes_other_layouts_the_generic_way(message: Message) -> None:
+    frame = wire.encode(
+        "pull",
+        TMessageType.REPLY,
+        1,
+        ConsumerService.pull_result(success=PullResponse(messages=[message, Message(key="after", offset=9)])),
+    )
+    ours = wire.decode(frame[4:], lambda name, mtype: ConsumerService.pull_result()).body
+    assert ours is not None
+    assert ours.success == _thriftpy2_read(frame[4:])
+    assert ours.success.messages[0] == message
+
+
+def test_reader_refuses_a_truncated_fast_path_message() -> None:
+    frame = encode_pull_reply(1, "g", "t", "0", [StoredMessage(5, b"body", "k", "", {}, 1)])
+    for cut in range(1, 30):
+        with pytest.raises(wire.FrameDecodeError):
+            wire.decode(frame[4:-cut], lambda name, mtype: ConsumerService.pull_result())
