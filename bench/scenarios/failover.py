@@ -3,12 +3,13 @@
 Two proxies (``a`` and ``b``) share one group on 8 queues (1,000 keys, order key KEY) with a backlog
 pre-produced (quick 20k, full 60k messages). Pullers in this process (two per proxy, batch 64, acks
 on the next pull) consume from both; 1% of the keys are *slow*: their messages are acked only after
-``SLOW_ACK_S``, which holds each queue's commit point back the way a slow consumer does in real life,
-so a move finds finished work past it.
+``slow_ack_s`` (quick 0.5 s, full 1.5 s), which holds each queue's commit point back the way a slow
+consumer does in real life, so a move finds finished work past it.
 
-- **P6k** (``kill -9``): once a third of the backlog is acked, ``a`` is killed. Figure: time from the
-  kill until every queue ``a`` owned delivered again from ``b``. It is bounded below by the lease TTL
-  (``ttl_ms``, stated in the parameters): a dead owner cannot be told apart from a slow one sooner.
+- **P6k** (``kill -9``): once a third of its queues' messages are acked, ``a`` is killed. Figure: time
+  from the kill until every queue ``a`` owned delivered again from ``b``. The lease sets its floor: a
+  lease runs out ``ttl_ms`` after its last renewal (so ``ttl_ms - renew_ms`` to ``ttl_ms`` after the
+  kill); a dead owner cannot be told apart from a slow one sooner.
 - **P6g** (graceful): ``a`` and ``b`` again; ``a`` gets SIGTERM. Figure: time from the signal until
   every queue ``a`` owned delivered from ``b`` (drain, final commit, lease release, claim).
 - **P6r** (redelivery): the P6k run, once with ``persist_completions`` on (the default) and once off.
@@ -38,7 +39,6 @@ KEYS = 1000
 LEASES = {"ttl_ms": 2000, "renew_ms": 500, "claim_interval_ms": 100, "handoff_drain_ms": 1000}
 COMMIT_INTERVAL_MS = 200
 SLOW_KEYS = 10
-SLOW_ACK_S = 1.5
 GROUP = "cg-failover"
 
 
@@ -55,7 +55,9 @@ class Tally:
     deliveries: int = 0
 
 
-async def puller(name: str, port: int, tally: Tally, stop: asyncio.Event, slow: frozenset[str]) -> None:
+async def puller(
+    name: str, port: int, tally: Tally, stop: asyncio.Event, slow: frozenset[str], slow_ack_s: float
+) -> None:
     pending: list[wire.ConsumeResult] = []
     held: list[tuple[float, wire.Context, int]] = []  # slow keys' messages, acked when due
     async with AsyncProxyClient("127.0.0.1", port, timeout_s=5) as client:
@@ -86,7 +88,7 @@ async def puller(name: str, port: int, tally: Tally, stop: asyncio.Event, slow: 
                     if (qid, message.offset) in tally.acked:
                         tally.redelivered += 1
                 if json.loads(message.value)["k"] in slow:
-                    held.append((time.monotonic() + SLOW_ACK_S, response.context, message.offset))
+                    held.append((time.monotonic() + slow_ack_s, response.context, message.offset))
                 else:
                     ok.append(message.offset)
             if ok:
@@ -115,7 +117,9 @@ async def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def one_move(redis_url: str, backlog: int, *, kill: bool, persist: bool) -> dict[str, Any]:
+async def one_move(
+    redis_url: str, backlog: int, slow_ack_s: float, *, kill: bool, persist: bool
+) -> dict[str, Any]:
     """Run a and b, then kill -9 (or SIGTERM) a; returns the timing and redelivery figures."""
     produce_backlog(redis_url, 0, keys=KEYS)  # creates the topic, so both proxies split it at once
     slow = frozenset(key_names(KEYS)[:SLOW_KEYS])
@@ -128,7 +132,7 @@ async def one_move(redis_url: str, backlog: int, *, kill: bool, persist: bool) -
         await wait_for(lambda: sorted(owners(redis_url).values()) == ["a"] * 4 + ["b"] * 4, 30, "the split")
         moving = [q for q, owner in owners(redis_url).items() if owner == "a"]
         for name, proxy in (("a", proxy_a), ("b", proxy_b)):
-            tasks += [asyncio.create_task(puller(name, proxy.port, tally, stop, slow)) for _ in range(2)]
+            tasks += [asyncio.create_task(puller(name, proxy.port, tally, stop, slow, slow_ack_s)) for _ in range(2)]
         await asyncio.to_thread(produce_backlog, redis_url, backlog, keys=KEYS)
 
         def moving_acked() -> int:
@@ -160,21 +164,22 @@ async def one_move(redis_url: str, backlog: int, *, kill: bool, persist: bool) -
         proxy_b.stop()
 
 
-def run_move(backlog: int, *, kill: bool, persist: bool) -> dict[str, Any]:
+def run_move(backlog: int, slow_ack_s: float, *, kill: bool, persist: bool) -> dict[str, Any]:
     with RedisServer() as redis_server:
-        return asyncio.run(one_move(redis_server.url, backlog, kill=kill, persist=persist))
+        return asyncio.run(one_move(redis_server.url, backlog, slow_ack_s, kill=kill, persist=persist))
 
 
 def failover(settings: Settings) -> list[Row]:
     backlog = settings.size(20_000, 60_000)
+    slow_ack_s = settings.seconds(0.5, 1.5)
     params = {"queues": QUEUES, "keys": KEYS, "backlog": backlog, **LEASES, "commit_interval_ms": COMMIT_INTERVAL_MS,
-              "slow_keys": SLOW_KEYS, "slow_ack_s": SLOW_ACK_S}
+              "slow_keys": SLOW_KEYS, "slow_ack_s": slow_ack_s}
     log(f"P6: kill -9 of one of two proxies, {backlog} messages backlog, persisted completions on")
-    killed = run_move(backlog, kill=True, persist=True)
+    killed = run_move(backlog, slow_ack_s, kill=True, persist=True)
     log("P6: the same without persisted completions")
-    bare = run_move(backlog, kill=True, persist=False)
+    bare = run_move(backlog, slow_ack_s, kill=True, persist=False)
     log("P6: graceful stop (SIGTERM) of one of two proxies")
-    graceful = run_move(backlog, kill=False, persist=True)
+    graceful = run_move(backlog, slow_ack_s, kill=False, persist=True)
     ratio = killed["redelivered"] / bare["redelivered"] if bare["redelivered"] else None
     return [
         Row("P6k", "kill -9: owner's queues delivering again", f"{killed['move_ms']} ms",
