@@ -76,13 +76,14 @@ def codec(repeat: int = 300) -> dict[str, float]:
     request_frame = encode("pull", TMessageType.CALL, 7, request)
 
     def structs_reply() -> bytes:
-        return encode(
+        frame: bytes = encode(
             "pull", TMessageType.REPLY, 7, ConsumerService.pull_result(success=pull_response("g", "t", batch))
         )
+        return frame
 
     def thriftpy2_reply() -> bytes:
-        buffer: Any = TMemoryBuffer()
-        protocol: Any = TCompactProtocol(buffer)
+        buffer: Any = TMemoryBuffer()  # type: ignore[no-untyped-call]
+        protocol: Any = TCompactProtocol(buffer)  # type: ignore[no-untyped-call]
         protocol.write_message_begin("pull", TMessageType.REPLY, 7)
         protocol.write_struct(ConsumerService.pull_result(success=pull_response("g", "t", batch)))
         payload: bytes = buffer.getvalue()
