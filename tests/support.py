@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,54 @@ class OrderChecker:
 
 def body(key: str, seq: int) -> str:
     return json.dumps({"k": key, "seq": seq})
+
+
+# -- several proxies: deliveries tagged with the proxy that served them, and the read audit ----------
+
+
+@dataclass
+class Delivery:
+    owner: str
+    qid: int
+    offset: int
+    key: str
+    seq: int
+    acked: bool
+
+
+def acked_prefixes(log: list[Delivery]) -> dict[str, int]:
+    """Per key, how many of its first messages were acked at least once (seq 0..n-1)."""
+    acked: dict[str, int] = {}
+    for d in log:
+        if d.acked:
+            acked[d.key] = max(acked.get(d.key, 0), d.seq + 1)
+    return acked
+
+
+def term_of(reads: dict[tuple[str, int], list[dict[str, Any]]], delivery: Delivery) -> int:
+    """The lease term under which ``delivery``'s owner read that offset (its latest read covering it)."""
+    term = None
+    for record in reads[(delivery.owner, delivery.qid)]:
+        if record["first"] <= delivery.offset <= record["last"]:
+            term = record["term"]
+    assert term is not None, f"{delivery} was delivered without a recorded read"
+    return term
+
+
+def check_single_reader(records: list[dict[str, Any]]) -> int:
+    """One owner per (queue, term), and each term's reads end before the next term's begin."""
+    by_queue: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        by_queue[record["qid"]][record["term"]].append(record)
+    moves = 0
+    for qid, terms in by_queue.items():
+        previous_end = None
+        for term in sorted(terms):
+            owners = {r["owner"] for r in terms[term]}
+            assert len(owners) == 1, f"queue {qid} term {term} was read by {owners}"
+            start, end = min(r["t"] for r in terms[term]), max(r["t"] for r in terms[term])
+            if previous_end is not None:
+                assert start > previous_end, f"queue {qid}: term {term} read before the previous term's last read"
+                moves += 1
+            previous_end = end
+    return moves

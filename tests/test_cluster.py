@@ -18,7 +18,6 @@ import random
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from ddmq.client import keys, wire
 from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 
-from .support import OrderChecker, ProxyProcess, body
+from .support import Delivery, OrderChecker, ProxyProcess, acked_prefixes, body, check_single_reader, term_of
 
 QUEUES = 8
 KEYS = 1200
@@ -39,16 +38,6 @@ LEASES = {"ttl_ms": 1500, "renew_ms": 400, "claim_interval_ms": 100, "handoff_dr
 GROUP = {"order_key": "KEY", "timeout_ms": 3000, "max_retry": 50, "retry_intervals_ms": [20, 100]}
 FAIL_RATE = 0.01
 PULLERS_PER_PROXY = 2
-
-
-@dataclass
-class Delivery:
-    owner: str
-    qid: int
-    offset: int
-    key: str
-    seq: int
-    acked: bool
 
 
 class Cluster:
@@ -118,35 +107,6 @@ async def puller(owner: str, port: int, log: list[Delivery], stop: asyncio.Event
                 pass
 
 
-def term_of(reads: dict[tuple[str, int], list[dict[str, Any]]], delivery: Delivery) -> int:
-    """The lease term under which ``delivery``'s owner read that offset (its latest read covering it)."""
-    term = None
-    for record in reads[(delivery.owner, delivery.qid)]:
-        if record["first"] <= delivery.offset <= record["last"]:
-            term = record["term"]
-    assert term is not None, f"{delivery} was delivered without a recorded read"
-    return term
-
-
-def check_single_reader(records: list[dict[str, Any]]) -> int:
-    """One owner per (queue, term), and each term's reads end before the next term's begin."""
-    by_queue: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for record in records:
-        by_queue[record["qid"]][record["term"]].append(record)
-    moves = 0
-    for qid, terms in by_queue.items():
-        previous_end = None
-        for term in sorted(terms):
-            owners = {r["owner"] for r in terms[term]}
-            assert len(owners) == 1, f"queue {qid} term {term} was read by {owners}"
-            start, end = min(r["t"] for r in terms[term]), max(r["t"] for r in terms[term])
-            if previous_end is not None:
-                assert start > previous_end, f"queue {qid}: term {term} read before the previous term's last read"
-                moves += 1
-            previous_end = end
-    return moves
-
-
 @pytest.mark.timeout(300)
 async def test_three_proxies_kill_join_and_stop_lose_nothing_and_keep_every_key_in_order(
     redis_url: str, redis_client: aioredis.Redis, tmp_path: Path
@@ -188,13 +148,7 @@ async def test_three_proxies_kill_join_and_stop_lose_nothing_and_keep_every_key_
         await asyncio.to_thread(rest.join)
         # Drain: until every key's last message was acked.
         deadline = time.monotonic() + 120
-        while True:
-            acked_upto: dict[str, int] = {}
-            for d in log:
-                if d.acked:
-                    acked_upto[d.key] = max(acked_upto.get(d.key, 0), d.seq + 1)
-            if acked_upto == produced:
-                break
+        while acked_prefixes(log) != produced:
             assert time.monotonic() < deadline, "not every message was acked"
             await asyncio.sleep(0.2)
         stop.set()

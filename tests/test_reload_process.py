@@ -25,9 +25,9 @@ from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.proxy.errors import UnknownGroupError
 
-from .support import OrderChecker, ProxyProcess, body
+from .support import Delivery, OrderChecker, ProxyProcess, acked_prefixes, body, check_single_reader, term_of
 from .test_cluster import QUEUES as CLUSTER_QUEUES
-from .test_cluster import Delivery, check_single_reader, produce, puller, term_of
+from .test_cluster import produce, puller
 
 QUEUES = 4
 KEYS = 50
@@ -241,11 +241,7 @@ async def test_rolling_add_and_remove_of_a_group_across_two_proxies(
         await asyncio.to_thread(later.join)
         deadline = time.monotonic() + 60
         while True:
-            acked_upto: dict[str, int] = {}
-            for d in deliveries:
-                if d.acked:
-                    acked_upto[d.key] = max(acked_upto.get(d.key, 0), d.seq + 1)
-            if acked_upto == produced:
+            if acked_prefixes(deliveries) == produced:
                 break
             assert time.monotonic() < deadline, "not every message was acked"
             await asyncio.sleep(0.1)
