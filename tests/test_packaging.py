@@ -92,6 +92,7 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
     assert files and all(n.startswith("ddmq/") for n in files), files
     assert "ddmq/client/spark/pull_mode.py" in files
     assert "ddmq/__init__.py" not in files  # ddmq stays a namespace others can share
+    assert not [n for n in files if n.endswith((".so", ".pyd", ".c"))]  # compiled only with DDMQ_COMPILE=1
     assert not any(n.split("/")[0] in GENERIC_NAMES for n in names)
     assert "ddmq/proxy/__init__.py" in files
     assert "ddmq/proxy/http_server/openapi.yaml" in files  # served at /openapi.json

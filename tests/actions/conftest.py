@@ -118,7 +118,9 @@ async def upstream_factory() -> AsyncIterator[Callable[[Behaviour, int], Awaitab
 
 def proxy_tasks() -> int:
     """Tasks in this loop other than the test server's (aiohttp runs one per connection and request)."""
-    return sum(1 for task in asyncio.all_tasks() if not task.get_coro().__qualname__.startswith("RequestHandler."))
+    # A mypyc-compiled coroutine (DDMQ_COMPILE=1 builds) has no __qualname__; it is never aiohttp's.
+    names = (getattr(task.get_coro(), "__qualname__", "") for task in asyncio.all_tasks())
+    return sum(1 for name in names if not name.startswith("RequestHandler."))
 
 
 async def readers_started(service: ProxyService) -> None:

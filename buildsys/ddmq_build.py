@@ -1,0 +1,48 @@
+"""Build backend: setuptools unchanged, plus what ``DDMQ_COMPILE=1`` needs in the build environment.
+
+A plain ``pip install .`` or ``pip install -e .`` goes straight to setuptools and stays pure Python.
+With ``DDMQ_COMPILE=1`` (see setup.py) the build needs mypy (mypyc ships with it) and the runtime
+dependencies (mypyc type-checks the code against them); pip installs those into its isolated build
+environment because this backend asks for them, without running setup.py first (setup.py imports mypyc).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from setuptools import build_meta as _setuptools
+from setuptools.build_meta import *  # noqa: F403  (every other hook, unchanged)
+
+_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def _compiling() -> bool:
+    return os.environ.get("DDMQ_COMPILE", "") == "1"
+
+
+def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
+    if not _compiling():
+        return list(_setuptools.get_requires_for_build_wheel(config_settings))
+    project = tomllib.loads(_PYPROJECT.read_text())["project"]
+    return ["mypy>=1.10", *project["dependencies"]]
+
+
+def _no_compiled_editable() -> None:
+    if _compiling():
+        # An editable install would leave compiled modules next to the sources, shadowing later edits.
+        raise RuntimeError("DDMQ_COMPILE=1 needs a regular install (pip install .), not an editable one")
+
+
+def get_requires_for_build_editable(config_settings: dict[str, Any] | None = None) -> list[str]:
+    _no_compiled_editable()
+    return list(_setuptools.get_requires_for_build_editable(config_settings))
+
+
+def build_editable(
+    wheel_directory: str, config_settings: dict[str, Any] | None = None, metadata_directory: str | None = None
+) -> str:
+    _no_compiled_editable()
+    return str(_setuptools.build_editable(wheel_directory, config_settings, metadata_directory))
