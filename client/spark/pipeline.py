@@ -43,8 +43,9 @@ class TripStates:
     """``applyInPandasWithState`` function: one rider's events of a micro-batch → finished trips.
 
     Timeouts are in event time: a rider whose last event is ``abandon_after_ms`` behind the watermark
-    is emitted as abandoned. A completed rider's state is kept until then too, so a late or repeated
-    event of a finished trip is recognised (and ignored) rather than starting a new trip.
+    is emitted as abandoned (at once when its events arrive that late). A completed rider's state is
+    kept until then too, so a late or repeated event of a finished trip is recognised (and ignored)
+    rather than starting a new trip.
     """
 
     def __init__(self, abandon_after_ms: int) -> None:
@@ -88,8 +89,17 @@ def trip_states(key: tuple[Any, ...], frames: Iterator[Any], state: Any, abandon
             pickup_ts = row.ts
         elif row.event == "pay":
             pay_ts, fare = row.ts, row.fare
-    state.update((call_ts, pickup_ts, pay_ts, fare, next_seq, events, out_of_order))
-    state.setTimeoutTimestamp(int(last_ts * 1000) + abandon_after_ms)
+    deadline_ms = int(last_ts * 1000) + abandon_after_ms
+    if deadline_ms > state.getCurrentWatermarkMs():
+        state.update((call_ts, pickup_ts, pay_ts, fare, next_seq, events, out_of_order))
+        state.setTimeoutTimestamp(deadline_ms)
+    else:
+        # Late events: the rider's newest event is already past the abandon horizon (Spark refuses a
+        # timeout behind the watermark). Settle the trip now instead of keeping state.
+        state.remove()
+        if pay_ts is None:
+            yield _trip_frame(pd, rider, "abandoned", call_ts, pickup_ts, pay_ts, fare, events, out_of_order)
+            return
     if pay_ts is not None and not completed_before:
         yield _trip_frame(pd, rider, "completed", call_ts, pickup_ts, pay_ts, fare, events, out_of_order)
 

@@ -46,12 +46,26 @@ def produce_out_of_order(redis_url: str, riders: list[str]) -> None:
                 producer.send("rides", json.dumps(value), key=rider)
 
 
+def produce_abandoned(redis_url: str, riders: list[str]) -> None:
+    """These riders called and were picked up two hours ago and never paid: far behind the watermark
+    (the newest event time minus ``--abandon-after``, 600 s by default), so their trips time out."""
+    then = time.time() - 7200
+    with Producer(redis_url) as producer:
+        for rider in riders:
+            for seq, event in ((0, "call"), (1, "pickup")):
+                value = {"rider_id": rider, "seq": seq, "event": event, "ts": then + seq, "fare": 0.0}
+                producer.send("rides", json.dumps(value), key=rider)
+
+
 @pytest.mark.timeout(300)
 def test_the_pipeline_writes_one_trip_per_rider_and_flags_out_of_order_riders(
     spark: Any, ride_proxy: ProxyProcess, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     produce_rides(redis_url, [f"rider-{i}" for i in range(RIDERS)], random.Random(5))
     produce_out_of_order(redis_url, ["bad-1", "bad-2"])
+    # Riders two hours old arrive behind the watermark: Spark drops late rows, and a rider whose rows do
+    # reach the state function must not crash the query (a timeout behind the watermark is refused).
+    produce_abandoned(redis_url, ["gone-1", "gone-2", "gone-3"])
     out = tmp_path / "trips"
     args = build_parser().parse_args(
         [
@@ -68,10 +82,16 @@ def test_the_pipeline_writes_one_trip_per_rider_and_flags_out_of_order_riders(
     assert pipeline.main(args, spark=spark) == 0
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     total = RIDERS + 2
-    assert summary == f"rows={total * 3} riders={total} completed={total} out_of_order=2"
+    rows, riders, completed, out_of_order = (int(part.split("=")[1]) for part in summary.split())
+    assert (completed, out_of_order) == (total, 2)
+    assert total * 3 <= rows <= total * 3 + 3 * 2 and total <= riders <= total + 3
 
     trips = spark.read.parquet(str(out)).toPandas()
-    assert len(trips) == total and trips["rider_id"].is_unique
+    assert len(trips) == riders and trips["rider_id"].is_unique
+    gone = trips[trips["status"] == "abandoned"]
+    assert set(gone["rider_id"]) <= {"gone-1", "gone-2", "gone-3"}
+    assert gone["events"].between(1, 2).all() and gone["pay_time"].isna().all()
+    trips = trips[trips["status"] != "abandoned"]
     assert set(trips.loc[trips["out_of_order"], "rider_id"]) == {"bad-1", "bad-2"}
     good = trips[~trips["out_of_order"]]
     assert (good["events"] == 3).all() and (good["status"] == "completed").all()
