@@ -252,9 +252,7 @@ class ThriftServer:
         request = args.request
         if request is None or not request.groupId:
             raise BadRequestError("PullRequest.groupId is required")
-        linger_ms = request.maxLingerTime
-        if linger_ms is not None:
-            linger_ms = min(max(linger_ms, 0), self._max_linger_ms)
+        linger_ms = self._linger(request.maxLingerTime)
         lease = None
         if request.leaseId is not None:
             lease = PullLease(request.leaseId, request.leaseIndex or 0, request.leaseTimeoutMs)
@@ -296,13 +294,15 @@ class ThriftServer:
             for row in rows
         ]
 
+    def _linger(self, asked_ms: int | None) -> int | None:
+        """The client's ``maxLingerTime`` within ``0..max_linger_ms`` (None: the service's default)."""
+        return None if asked_ms is None else min(max(asked_ms, 0), self._max_linger_ms)
+
     async def _fetch(self, args: Any) -> FetchResponse:
         request = args.request
         if request is None or not request.groupId:
             raise BadRequestError("FetchRequest.groupId is required")
-        linger_ms = request.maxLingerTime
-        if linger_ms is not None:
-            linger_ms = min(max(linger_ms, 0), self._max_linger_ms)
+        linger_ms = self._linger(request.maxLingerTime)
         pages = await self._service.fetch(request.groupId, request.fetchOffset, request.maxBatchSize, linger_ms)
         return FetchResponse(
             code=0,

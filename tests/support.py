@@ -181,3 +181,18 @@ def check_single_reader(records: list[dict[str, Any]]) -> int:
                 moves += 1
             previous_end = end
     return moves
+
+
+def check_order_by_term(records: list[dict[str, Any]], log: list[Delivery]) -> OrderChecker:
+    """Replay ``log`` through an OrderChecker whose epoch for each delivery is the lease term its
+    owner read it under (from the read audit ``records``)."""
+    reads: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for record in sorted(records, key=lambda r: r["t"]):
+        reads[(record["owner"], record["qid"])].append(record)
+    checker = OrderChecker()
+    for d in log:
+        term = term_of(reads, d)
+        checker.delivered(d.key, d.seq, term)
+        if d.acked:
+            checker.acked(d.key, d.seq, term)
+    return checker

@@ -17,7 +17,6 @@ import json
 import random
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from ddmq.client import keys, wire
 from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 
-from .support import Delivery, OrderChecker, ProxyProcess, acked_prefixes, body, check_single_reader, term_of
+from .support import Delivery, ProxyProcess, acked_prefixes, body, check_order_by_term, check_single_reader
 
 QUEUES = 8
 KEYS = 1200
@@ -172,15 +171,7 @@ async def test_three_proxies_kill_join_and_stop_lose_nothing_and_keep_every_key_
     assert moves >= 3, "the churn should have moved queues (kill, join, stop)"
 
     # Per-key order across the whole run, with each delivery's epoch = the lease term it was read under.
-    reads: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for record in sorted(records, key=lambda r: r["t"]):
-        reads[(record["owner"], record["qid"])].append(record)
-    checker = OrderChecker()
-    for d in log:
-        term = term_of(reads, d)
-        checker.delivered(d.key, d.seq, term)
-        if d.acked:
-            checker.acked(d.key, d.seq, term)
+    checker = check_order_by_term(records, log)
     assert checker.violations == [], checker.violations[:5]
     assert checker.missing(produced) == {}
     assert sum(produced.values()) == MESSAGES and len(produced) >= 1000

@@ -25,7 +25,15 @@ from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.proxy.errors import UnknownGroupError
 
-from .support import Delivery, OrderChecker, ProxyProcess, acked_prefixes, body, check_single_reader, term_of
+from .support import (
+    Delivery,
+    OrderChecker,
+    ProxyProcess,
+    acked_prefixes,
+    body,
+    check_order_by_term,
+    check_single_reader,
+)
 from .test_cluster import QUEUES as CLUSTER_QUEUES
 from .test_cluster import produce, puller
 
@@ -261,15 +269,7 @@ async def test_rolling_add_and_remove_of_a_group_across_two_proxies(
         if json.loads(line)["group"] == "g"
     ]
     assert check_single_reader(records) >= CLUSTER_QUEUES  # B's half moved in, then A's half
-    reads: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for record in sorted(records, key=lambda r: r["t"]):
-        reads[(record["owner"], record["qid"])].append(record)
-    checker = OrderChecker()
-    for d in deliveries:
-        term = term_of(reads, d)
-        checker.delivered(d.key, d.seq, term)
-        if d.acked:
-            checker.acked(d.key, d.seq, term)
+    checker = check_order_by_term(records, deliveries)
     assert checker.violations == [], checker.violations[:5]
     assert checker.missing(produced) == {}
     assert {d.owner for d in deliveries} == {"proxy-a", "proxy-b"}
