@@ -790,6 +790,96 @@ class _CompactReader:
             return message
         return Message(key=key, value=value, tag=tag, offset=offset, properties=properties, produceTime=produce_time)
 
+    def _read_messages(self, count: int) -> list[Message]:
+        """``count`` Messages laid out as the proxy writes them, in one loop with no call per field.
+
+        Every read index is checked by Python (``IndexError``) and every slice ends before the next
+        index read, so a message that runs past the payload or is laid out any other way (a key or tag
+        of 128 bytes or more, properties, a missing field) is read again by :meth:`_read_message`,
+        which also reports what is wrong with it.
+        """
+        data = self._data
+        pos = self._pos
+        new = object.__new__
+        messages: list[Message] = []
+        append = messages.append
+        for _ in range(count):
+            start = pos
+            try:
+                # key: field header 0x18 (delta 1, BINARY), a length under 128
+                if data[pos] != 0x18 or data[pos + 1] & 0x80:
+                    raise _OtherLayout
+                end = pos + 2 + data[pos + 1]
+                key = data[pos + 2 : end]
+                # value: any length (bodies are often 128 bytes or more)
+                if data[end] != 0x18:
+                    raise _OtherLayout
+                pos = end + 1
+                size = shift = 0
+                while True:
+                    byte = data[pos]
+                    pos += 1
+                    size |= (byte & 0x7F) << shift
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                    if shift > 28:
+                        raise _OtherLayout
+                end = pos + size
+                value = data[pos:end]
+                # tag, as the key
+                if data[end] != 0x18 or data[end + 1] & 0x80:
+                    raise _OtherLayout
+                pos = end + 2 + data[end + 1]
+                tag = data[end + 2 : pos]
+                # offset: 0x16 (delta 1, I64), a zigzag varint
+                if data[pos] != 0x16:
+                    raise _OtherLayout
+                pos += 1
+                number = shift = 0
+                while True:
+                    byte = data[pos]
+                    pos += 1
+                    number |= (byte & 0x7F) << shift
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                    if shift > 63:
+                        raise _OtherLayout
+                offset = (number >> 1) ^ -(number & 1)
+                # properties: 0x1B (delta 1, MAP) and an empty map; then produceTime: 0xF6 (field 20)
+                if data[pos] != 0x1B or data[pos + 1] != 0 or data[pos + 2] != 0xF6:
+                    raise _OtherLayout
+                pos += 3
+                number = shift = 0
+                while True:
+                    byte = data[pos]
+                    pos += 1
+                    number |= (byte & 0x7F) << shift
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                    if shift > 63:
+                        raise _OtherLayout
+                if data[pos] != _CompactType.STOP:  # also proves no slice above ran past the payload
+                    raise _OtherLayout
+                pos += 1
+            except (_OtherLayout, IndexError):
+                self._pos = start
+                append(self._read_message())
+                pos = self._pos
+                continue
+            message = new(Message)
+            message.key = key.decode("utf-8")
+            message.value = value
+            message.tag = tag.decode("utf-8")
+            message.offset = offset
+            message.properties = {}
+            message.produceTime = (number >> 1) ^ -(number & 1)
+            append(message)
+        self._pos = pos
+        return messages
+
     def _read_list(self, spec: Any) -> list[Any]:
         elem_ttype, elem_spec = _split_spec(spec)
         ctype, size = self._collection_header()
@@ -798,6 +888,8 @@ class _CompactReader:
         self._enter()
         if elem_ttype in (TType.I16, TType.I32, TType.I64):
             items = self._zigzag_list(size)  # offsets in acks: the one long list of a request
+        elif elem_spec is Message and _MESSAGE_FAST_PATH:
+            items = self._read_messages(size)  # a pull reply's messages: the client's busiest loop
         else:
             items = [self._read_value(elem_ttype, elem_spec) for _ in range(size)]
         self._leave()

@@ -133,3 +133,30 @@ def test_reader_refuses_a_truncated_fast_path_message() -> None:
     for cut in range(1, 30):
         with pytest.raises(wire.FrameDecodeError):
             wire.decode(frame[4:-cut], lambda name, mtype: ConsumerService.pull_result())
+
+
+def test_reader_refuses_every_truncation_of_a_mixed_list() -> None:
+    """Fast-path messages around ones that take the generic way (long key, properties), cut anywhere."""
+    messages = [
+        StoredMessage(1, b"a" * 200, "k1", "", {}, 1_763_776_220_123),
+        StoredMessage(2, b"b", "k" * 130, "", {}, 2),
+        StoredMessage(3, b"c", "k3", "t", {"p": "q"}, 3),
+        StoredMessage(4, b"", "", "", {}, 0),
+    ]
+    frame = encode_pull_reply(1, "g", "t", "0", messages)
+    whole = wire.decode(frame[4:], lambda name, mtype: ConsumerService.pull_result()).body
+    assert whole is not None
+    assert whole.success == _thriftpy2_read(frame[4:])
+    got = [(m.offset, m.key, m.value) for m in whole.success.messages]
+    assert got == [(m.offset, m.key, m.value) for m in messages]
+    for cut in range(1, len(frame) - 4):
+        with pytest.raises(wire.FrameDecodeError):
+            wire.decode(frame[4:-cut], lambda name, mtype: ConsumerService.pull_result())
+
+
+def test_reader_refuses_a_value_length_beyond_the_payload() -> None:
+    frame = bytearray(encode_pull_reply(1, "g", "t", "0", [StoredMessage(5, b"body", "k", "", {}, 1)]))
+    at = frame.index(b"\x18\x04body")
+    frame[at + 1 : at + 2] = b"\xff\xff\xff\xff\x0f"  # the value claims 4 GiB
+    with pytest.raises(wire.FrameDecodeError):
+        wire.decode(bytes(frame[4:]), lambda name, mtype: ConsumerService.pull_result())
