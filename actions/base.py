@@ -1,7 +1,7 @@
 """The plug-in contract for actions, in one place.
 
 An action is built once per (group, topic) from its :class:`ChainContext` and then called for every
-job with ``await action.act(job)``. It answers a :class:`Status`:
+job with ``action.act(job)``, a plain (not ``async``) call. It answers a :class:`Status`:
 
 - ``CONTINUE``: go on with the next action;
 - ``FINISH``: the job is done (e.g. filtered out); its offset may be committed, its key released;
@@ -9,15 +9,16 @@ job with ``await action.act(job)``. It answers a :class:`Status`:
 - ``ASYNC``: the action took the job over and will resume or finish it later (Order parks it in the
   key gate, PullServer hands it to the pull buffer).
 
-Actions after ``Order`` run one job at a time in the consumer's dispatcher: they must not wait on
-I/O themselves; I/O-bound actions return ``ASYNC`` and finish the job from their own bounded tasks.
+``act`` never waits: the chain runs inside the queue reader and the dispatcher, one job after the
+other, and a coroutine per action per message cost more CPU than the actions themselves. I/O-bound
+actions (the push sinks) return ``ASYNC`` and finish the job from their own bounded tasks.
 An action that owns tasks or connections also has ``start()`` (called once the loop runs) and
 ``async close()``; the consumer calls them through :func:`start_chain` / :func:`close_chain`.
 
 >>> @register("Noop")
 ... class Noop:
 ...     def __init__(self, ctx: ChainContext) -> None: ...
-...     async def act(self, job: UpstreamJob) -> Status:
+...     def act(self, job: UpstreamJob) -> Status:
 ...         return Status.CONTINUE
 """
 
@@ -57,7 +58,7 @@ class ChainContext(Protocol):
 
 
 class Action(Protocol):
-    async def act(self, job: UpstreamJob) -> Status: ...
+    def act(self, job: UpstreamJob) -> Status: ...
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ class FilterAction:
             return self._expression(data)
         return True
 
-    async def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: UpstreamJob) -> Status:
         if self.keeps(job):
             return Status.CONTINUE
         self._ctx.count("filtered_out")

@@ -21,7 +21,7 @@ class JsonAction:
     def __init__(self, ctx: ChainContext) -> None:
         self._ctx = ctx
 
-    async def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: UpstreamJob) -> Status:
         body = job.message.value
         try:
             try:

@@ -63,7 +63,7 @@ class OrderAction:
                 return ("qid", job.qid)
         return key
 
-    async def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: UpstreamJob) -> Status:
         job.order_key = self.order_key(job)
         # Runnable now or waiting behind its key's head: either way the consumer's dispatcher
         # continues the chain once the blocking queue hands the job out.

@@ -13,6 +13,6 @@ class PullServerAction:
     def __init__(self, ctx: ChainContext) -> None:
         self._buffer = ctx.buffer
 
-    async def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: UpstreamJob) -> Status:
         self._buffer.add(job)
         return _ASYNC

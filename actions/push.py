@@ -90,7 +90,7 @@ class PushAction(ABC):
         counts as a failed attempt of every job of the batch.
         """
 
-    async def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: UpstreamJob) -> Status:
         self._enqueue(job)
         return Status.ASYNC
 

@@ -39,7 +39,7 @@ class TransitAction:
             target[parts[-1]] = value
         return out
 
-    async def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: UpstreamJob) -> Status:
         if job.data is INVALID_JSON:
             job.last_error = f"Transit: {job.last_error or 'body is not JSON'}"
             self._ctx.count("transit_invalid")

@@ -347,11 +347,11 @@ class TopicConsumer:
                 continue
             self.unfinished += 1
             counters["read"] += 1
-            await self.run(UpstreamJob(self, queue, message, tracker))
+            self.run(UpstreamJob(self, queue, message, tracker))
 
     # the chain ---------------------------------------------------------------------------------
 
-    async def run(self, job: UpstreamJob) -> None:
+    def run(self, job: UpstreamJob) -> None:
         """Run ``job`` from its current position in the chain until an action takes it over."""
         chain = self.chain
         timers = self.action_timers
@@ -361,7 +361,7 @@ class TopicConsumer:
             job.index = index + 1
             started = perf_counter() if timers is not None else 0.0
             try:
-                status = await action.act(job)
+                status = action.act(job)
             except Exception as exc:
                 log.exception("action %s failed on %r", type(action).__name__, job)
                 job.last_error = f"{type(action).__name__} raised {exc!r}"
@@ -389,7 +389,7 @@ class TopicConsumer:
                     job.state = JobState.FINISHED
                     self.finish(job)
                     continue
-                await self.run(job)
+                self.run(job)
 
     # finishing ---------------------------------------------------------------------------------
 
