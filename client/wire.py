@@ -886,6 +886,7 @@ class _CompactReader:
         if size and not _same_type(ctype, elem_ttype):
             raise FrameDecodeError(f"list elements have compact type {ctype}, expected thrift type {elem_ttype}")
         self._enter()
+        items: list[Any]
         if elem_ttype in (TType.I16, TType.I32, TType.I64):
             items = self._zigzag_list(size)  # offsets in acks: the one long list of a request
         elif elem_spec is Message and _MESSAGE_FAST_PATH:
