@@ -7,6 +7,11 @@ through Thrift pull clients (batch 64, acks on the next pull). The proxy's clock
 committable); the time until the last message reached a client is recorded too. Each baseline runs
 right before its proxy run, so each ratio pairs two measurements taken seconds apart.
 
+P1 also measures the clients' own floor: the same client load draining a stand-in server
+(:mod:`bench.replay`) that answers every pull at once with ready-made messages and keeps no state.
+Its rate divided by the baseline (``client_floor_ratio``) is the most P1 could show with these clients
+on this machine, whatever the proxy did.
+
 P2: the same backlog plus one key, ``poison``, as frequent as any other, whose messages the client
 never acks (its head times out after ``timeout_ms`` and is redelivered, ``max_retry`` is high). The
 figure is the other keys' msg/s with the poison key stuck divided by the msg/s of control runs on
@@ -22,11 +27,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from bench.clientproc import ClientProcess
 from bench.clients import ProxyDrain, RawDrain, drain_proxy, drain_raw
-from bench.dataset import QUEUES, produce_backlog, streams
+from bench.dataset import QUEUES, TOPIC, produce_backlog, streams
+from bench.replay import ReplaySpec, serve_pull_replies
 from bench.report import Row, Target
 from bench.scenarios.base import ORDER_KEYS, Settings, log, proxy_sections, run_load
-from bench.stack import Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds
+from bench.stack import Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds, free_port
 
 __all__ = ["isolation", "throughput"]
 
@@ -92,6 +99,19 @@ def drain_via_proxy(
     return Drained(result, proxy_cpu, redis_cpu, proxy.profile)
 
 
+def client_floor(messages: int) -> dict[str, float]:
+    """P1's client load against :mod:`bench.replay` (no proxy work at all): rate and client CPU."""
+    spec = ReplaySpec(free_port(), TOPIC, QUEUES, messages, KEYS, BATCH)
+    with ClientProcess(serve_pull_replies, spec) as server:
+        server.wait_ready(60)
+        drain = ProxyDrain(spec.port, "cg-floor", messages, CONNECTIONS, BATCH, wait_commit=False)
+        result = run_load(drain_proxy, drain, _load_timeout_s(messages))
+    return {
+        "msgs_per_s": messages / result["delivered_s"],
+        "client_cpu_us_per_msg": result["client_cpu_s"] / messages * 1e6,
+    }
+
+
 def _rate(messages: int, seconds: float | None) -> float | None:
     return messages / seconds if seconds else None
 
@@ -126,7 +146,13 @@ def throughput(settings: Settings) -> list[Row]:
             )
             log(f"{row_id}: baseline drains again")
             after = drain_baseline(redis_server, [f"raw-{row_id}-b{i}" for i in range(BASELINE_RUNS)], messages)
-            rows.append(_throughput_row(row_id, variant, order_key, actions, messages, before + after, proxy))
+            floor = None
+            if row_id == "P1":
+                log("P1: the clients' floor, against a stand-in server with no proxy work")
+                floor = client_floor(messages)
+            rows.append(
+                _throughput_row(row_id, variant, order_key, actions, messages, before + after, proxy, floor)
+            )
     return rows
 
 
@@ -138,6 +164,7 @@ def _throughput_row(
     messages: int,
     baselines: list[Drained],
     proxy: Drained,
+    floor: dict[str, float] | None = None,
 ) -> Row:
     baseline_rates = [messages / b.result["elapsed_s"] for b in baselines]
     baseline_rate = statistics.median(baseline_rates)
@@ -161,6 +188,14 @@ def _throughput_row(
                              "clients": round(statistics.median(b.result["client_cpu_s"] for b in baselines), 2)},
         },
     }
+    data["cpu_us_per_msg"] = {
+        "proxy": round(proxy.proxy_cpu_s / messages * 1e6, 2),
+        "clients": round(proxy.result["client_cpu_s"] / messages * 1e6, 2),
+    }
+    if floor is not None:
+        data["client_floor_msgs_per_s"] = round(floor["msgs_per_s"])
+        data["client_floor_ratio"] = round(floor["msgs_per_s"] / baseline_rate, 3)
+        data["client_floor_cpu_us_per_msg"] = round(floor["client_cpu_us_per_msg"], 2)
     if proxy.profile is not None:
         data["profile"] = proxy.profile.as_json()
     params = {
@@ -171,7 +206,8 @@ def _throughput_row(
         params["profiled"] = proxy.profile.tool
     return Row(
         row_id, f"throughput, order key {variant}", _fmt(committed_rate),
-        f"{_fmt(baseline_rate)} ±{_spread(baseline_rates):.0%}",
+        f"{_fmt(baseline_rate)} ±{_spread(baseline_rates):.0%}"
+        + ("" if floor is None else f" (clients alone: {floor['msgs_per_s'] / baseline_rate:.2f})"),
         committed_rate / baseline_rate, Target(">=", 0.5), params, data,
     )
 
