@@ -123,6 +123,7 @@ class _Drain:
         self.seen: set[tuple[str, int]] = set()
         self.deliveries = 0
         self.poison_deliveries = 0
+        self.replies_with_messages = 0
         self.done = asyncio.Event()
         self.done_at = 0.0
 
@@ -131,6 +132,7 @@ class _Drain:
         messages = response.messages
         if not messages:
             return None
+        self.replies_with_messages += 1
         qid = response.context.qid if response.context is not None else ""
         acks = []
         for message in messages:
@@ -150,6 +152,7 @@ class _Drain:
             "unique": len(self.seen),
             "duplicates": self.deliveries - len(self.seen),
             "poison_deliveries": self.poison_deliveries,
+            "replies_with_messages": self.replies_with_messages,
         }
 
 

@@ -181,6 +181,10 @@ def _throughput_row(
         "proxy_committed_s": round(proxy.result["committed_s"], 3),
         "proxy_delivered_s": round(proxy.result["delivered_s"], 3),
         "duplicates": proxy.result["duplicates"],
+        # Poison deliveries are left out of both counts (P2); P1 has none.
+        "messages_per_pull": round(
+            (proxy.result["unique"] + proxy.result["duplicates"]) / max(1, proxy.result["replies_with_messages"]), 1
+        ),
         "cpu_s": {
             "proxy_run": {"proxy": round(proxy.proxy_cpu_s, 2), "redis": round(proxy.redis_cpu_s, 2),
                           "clients": round(proxy.result["client_cpu_s"], 2)},
