@@ -851,7 +851,7 @@ class _CompactReader:
                 if data[pos] != 0x1B or data[pos + 1] != 0 or data[pos + 2] != 0xF6:
                     raise _OtherLayout
                 pos += 3
-                number = shift = 0
+                number = shift = 0  # the offset's loop again, inline: no call per field here
                 while True:
                     byte = data[pos]
                     pos += 1

@@ -181,7 +181,7 @@ def _throughput_row(
         "proxy_committed_s": round(proxy.result["committed_s"], 3),
         "proxy_delivered_s": round(proxy.result["delivered_s"], 3),
         "duplicates": proxy.result["duplicates"],
-        # Poison deliveries are left out of both counts (P2); P1 has none.
+        # Deliveries per reply that carried any: the batch size the proxy could fill.
         "messages_per_pull": round(
             (proxy.result["unique"] + proxy.result["duplicates"]) / max(1, proxy.result["replies_with_messages"]), 1
         ),
