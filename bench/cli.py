@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--only", default="", help=f"comma-separated scenario ids ({','.join(SCENARIOS)}); default all")
     parser.add_argument(
-        "--profile", action="store_true",
-        help="profile the P1 proxy: py-spy flame graph (else pyinstrument HTML) in the results folder",
+        "--profile", nargs="?", const="P1", default=None, choices=["P1", "P1j", "P1q"], metavar="ROW",
+        help="profile the proxy of one throughput row (P1, P1j or P1q; default P1): py-spy flame graph "
+        "(else pyinstrument HTML) in the results folder, named after the row",
     )
     return parser
 

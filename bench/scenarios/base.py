@@ -24,7 +24,8 @@ ORDER_KEYS: dict[str, tuple[str, list[str]]] = {
 @dataclass(frozen=True)
 class Settings:
     quick: bool
-    profile: bool
+    #: The throughput row whose proxy is profiled (``--profile [ROW]``), or None.
+    profile: str | None
     results_dir: Path
 
     def size(self, quick: int, full: int) -> int:

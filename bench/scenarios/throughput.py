@@ -136,8 +136,8 @@ def throughput(settings: Settings) -> list[Row]:
             log(f"{row_id}: baseline XREADGROUP+XACK drains")
             before = drain_baseline(redis_server, [f"raw-{row_id}-a{i}" for i in range(BASELINE_RUNS)], messages)
             profiler = None
-            if settings.profile and row_id == "P1":
-                profiler = Profiler(settings.results_dir, "p1-profile")
+            if settings.profile == row_id:
+                profiler = Profiler(settings.results_dir, f"{row_id.lower()}-profile")
                 log(f"{row_id}: profiling the proxy with {profiler.tool or '(no profiler installed)'}")
             log(f"{row_id}: proxy drain, order_key {order_key}")
             proxy = drain_via_proxy(
