@@ -4,7 +4,8 @@
 
 - ``codec``: encoding a 64-message pull reply with thriftpy2's writer (what the proxy used to do), with
   ``wire.encode`` from thriftpy2 structs, and with :mod:`ddmq.proxy.pull_codec`; the client's decoding
-  of that reply; a pull request carrying 64 acks, encoded and decoded;
+  of that reply; a pull request carrying 64 acks, encoded and decoded; one carrying a single ack,
+  decoded (QID ordering's request: its whole cost falls on one message);
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
   ``Order, PullServer`` by KEY, drained through ``ProxyService.pull`` by 8 pullers acking on their next
   pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks.
@@ -74,6 +75,15 @@ def codec(repeat: int = 300) -> dict[str, float]:
         request=PullRequest(groupId="g", topic="t", maxBatchSize=BATCH, maxLingerTime=200, result=result)
     )
     request_frame = encode("pull", TMessageType.CALL, 7, request)
+    # QID ordering's pull: one ack per request, so the request's fixed cost is all there is per message.
+    one_ack = ConsumerService.pull_args(
+        request=PullRequest(
+            groupId="g", topic="t", maxBatchSize=BATCH, maxLingerTime=200,
+            result=ConsumeResult(context=Context(groupId="g", topic="t", qid="3"), successOffsets=[100_000],
+                                 failOffsets=[]),
+        )
+    )
+    one_ack_frame = encode("pull", TMessageType.CALL, 7, one_ack)
 
     def structs_reply() -> bytes:
         frame: bytes = encode(
@@ -99,6 +109,9 @@ def codec(repeat: int = 300) -> dict[str, float]:
         "request_with_acks_encode_us": _cpu_us(lambda: encode("pull", TMessageType.CALL, 7, request), repeat, BATCH),
         "request_with_acks_decode_us": _cpu_us(
             lambda: decode(request_frame[4:], lambda name, mtype: ConsumerService.pull_args()), repeat, BATCH
+        ),
+        "request_with_1_ack_decode_us": _cpu_us(
+            lambda: decode(one_ack_frame[4:], lambda name, mtype: ConsumerService.pull_args()), repeat * 20, 1
         ),
     }
 

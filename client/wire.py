@@ -513,6 +513,17 @@ _COMPACT_OF_TTYPE: Final[dict[int, int]] = {
     TType.MAP: _CompactType.MAP,
     TType.STRUCT: _CompactType.STRUCT,
 }
+# The same numbers as plain module constants, for the reader's per-field loop.
+_C_STOP: Final = _CompactType.STOP
+_C_TRUE: Final = _CompactType.TRUE
+_C_FALSE: Final = _CompactType.FALSE
+_T_STRING: Final = TType.STRING
+_T_BINARY: Final = TType.BINARY
+_T_BOOL: Final = TType.BOOL
+_T_I16: Final = TType.I16
+_T_I32: Final = TType.I32
+_T_I64: Final = TType.I64
+_T_STRUCT: Final = TType.STRUCT
 _PROTOCOL_ID: Final = 0x82
 _VERSION: Final = 1
 _VARINT_MAX_BYTES: Final = 10  # enough for 64 bits
@@ -671,34 +682,44 @@ class _CompactReader:
         self._enter()
         fields = _fields_of(type(obj))
         data = self._data
+        size = len(data)
         last_fid = 0
+        # Plain locals and globals below, not ``TType.X``/``_CompactType.X``: this loop runs for every
+        # field of every request, and a class attribute costs more to read than a local.
         while True:
-            # The field header, inline: this loop runs for every field of every message.
+            # The field header, inline.
             pos = self._pos
-            if pos >= len(data):
+            if pos >= size:
                 raise FrameDecodeError(f"payload truncated at byte {pos}")
             header = data[pos]
             self._pos = pos + 1
             ctype = header & 0x0F
-            if ctype == _CompactType.STOP:
+            if ctype == _C_STOP:
                 break
             delta = header >> 4
             fid = last_fid + delta if delta else self._zigzag()
             last_fid = fid
             field = fields.get(fid)
-            if field is None or field[0] != (_CompactType.TRUE if ctype == _CompactType.FALSE else ctype):
+            if field is None or field[0] != (_C_TRUE if ctype == _C_FALSE else ctype):
                 self.skip(ctype)
                 continue
             ttype = field[1]
             value: Any
-            if ttype == TType.STRING:
+            if ttype == _T_STRING:
                 value = self._bytes().decode("utf-8")
-            elif ttype == TType.BINARY:
-                value = self._bytes()
-            elif ttype == TType.I64 or ttype == TType.I32 or ttype == TType.I16:
+            elif ttype == _T_I64 or ttype == _T_I32 or ttype == _T_I16:
                 value = self._zigzag()
-            elif ttype == TType.BOOL:
-                value = ctype == _CompactType.TRUE  # a bool field lives in its header
+            elif ttype == _T_STRUCT:
+                spec = field[3]
+                if spec is Message and _MESSAGE_FAST_PATH:
+                    value = self._read_message()
+                else:
+                    value = spec()
+                    self.read_struct(value)
+            elif ttype == _T_BINARY:
+                value = self._bytes()
+            elif ttype == _T_BOOL:
+                value = ctype == _C_TRUE  # a bool field lives in its header
             else:
                 value = self._read_value(ttype, field[3])
             setattr(obj, field[2], value)
