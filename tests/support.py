@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ddmq.client.producer import Producer
 
 
 def free_port() -> int:
@@ -130,6 +133,36 @@ class OrderChecker:
 
 def body(key: str, seq: int) -> str:
     return json.dumps({"k": key, "seq": seq})
+
+
+def produce_keyed(
+    redis_url: str,
+    count: int,
+    produced: dict[str, int],
+    rng: random.Random,
+    *,
+    keys: int,
+    topic: str = "t",
+    key_prefix: str = "key-",
+    queues: int | None = None,
+    pause_s: float = 0.0,
+) -> None:
+    """Produce ``count`` messages over ``keys`` random keys, each body carrying its key's next sequence
+    number (``produced[key]`` counts them), in batches of 500 with ``pause_s`` between batches.
+    ``queues`` creates the topic first; without it the topic must exist (a running proxy makes it)."""
+    with Producer(redis_url) as producer:
+        if queues is not None:
+            producer.ensure_topic(topic, queues)
+        for start in range(0, count, 500):
+            batch = []
+            for _ in range(min(500, count - start)):
+                key = f"{key_prefix}{rng.randrange(keys)}"
+                seq = produced.get(key, 0)
+                produced[key] = seq + 1
+                batch.append({"key": key, "value": body(key, seq)})
+            producer.send_batch(topic, batch)
+            if pause_s:
+                time.sleep(pause_s)
 
 
 # -- several proxies: deliveries tagged with the proxy that served them, and the read audit ----------

@@ -13,6 +13,7 @@ Checked over the whole run:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import threading
@@ -24,10 +25,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from ddmq.client import keys, wire
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 
-from .support import Delivery, ProxyProcess, acked_prefixes, body, check_order_by_term, check_single_reader
+from .support import Delivery, ProxyProcess, acked_prefixes, check_order_by_term, check_single_reader, produce_keyed
 
 QUEUES = 8
 KEYS = 1200
@@ -64,18 +64,7 @@ class Cluster:
         return records
 
 
-def produce(redis_url: str, count: int, produced: dict[str, int], rng: random.Random, pause_s: float = 0) -> None:
-    with Producer(redis_url) as producer:
-        producer.ensure_topic("t", QUEUES)
-        for start in range(0, count, 500):
-            batch = []
-            for _ in range(min(500, count - start)):
-                key = f"rider-{rng.randrange(KEYS)}"
-                seq = produced.get(key, 0)
-                produced[key] = seq + 1
-                batch.append({"key": key, "value": body(key, seq)})
-            producer.send_batch("t", batch)
-            time.sleep(pause_s)
+produce = functools.partial(produce_keyed, keys=KEYS, key_prefix="rider-", queues=QUEUES)
 
 
 async def puller(owner: str, port: int, log: list[Delivery], stop: asyncio.Event, rng: random.Random) -> None:
@@ -134,8 +123,8 @@ async def test_three_proxies_kill_join_and_stop_lose_nothing_and_keep_every_key_
             await asyncio.to_thread(cluster.start, name)
             add_pullers(name)
         # The rest arrives steadily through the whole run, so every event below happens mid-stream.
-        rest = threading.Thread(target=produce, args=(redis_url, MESSAGES - PRE_PRODUCED, produced,
-                                                      random.Random(12), 0.1))
+        rest = threading.Thread(target=produce, args=(redis_url, MESSAGES - PRE_PRODUCED, produced, random.Random(12)),
+                                kwargs={"pause_s": 0.1})
         rest.start()
         await wait_for_acks(15_000)
         cluster.proxies["proxy-2"].kill()  # SIGKILL mid-stream: its queues move once its leases expire

@@ -7,6 +7,7 @@ is delivered and acked, each key's deliveries follow its order, and committed of
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 from pathlib import Path
@@ -14,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from ddmq.client import wire
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 
-from .support import OrderChecker, ProxyProcess, body
+from .support import OrderChecker, ProxyProcess, produce_keyed
 
 QUEUES = 8
 KEYS = 1000
@@ -25,20 +25,7 @@ GROUP = "cg_e2e"
 TOPIC = "events"
 
 
-def produce(redis_url: str, produced: dict[str, int], count: int, rng: random.Random) -> None:
-    keys = [f"key-{i}" for i in range(KEYS)]
-    with Producer(redis_url) as producer:
-        batch = []
-        for _ in range(count):
-            key = rng.choice(keys)
-            seq = produced.get(key, 0)
-            produced[key] = seq + 1
-            batch.append({"key": key, "value": body(key, seq)})
-            if len(batch) == 500:
-                producer.send_batch(TOPIC, batch)
-                batch = []
-        if batch:
-            producer.send_batch(TOPIC, batch)
+produce = functools.partial(produce_keyed, keys=KEYS, topic=TOPIC)
 
 
 class Client:
@@ -144,7 +131,7 @@ async def test_ordered_no_loss_with_fails_drops_and_a_sigkill(redis_url: str, tm
     produced: dict[str, int] = {}
     try:
         # Phase 1: 20k messages, 4 clients with random fails and dropped acks.
-        await asyncio.to_thread(produce, redis_url, produced, 20_000, rng)
+        await asyncio.to_thread(produce, redis_url, 20_000, produced, rng)
         stop = asyncio.Event()
         clients = [Client(proxy, checker, random.Random(i), fail_p=0.02, drop_p=0.01) for i in range(4)]
         tasks = [asyncio.create_task(c.run(stop)) for c in clients]
@@ -154,7 +141,7 @@ async def test_ordered_no_loss_with_fails_drops_and_a_sigkill(redis_url: str, tm
         assert sum(offsets.values()) == 20_000 + QUEUES  # next offset per queue: produced + 1
 
         # Phase 2: 10k more; SIGKILL the proxy mid-stream, restart it, finish.
-        await asyncio.to_thread(produce, redis_url, produced, 10_000, rng)
+        await asyncio.to_thread(produce, redis_url, 10_000, produced, rng)
         await asyncio.wait_for(acked_at_least(checker, 24_000), 60)
         proxy.kill()  # synchronous: no client task runs until the next incarnation is counted
         proxy.start()

@@ -5,6 +5,7 @@ waking up (its commits are fenced off and it delivers nothing)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import signal
@@ -14,28 +15,19 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from ddmq.client import keys, wire
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.types import QueueResult
 
 from .proxy.conftest import running_proxy
-from .support import OrderChecker, ProxyProcess, body
+from .support import OrderChecker, ProxyProcess, produce_keyed
 
 QUEUES = 4
 LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}
 GROUP_CONFIG = {"actions": ["Json", "Order", "PullServer"], "order_key": "$.k", "timeout_ms": 2000}
 
 
-def produce(redis_url: str, count: int, produced: dict[str, int], rng: random.Random) -> None:
-    with Producer(redis_url) as producer:
-        batch = []
-        for _ in range(count):
-            key = f"key-{rng.randrange(200)}"
-            seq = produced.get(key, 0)
-            produced[key] = seq + 1
-            batch.append({"key": key, "value": body(key, seq)})
-        producer.send_batch("t", batch)
+produce = functools.partial(produce_keyed, keys=200)
 
 
 def start_process(tmp_path: Path, redis_url: str) -> ProxyProcess:

@@ -8,6 +8,7 @@ reach the produce offsets.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 from pathlib import Path
@@ -16,9 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ddmq.client.producer import Producer
-
-from .support import OrderChecker, ProxyProcess, body, free_port
+from .support import OrderChecker, ProxyProcess, free_port, produce_keyed
 
 QUEUES = 8
 KEYS = 500
@@ -27,17 +26,7 @@ GROUP = "cg_http"
 TOPIC = "events"
 
 
-def produce(redis_url: str, produced: dict[str, int], count: int, rng: random.Random) -> None:
-    keys = [f"key-{i}" for i in range(KEYS)]
-    with Producer(redis_url) as producer:
-        for start in range(0, count, 500):
-            batch = []
-            for _ in range(min(500, count - start)):
-                key = rng.choice(keys)
-                seq = produced.get(key, 0)
-                produced[key] = seq + 1
-                batch.append({"key": key, "value": body(key, seq)})
-            producer.send_batch(TOPIC, batch)
+produce = functools.partial(produce_keyed, keys=KEYS, topic=TOPIC)
 
 
 class HttpClient:
@@ -140,7 +129,7 @@ async def test_http_pull_keeps_key_order_and_loses_nothing(redis_url: str, tmp_p
     produced: dict[str, int] = {}
     try:
         await wait_ready(base)
-        await asyncio.to_thread(produce, redis_url, produced, MESSAGES, rng)
+        await asyncio.to_thread(produce, redis_url, MESSAGES, produced, rng)
         stop = asyncio.Event()
         clients = [HttpClient(base, checker, random.Random(i), fail_p=0.03, drop_p=0.01) for i in range(5)]
         tasks = [asyncio.create_task(client.run(stop)) for client in clients]

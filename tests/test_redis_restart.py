@@ -10,6 +10,7 @@ every produced message is acked, in per-key order, and the committed offsets rea
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
@@ -18,26 +19,16 @@ from pathlib import Path
 import redis
 
 from ddmq.client import keys, wire
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.proxy.embedded import EmbeddedRedis
 
-from .support import OrderChecker, ProxyProcess, body, free_port
+from .support import OrderChecker, ProxyProcess, free_port, produce_keyed
 
 QUEUES = 4
 KEYS = 300
 
 
-def produce(url: str, count: int, produced: dict[str, int], rng: random.Random) -> None:
-    with Producer(url) as producer:
-        producer.ensure_topic("t", QUEUES)
-        batch = []
-        for _ in range(count):
-            key = f"key-{rng.randrange(KEYS)}"
-            seq = produced.get(key, 0)
-            produced[key] = seq + 1
-            batch.append({"key": key, "value": body(key, seq)})
-        producer.send_batch("t", batch)
+produce = functools.partial(produce_keyed, keys=KEYS, queues=QUEUES)
 
 
 async def puller(port: int, checker: OrderChecker, stop: asyncio.Event, errors: list[str]) -> None:
