@@ -1,4 +1,7 @@
-"""``ddmq``: the operator and developer CLI (produce, consume, status, demo)."""
+"""``ddmq``: the operator and developer CLI (produce, consume, status, offsets, dead letters, demo).
+
+Common flags default to environment variables: ``--redis`` to ``$DDMQ_REDIS``, ``--servers`` to
+``$DDMQ_SERVERS``, ``--http`` to ``$DDMQ_HTTP`` and the admin token to ``$DDMQ_ADMIN_TOKEN``."""
 
 from __future__ import annotations
 
@@ -6,18 +9,26 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import cast
+
+from ddmq.client import clitools
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddmq", description=__doc__)
+    parser = clitools.Parser(prog="ddmq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    clitools.add_version(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Subcommands are clitools.Parser too (argparse's default parser_class is the parent's class).
+    sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
+               parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
-    from ddmq.client import consumer, producer, status
+    from ddmq.client import admin, consumer, offsets, producer, status
 
     producer.add_cli(sub)
     consumer.add_cli(sub)
     status.add_cli(sub)
+    offsets.add_cli(sub)
+    admin.add_cli(sub)
 
     demo = sub.add_parser("demo", help="run an embedded Redis, a proxy, a ride-event producer and consumers")
     from ddmq.proxy import demo as demo_module
@@ -48,8 +59,7 @@ def _spark_pipeline(args: argparse.Namespace) -> int:
     try:
         import pyspark  # noqa: F401
     except ImportError as exc:
-        print(f"ddmq spark-pipeline needs PySpark: pip install 'ddmq-proxy[spark]' ({exc})", file=sys.stderr)
-        return 2
+        raise clitools.CliError(f"needs PySpark: pip install 'ddmq-proxy[spark]' ({exc})") from exc
     return pipeline.main(args)
 
 
@@ -61,8 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    result: int = args.func(args)
-    return result
+    return clitools.run_command(args.func, args)
 
 
 if __name__ == "__main__":

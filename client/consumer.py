@@ -5,14 +5,19 @@ Like DDMQ's Carrera consumer pool, each puller (a thread in :class:`PullConsumer
 A puller loops: pull (carrying the results of its previous batch), hand the messages to the processor
 in order, remember which offsets succeeded and which failed, pull again. When it stops, it sends what
 it still holds with a final ``submit``. Results always go back to the proxy that handed the messages
-out, so a puller never switches servers; after a connection error it reconnects with backoff and
-keeps its results for the next successful call.
+out, so a puller never switches servers; after a connection error it reconnects with backoff (doubling,
+with jitter so that many clients do not retry in step) and keeps its results for the next successful call.
+
+Errors that retrying cannot cure (:attr:`ProxyClientError.retriable` is False: an unknown group or
+topic, a server that speaks HTTP) stop the whole consumer: :attr:`PullConsumer.error` holds the first
+one, ``on_error`` is called with it, and :meth:`~PullConsumer.wait`, :meth:`~PullConsumer.run` and the
+end of a ``with`` block raise it.
 
 >>> def process(message: ConsumedMessage) -> bool:
 ...     print(message.topic, message.qid, message.offset, message.value)
 ...     return True  # False (or an exception) fails the message: it is retried later
->>> with PullConsumer("proxy-1:9713,proxy-2:9713", "rides", process, threads=4):
-...     wait_for_shutdown()
+>>> consumer = PullConsumer("proxy-1:9713,proxy-2:9713", "rides", process, threads=4)
+>>> consumer.run()  # until consumer.stop() (from a processor, another thread) or Ctrl-C; raises a fatal error
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import base64
 import json
 import logging
+import random
 import sys
 import threading
 import time
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
+from ddmq.client import clitools
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError
 from ddmq.client.wire import DEFAULT_PORT, ConsumeResult, Context, PullRequest, PullResponse, link_results
 
@@ -37,6 +44,7 @@ __all__ = [
     "AsyncPullConsumer",
     "ConsumedMessage",
     "ConsumerStats",
+    "NotProcessed",
     "PullConsumer",
     "add_cli",
     "parse_servers",
@@ -46,6 +54,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RETRY_SLEEP_MS: Final = 100
 DEFAULT_MAX_BACKOFF_MS: Final = 5000
+
+
+class NotProcessed(Exception):
+    """Raised by a processor to leave a message neither acked nor failed: it is not reported, and the
+    proxy delivers it again once the group's ``timeout_ms`` has passed, as it does for the messages of a
+    consumer that went away (its timeout rule counts that as an attempt). ``ddmq consume`` does this
+    with messages it could not print."""
 
 
 @dataclass(frozen=True)
@@ -65,12 +80,14 @@ class ConsumedMessage:
 
 @dataclass(frozen=True)
 class ConsumerStats:
-    """Counters since start: messages pulled, acked (processor True) and failed, and pull/submit errors."""
+    """Counters since start: messages pulled, acked (processor True), failed, left unreported
+    (:class:`NotProcessed`), and pull/submit errors."""
 
     pulled: int = 0
     acked: int = 0
     failed: int = 0
     errors: int = 0
+    unreported: int = 0
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -116,18 +133,51 @@ class _Counters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pulled = self._acked = self._failed = self._errors = 0
+        self._pulled = self._acked = self._failed = self._errors = self._unreported = 0
 
-    def add(self, *, pulled: int = 0, acked: int = 0, failed: int = 0, errors: int = 0) -> None:
+    def add(self, *, pulled: int = 0, acked: int = 0, failed: int = 0, errors: int = 0, unreported: int = 0) -> None:
         with self._lock:
             self._pulled += pulled
             self._acked += acked
             self._failed += failed
             self._errors += errors
+            self._unreported += unreported
 
     def snapshot(self) -> ConsumerStats:
         with self._lock:
-            return ConsumerStats(self._pulled, self._acked, self._failed, self._errors)
+            return ConsumerStats(self._pulled, self._acked, self._failed, self._errors, self._unreported)
+
+
+class _FatalError:
+    """The first error of any puller that retrying cannot cure; the consumer stops on it and raises it
+    once, from whichever of ``wait()``, ``run()`` or the context manager's exit comes first."""
+
+    def __init__(self, on_error: Callable[[ProxyClientError], None] | None) -> None:
+        self._on_error = on_error
+        self._lock = threading.Lock()
+        self.error: ProxyClientError | None = None
+        self._raised = False
+
+    def record(self, error: ProxyClientError, host: str, port: int) -> None:
+        with self._lock:
+            if self.error is not None:
+                return
+            self.error = error
+        # With a callback, reporting is the caller's; otherwise the log must say why pulling stopped.
+        log.log(logging.INFO if self._on_error else logging.ERROR,
+                "%s:%d: %s; the consumer stops (this error does not go away by retrying)", host, port, error)
+        if self._on_error is not None:
+            try:
+                self._on_error(error)
+            except Exception:
+                log.exception("on_error callback failed")
+
+    def raise_once(self) -> None:
+        with self._lock:
+            error, raise_it = self.error, self.error is not None and not self._raised
+            self._raised = True
+        if raise_it and error is not None:
+            raise error
 
 
 class _PendingResults:
@@ -160,7 +210,8 @@ class _PendingResults:
 
 
 class _Backoff:
-    """Doubling sleeps after consecutive errors, from ``initial_ms`` up to ``max_ms``."""
+    """Doubling sleeps after consecutive errors, from ``initial_ms`` up to ``max_ms``; each sleep is
+    drawn between half and all of the current step, so clients cut off together do not retry together."""
 
     def __init__(self, initial_ms: int, max_ms: int) -> None:
         self._initial_ms = max(initial_ms, 1)
@@ -168,7 +219,7 @@ class _Backoff:
         self._next_ms = self._initial_ms
 
     def next_s(self) -> float:
-        delay_ms = self._next_ms
+        delay_ms = self._next_ms * random.uniform(0.5, 1.0)
         self._next_ms = min(self._next_ms * 2, self._max_ms)
         return delay_ms / 1000
 
@@ -253,9 +304,15 @@ class PullConsumer:
     """Consume a group with ``threads`` puller threads spread round-robin over ``servers``.
 
     ``processor(message)`` runs in the puller threads (so it must be thread-safe) and returns True to
-    ack, False to fail (an exception counts as False). ``topic=None`` pulls every topic of the group.
-    :meth:`close` stops pulling, waits for the current batches (at most a long-poll of ``linger_ms``
-    plus processing) and submits their results.
+    ack, False to fail (an exception counts as False; :class:`NotProcessed` leaves the message
+    unreported). ``topic=None`` pulls every topic of the group. :meth:`close` stops pulling, waits for
+    the current batches (at most a long-poll of ``linger_ms`` plus processing) and submits their results.
+
+    Lifecycle: :meth:`run` starts, blocks until :meth:`stop` or a fatal error, and closes. Or
+    ``with PullConsumer(...) as consumer: consumer.wait()``. A fatal (non-retriable) error stops every
+    puller, is kept in :attr:`error`, is passed to ``on_error(error)`` (called once, from a puller
+    thread; without it the error is also logged), and is raised by :meth:`wait`, :meth:`run` or the
+    ``with`` block's exit.
     """
 
     def __init__(
@@ -270,12 +327,14 @@ class PullConsumer:
         retry_sleep_ms: int = DEFAULT_RETRY_SLEEP_MS,
         max_backoff_ms: int = DEFAULT_MAX_BACKOFF_MS,
         timeout_s: float = 10.0,
+        on_error: Callable[[ProxyClientError], None] | None = None,
     ) -> None:
         self._settings = _PullerSettings(
             servers, group, topic, threads, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s
         )
         self._processor = processor
         self._counters = _Counters()
+        self._fatal = _FatalError(on_error)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -283,6 +342,16 @@ class PullConsumer:
     @property
     def stats(self) -> ConsumerStats:
         return self._counters.snapshot()
+
+    @property
+    def error(self) -> ProxyClientError | None:
+        """The non-retriable error that stopped the consumer, if one did."""
+        return self._fatal.error
+
+    @property
+    def running(self) -> bool:
+        """True from :meth:`start` until every puller has ended (after :meth:`stop` or a fatal error)."""
+        return any(thread.is_alive() for thread in self._threads)
 
     def start(self) -> None:
         if self._started:
@@ -312,6 +381,25 @@ class PullConsumer:
         if alive:
             log.warning("pullers still busy after %s s: %s", timeout, ", ".join(alive))
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every puller has ended (after :meth:`stop` or a fatal error): True, or False when
+        ``timeout`` seconds passed first. Raises the fatal error that stopped the consumer."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            # Short joins keep Ctrl-C (KeyboardInterrupt) deliverable to the waiting thread.
+            while thread.is_alive():
+                left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                thread.join(left)
+        self._fatal.raise_once()
+        return True
+
+    def run(self) -> None:
+        """Start (unless started), block until :meth:`stop` or a fatal error (raised), then close."""
+        with self:
+            self.wait()
+
     def __enter__(self) -> PullConsumer:
         if not self._started:
             self.start()
@@ -321,6 +409,8 @@ class PullConsumer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+        if exc_type is None:
+            self._fatal.raise_once()
 
     def _run_puller(self, host: str, port: int) -> None:
         settings = self._settings
@@ -333,6 +423,10 @@ class PullConsumer:
                     response = client.pull(settings.request(pending))
                 except ProxyClientError as exc:
                     self._counters.add(errors=1)
+                    if not exc.retriable:
+                        self._fatal.record(exc, host, port)
+                        self.stop()
+                        break
                     delay_s = backoff.next_s()
                     log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
                     self._stopping.wait(delay_s)
@@ -346,7 +440,9 @@ class PullConsumer:
                     continue
                 self._counters.add(pulled=len(messages))
                 for message in messages:
-                    pending.record(message, self._process(message))
+                    ok = self._process(message)
+                    if ok is not None:
+                        pending.record(message, ok)
             if pending:
                 try:
                     client.submit(pending.to_wire())
@@ -360,9 +456,12 @@ class PullConsumer:
                         exc,
                     )
 
-    def _process(self, message: ConsumedMessage) -> bool:
+    def _process(self, message: ConsumedMessage) -> bool | None:
         try:
             ok = bool(self._processor(message))
+        except NotProcessed:
+            self._counters.add(unreported=1)
+            return None
         except Exception:
             log.exception("processor failed on %s#%s offset %d", message.topic, message.qid, message.offset)
             ok = False
@@ -373,8 +472,10 @@ class PullConsumer:
 class AsyncPullConsumer:
     """The asyncio twin of :class:`PullConsumer`: ``concurrency`` puller tasks, an async processor.
 
-    >>> async with AsyncPullConsumer("127.0.0.1:9713", "rides", handle, concurrency=8):
-    ...     await stop.wait()
+    >>> async with AsyncPullConsumer("127.0.0.1:9713", "rides", handle, concurrency=8) as consumer:
+    ...     await consumer.wait()  # until consumer.stop() or a fatal error (raised)
+
+    Fatal errors work as in :class:`PullConsumer` (``on_error`` is called in the event loop).
     """
 
     def __init__(
@@ -389,12 +490,14 @@ class AsyncPullConsumer:
         retry_sleep_ms: int = DEFAULT_RETRY_SLEEP_MS,
         max_backoff_ms: int = DEFAULT_MAX_BACKOFF_MS,
         timeout_s: float = 10.0,
+        on_error: Callable[[ProxyClientError], None] | None = None,
     ) -> None:
         self._settings = _PullerSettings(
             servers, group, topic, concurrency, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s
         )
         self._processor = processor
         self._counters = _Counters()
+        self._fatal = _FatalError(on_error)
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -402,6 +505,16 @@ class AsyncPullConsumer:
     @property
     def stats(self) -> ConsumerStats:
         return self._counters.snapshot()
+
+    @property
+    def error(self) -> ProxyClientError | None:
+        """The non-retriable error that stopped the consumer, if one did."""
+        return self._fatal.error
+
+    @property
+    def running(self) -> bool:
+        """True from :meth:`start` until every puller has ended (after :meth:`stop` or a fatal error)."""
+        return any(not task.done() for task in self._tasks)
 
     async def start(self) -> None:
         if self._started:
@@ -428,6 +541,18 @@ class AsyncPullConsumer:
             log.warning("cancelled %d pullers still busy after %s s", len(busy), grace_s)
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    async def wait(self) -> None:
+        """Wait until every puller has ended (after :meth:`stop` or a fatal error); raises the fatal error
+        that stopped the consumer. Bound it with ``asyncio.timeout`` if need be."""
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+        self._fatal.raise_once()
+
+    async def run(self) -> None:
+        """Start (unless started), wait until :meth:`stop` or a fatal error (raised), then close."""
+        async with self:
+            await self.wait()
+
     async def __aenter__(self) -> AsyncPullConsumer:
         if not self._started:
             await self.start()
@@ -437,6 +562,8 @@ class AsyncPullConsumer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+        if exc_type is None:
+            self._fatal.raise_once()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, waking early when the consumer stops."""
@@ -457,6 +584,10 @@ class AsyncPullConsumer:
                     response = await client.pull(settings.request(pending))
                 except ProxyClientError as exc:
                     self._counters.add(errors=1)
+                    if not exc.retriable:
+                        self._fatal.record(exc, host, port)
+                        self.stop()
+                        break
                     delay_s = backoff.next_s()
                     log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
                     await self._pause(delay_s)
@@ -470,7 +601,9 @@ class AsyncPullConsumer:
                     continue
                 self._counters.add(pulled=len(messages))
                 for message in messages:
-                    pending.record(message, await self._process(message))
+                    ok = await self._process(message)
+                    if ok is not None:
+                        pending.record(message, ok)
             if pending:
                 try:
                     await client.submit(pending.to_wire())
@@ -484,9 +617,12 @@ class AsyncPullConsumer:
                         exc,
                     )
 
-    async def _process(self, message: ConsumedMessage) -> bool:
+    async def _process(self, message: ConsumedMessage) -> bool | None:
         try:
             ok = bool(await self._processor(message))
+        except NotProcessed:
+            self._counters.add(unreported=1)
+            return None
         except Exception:
             log.exception("processor failed on %s#%s offset %d", message.topic, message.qid, message.offset)
             ok = False
@@ -504,11 +640,15 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="pull messages from proxies and print them as JSON lines",
         description=(
             "Pull a consumer group's messages from one or more proxies, print each as a JSON line "
-            "(value as text, or base64 under value_b64 when it is not UTF-8) and ack it. "
-            "With --count, messages pulled beyond the count are failed so that they are redelivered soon."
+            "(value as text, or base64 under value_b64 when it is not UTF-8) and ack it. Messages pulled "
+            "but not printed (beyond --count, or after the reader of a pipe went away) are never acked nor "
+            "failed: the proxy delivers them again after the group's timeout_ms. "
+            "An error that retrying cannot cure (unknown group or topic, an HTTP port) ends the command "
+            "with status 1; a closed pipe ends it with status 1 too, quietly."
         ),
     )
-    parser.add_argument("--server", required=True, help="proxy address(es): host:port[,host:port...]")
+    clitools.env_option(parser, "--servers", clitools.ENV_SERVERS, "proxy address(es): host:port[,host:port...]")
+    parser.add_argument("--server", dest="servers", help=argparse.SUPPRESS)  # the flag's older spelling
     parser.add_argument("--group", required=True, help="consumer group")
     parser.add_argument("--topic", default=None, help="only this topic (default: every topic of the group)")
     parser.add_argument("--count", type=int, default=None, help="stop after this many messages")
@@ -536,57 +676,66 @@ def message_json(message: ConsumedMessage) -> str:
 
 
 class _Printer:
-    """The CLI's processor: prints and acks up to ``limit`` messages, then stops the consumer."""
+    """The CLI's processor: prints and acks up to ``limit`` messages, then stops the consumer. A message
+    it does not print (past the limit, or stdout closed) raises :class:`NotProcessed`: never failed."""
 
     def __init__(self, limit: int | None) -> None:
         self._limit = limit
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # close_pipe() runs under it from __call__, or alone from the CLI
         self.printed = 0
-        self.done = threading.Event()
+        self.pipe_closed = False
         self.on_done: Callable[[], None] = lambda: None
 
     def __call__(self, message: ConsumedMessage) -> bool:
         with self._lock:
-            if self._limit is not None and self.printed >= self._limit:
-                return False
-            sys.stdout.write(message_json(message) + "\n")
-            sys.stdout.flush()
+            if self.pipe_closed or (self._limit is not None and self.printed >= self._limit):
+                raise NotProcessed
+            try:
+                sys.stdout.write(message_json(message) + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                self.close_pipe()
+                raise NotProcessed from None
             self.printed += 1
             if self._limit is not None and self.printed >= self._limit:
-                self.done.set()
                 self.on_done()
             return True
+
+    def close_pipe(self) -> None:
+        with self._lock:
+            if self.pipe_closed:
+                return
+            self.pipe_closed = True
+            clitools.detach_stdout()
+        self.on_done()
 
 
 def _consume_command(args: argparse.Namespace) -> int:
     if args.count is not None and args.count < 1:
-        print("ddmq consume: --count must be positive", file=sys.stderr)
-        return 2
+        raise clitools.CliError("--count must be positive", clitools.USAGE_ERROR)
     batch_size = args.batch_size if args.count is None else min(args.batch_size, args.count)
     printer = _Printer(args.count)
     try:
         consumer = PullConsumer(
-            args.server,
+            args.servers,
             args.group,
             printer,
             topic=args.topic,
             threads=args.threads,
             batch_size=batch_size,
             linger_ms=args.linger_ms,
+            on_error=lambda exc: None,  # the command reports it once, raised from wait() below
         )
     except ValueError as exc:
-        print(f"ddmq consume: {exc}", file=sys.stderr)
-        return 2
+        raise clitools.CliError(str(exc), clitools.USAGE_ERROR) from exc
     printer.on_done = consumer.stop
-    consumer.start()
-    interrupted = False
     try:
-        while not printer.done.wait(0.2):
-            pass
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        consumer.close()
+        with consumer:
+            while not consumer.wait(0.2):
+                if clitools.stdout_closed():
+                    printer.close_pipe()
+    except ProxyClientError as exc:
+        raise clitools.CliError(str(exc)) from exc
     stats = consumer.stats
     log.info("consumed %d messages (%d pulled, %d errors)", printer.printed, stats.pulled, stats.errors)
-    return 130 if interrupted else 0
+    return clitools.FAILURE if printer.pipe_closed else 0

@@ -49,7 +49,7 @@ import redis.asyncio
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
-from ddmq.client import keys
+from ddmq.client import clitools, keys
 from ddmq.client.hashing import queue_for_key
 
 __all__ = [
@@ -531,7 +531,7 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "any other JSON value as its compact JSON text. Bad lines are reported and skipped."
         ),
     )
-    parser.add_argument("--redis", required=True, help="redis:// URL of the broker")
+    clitools.env_option(parser, "--redis", clitools.ENV_REDIS, "redis:// URL of the broker")
     parser.add_argument("--topic", required=True)
     parser.add_argument(
         "--queues", type=int, default=None,
@@ -543,16 +543,14 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _produce_command(args: argparse.Namespace) -> int:
     if args.batch < 1:
-        sys.stderr.write("error: --batch must be at least 1\n")
-        return 2
+        raise clitools.CliError("--batch must be at least 1", clitools.USAGE_ERROR)
     try:
         with Producer(args.redis) as producer:
             if args.queues is not None:
                 producer.ensure_topic(args.topic, args.queues)
             return produce_lines(producer, args.topic, sys.stdin.buffer, batch=args.batch, err=sys.stderr)
     except (ProduceError, ValueError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        raise clitools.CliError(str(exc)) from exc
 
 
 def _line_message(raw: bytes, queues: int) -> OutgoingMessage:

@@ -3,19 +3,28 @@
 It reads Redis directly (not a proxy), so it works while proxies are down or moving queues::
 
     ddmq status --redis redis://127.0.0.1:6379/0 --group cg_rides
+
+A group is known when a proxy heartbeats for it or it has a committed offset in some topic; the
+command fails (status 1) on a group that is neither. A member whose last heartbeat is older than
+``--member-ttl-ms`` (the proxies' ``leases.ttl_ms``) is shown as expired: its proxy stopped without
+leaving the group, and the others have already taken or will take its queues.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 
 import redis
 
-from ddmq.client import keys
+from ddmq.client import clitools, keys
+from ddmq.client.connections import sync_redis
+from ddmq.config.schema import LeaseConfig
+
+#: A proxy drops members silent for longer than its ``leases.ttl_ms``; status assumes the default.
+DEFAULT_MEMBER_TTL_MS = LeaseConfig().ttl_ms
 
 
 @dataclass(frozen=True)
@@ -35,12 +44,19 @@ class GroupStatus:
     group: str
     members: dict[str, int]  # instance id -> ms since its last heartbeat
     queues: list[QueueStatus]
+    #: Members whose heartbeat is older than the member TTL (their proxy is gone).
+    expired: list[str]
+    #: False when no proxy ever heartbeated for the group and it has no committed offset.
+    known: bool
 
 
-def group_status(client: redis.Redis, group: str, topics: list[str] | None = None) -> GroupStatus:
+def group_status(
+    client: redis.Redis, group: str, topics: list[str] | None = None, member_ttl_ms: int = DEFAULT_MEMBER_TTL_MS
+) -> GroupStatus:
     now = int(time.time() * 1000)
     heartbeats = client.zrange(keys.members(group), 0, -1, withscores=True)
     members = {member.decode(): now - int(score) for member, score in heartbeats}
+    expired = sorted(member for member, age in members.items() if age > member_ttl_ms)
     explicit = topics is not None
     if topics is None:
         topics = sorted(t.decode() for t in client.smembers(keys.topics()))
@@ -70,12 +86,18 @@ def group_status(client: redis.Redis, group: str, topics: list[str] | None = Non
         # Discovered topics are shown only where the group has started consuming.
         if explicit or any(r.committed is not None for r in topic_rows):
             rows.extend(topic_rows)
-    return GroupStatus(group, members, rows)
+    known = bool(members) or any(r.committed is not None or r.owner is not None for r in rows)
+    return GroupStatus(group, members, rows, expired, known)
 
 
 def format_status(status: GroupStatus) -> str:
+    def member(name: str, age: int) -> str:
+        return f"{name} ({'EXPIRED: ' if name in status.expired else ''}heartbeat {age} ms ago)"
+
+    live = len(status.members) - len(status.expired)
     lines = [f"group {status.group}: " + (", ".join(
-        f"{member} (heartbeat {age} ms ago)" for member, age in sorted(status.members.items())) or "no live members")]
+        member(name, age) for name, age in sorted(status.members.items())) or "no members")
+        + ("" if live else " -- no live member: nothing is consuming")]
     lines.append(
         f"{'topic':<20} {'qid':>4} {'owner':<24} {'term':>5} {'lease ms':>9} "
         f"{'committed':>10} {'produced':>10} {'lag':>8}"
@@ -92,20 +114,30 @@ def format_status(status: GroupStatus) -> str:
 
 
 def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("status", help="owners, lease expiry, committed and produced offsets, lag")
-    parser.add_argument("--redis", required=True, help="the broker's URL, e.g. redis://127.0.0.1:6379/0")
+    parser = sub.add_parser(
+        "status", help="owners, lease expiry, committed and produced offsets, lag",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    clitools.env_option(parser, "--redis", clitools.ENV_REDIS, "the broker's URL, e.g. redis://127.0.0.1:6379/0")
     parser.add_argument("--group", required=True)
     parser.add_argument("--topic", action="append", help="only this topic (repeatable)")
+    parser.add_argument(
+        "--member-ttl-ms", type=int, default=DEFAULT_MEMBER_TTL_MS, metavar="MS",
+        help=f"a member silent for longer is expired: the proxies' leases.ttl_ms (default {DEFAULT_MEMBER_TTL_MS})",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=_status_command)
 
 
 def _status_command(args: argparse.Namespace) -> int:
     try:
-        with redis.Redis.from_url(args.redis) as client:
-            status = group_status(client, args.group, args.topic)
-    except redis.RedisError as exc:
-        print(f"ddmq status: {exc}", file=sys.stderr)
-        return 1
+        with sync_redis(args.redis) as client:
+            status = group_status(client, args.group, args.topic, args.member_ttl_ms)
+    except (redis.RedisError, ValueError) as exc:  # a malformed URL is a ValueError
+        raise clitools.CliError(f"{args.redis}: {exc}") from exc
+    if not status.known:
+        raise clitools.CliError(
+            f"group {args.group!r} is unknown to {args.redis}: no proxy has served it and it has no committed offset"
+        )
     print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
     return 0

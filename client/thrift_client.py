@@ -10,8 +10,10 @@ a failure, number their calls and check that each reply answers the call just ma
 
 Errors: :class:`PullError` carries the server's ``PullException`` (``code``, ``message``);
 :class:`ProxyConnectionError` means the transport failed (the connection is dropped; the next call
-reconnects); :class:`ProxyProtocolError` means the reply made no sense; :class:`RemoteApplicationError`
-is a Thrift ``TApplicationException`` from the server (an unknown method, say).
+reconnects); :class:`ProxyProtocolError` means the reply made no sense, and its subclass
+:class:`WrongPortError` that the server speaks HTTP (the proxy's HTTP port, not its Thrift port);
+:class:`RemoteApplicationError` is a Thrift ``TApplicationException`` from the server (an unknown
+method, say). Every error says whether calling again can help: :attr:`ProxyClientError.retriable`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ __all__ = [
     "ProxyProtocolError",
     "PullError",
     "RemoteApplicationError",
+    "WrongPortError",
 ]
 
 #: Replies carry message bodies, so they may be much larger than requests.
@@ -62,10 +65,20 @@ DEFAULT_MAX_REPLY_BYTES: Final = 256 * 1024 * 1024
 #: What the proxy waits when a pull does not say (``maxLingerTime`` unset).
 _SERVER_DEFAULT_LINGER_MS: Final = 1000
 _MAX_CLIENT_SEQID: Final = 0x7FFFFFFF
+#: ``PullException`` codes that retrying the same request cannot cure: unknown group (1001) or topic
+#: (1002), a bad (1003) or unsupported (1004) request, a missing (1007) or refused (1008) admin token.
+#: The others (1005 unavailable, 1006 Redis failed, 1500 internal) are worth retrying after a pause.
+FATAL_CODES: Final = frozenset({1001, 1002, 1003, 1004, 1007, 1008})
+#: What a reply's 4-byte frame header holds when the server is an HTTP server answering our bytes
+#: with an HTTP error ("HTTP/1.1 400 ..."): the proxy's HTTP port instead of its Thrift port.
+_HTTP_REPLY: Final = b"HTTP"
 
 
 class ProxyClientError(Exception):
-    """Base of the errors the proxy clients raise."""
+    """Base of the errors the proxy clients raise. ``retriable`` is False when calling again cannot
+    help (an unknown group, a server that is not a Thrift proxy): consumers stop on those."""
+
+    retriable: bool = True
 
 
 class PullError(ProxyClientError):
@@ -75,6 +88,7 @@ class PullError(ProxyClientError):
         super().__init__(f"{message} (code {code})")
         self.code = code
         self.message = message
+        self.retriable = code not in FATAL_CODES
 
 
 class ProxyConnectionError(ProxyClientError, ConnectionError):
@@ -83,6 +97,13 @@ class ProxyConnectionError(ProxyClientError, ConnectionError):
 
 class ProxyProtocolError(ProxyClientError):
     """The reply was malformed or answered another call; the connection was dropped."""
+
+
+class WrongPortError(ProxyProtocolError):
+    """The server answered in HTTP: the address is a proxy's HTTP port (or another web server), not a
+    Thrift port. Not retriable."""
+
+    retriable = False
 
 
 class RemoteApplicationError(ProxyClientError):
@@ -98,6 +119,10 @@ class RemoteApplicationError(ProxyClientError):
         self.message = message
         head, sep, _ = message.partition(":")
         self.code: int | None = int(head) if sep and head.isdigit() else None
+        if self.code is not None:
+            self.retriable = self.code not in FATAL_CODES
+        else:
+            self.retriable = kind == TApplicationException.INTERNAL_ERROR
 
 
 class _CallCodec:
@@ -118,6 +143,11 @@ class _CallCodec:
         return self._seqid, encode(name, TMessageType.CALL, self._seqid, body)
 
     def _check_length(self, header: bytes) -> int:
+        if header == _HTTP_REPLY:
+            raise WrongPortError(
+                f"{self.host}:{self.port} answered in HTTP: it is an HTTP port (the proxy's HTTP API?), "
+                "not the proxy's Thrift port (default 9713)"
+            )
         length = frame_length(header)
         if not 0 < length <= self.max_frame_bytes:
             raise ProxyProtocolError(

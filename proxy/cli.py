@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from ddmq.client import clitools
 from ddmq.config import load
 from ddmq.proxy.errors import ConfigError, DdmqError
 from ddmq.proxy.reload import ConfigReloader
@@ -20,7 +21,8 @@ log = logging.getLogger("ddmq.proxy")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddmq-proxy", description=__doc__)
+    parser = clitools.Parser(prog="ddmq-proxy", description=__doc__)
+    clitools.add_version(parser)
     parser.add_argument("--config", "-c", required=True, help="the proxy's YAML config file")
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from ddmq.client import keys
+from ddmq.client import clitools, keys
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
 from ddmq.client.producer import Producer
 
@@ -240,7 +240,7 @@ def _run(
 
 
 def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    clitools.env_option(parser, "--redis", clitools.ENV_REDIS, "Redis URL, e.g. redis://127.0.0.1:6379/0")
     parser.add_argument("--riders", type=int, default=3000, help="riders per round, 3 events each (default 3000)")
     parser.add_argument("--topic", default=TOPIC, help=f"topic (default {TOPIC})")
     parser.add_argument("--queues", type=int, default=8, help="queues of the topic if it is new (default 8)")

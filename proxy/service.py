@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from time import perf_counter
 from types import TracebackType
 
@@ -50,6 +52,16 @@ log = logging.getLogger(__name__)
 DEFAULT_LINGER_MS = 1000
 
 
+@contextmanager
+def _listening(what: str, host: str, port: int) -> Iterator[None]:
+    """A port that cannot be bound (in use, not allowed) becomes one clear error, not a socket traceback."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UnavailableError(f"cannot listen on {host}:{port} ({what}): {reason}") from exc
+
+
 class ProxyService:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
@@ -83,6 +95,9 @@ class ProxyService:
         try:
             await self._start()
         except BaseException:
+            # Groups may have joined and taken leases before a later step failed (a port in use): leave
+            # at once, or the other proxies would wait out the lease TTL for queues nobody reads.
+            await asyncio.gather(*(g.release_leases() for g in self.groups.values()), return_exceptions=True)
             await self._release()
             raise
         self._state = "running"
@@ -127,11 +142,13 @@ class ProxyService:
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
         thrift = config.thrift
         self._thrift = ThriftServer(self, thrift.host, thrift.port, thrift.max_frame_bytes, thrift.max_linger_ms)
-        await self._thrift.start()
+        with _listening("thrift", thrift.host, thrift.port):
+            await self._thrift.start()
         self.thrift_port = self._thrift.port
         if config.http.enabled:
             self._http = HttpServer(self, config.http)
-            await self._http.start()
+            with _listening("http", config.http.host, config.http.port):
+                await self._http.start()
             self.http_port = self._http.port
         log.info(
             "ddmq-proxy %s ready: thrift %s:%d, http %s, redis %s, groups %s",

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any, Final
 
+from ddmq.client import clitools
+
 __all__ = ["STATE_SCHEMA", "TRIP_SCHEMA", "TripStates", "add_arguments", "build_query", "main", "run"]
 
 log = logging.getLogger(__name__)
@@ -239,7 +241,7 @@ def _input_row_counter() -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--servers", required=True, help="proxies, H:P[,H:P...]")
+    clitools.env_option(parser, "--servers", clitools.ENV_SERVERS, "proxies, H:P[,H:P...]")
     parser.add_argument("--group", required=True, help="consumer group")
     parser.add_argument("--out", required=True, help="output directory (parquet)")
     parser.add_argument("--topic", help="only this topic of the group")

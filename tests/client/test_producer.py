@@ -347,5 +347,6 @@ def test_produce_cli_queue_mismatch_fails(redis_url: str, producer: Producer) ->
         timeout=60,
         check=False,
     )
-    assert proc.returncode == 2
+    assert proc.returncode == 1
+    assert proc.stderr.decode().startswith("ddmq produce: ")
     assert "has 4 queues in Redis but 8 are declared" in proc.stderr.decode()

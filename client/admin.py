@@ -1,0 +1,207 @@
+"""``ddmq dead-letters``, ``ddmq blocked-keys``, ``ddmq in-flight``: a proxy's admin API from the shell.
+
+They call the proxy's HTTP API (``http.enabled: true`` in its config), at ``--http`` or ``$DDMQ_HTTP``
+(e.g. ``http://127.0.0.1:9714``), sending ``Authorization: Bearer $DDMQ_ADMIN_TOKEN`` when that variable
+is set (the token is never a flag, so it stays out of shell history and ``ps``). Without a token the
+proxy answers loopback clients only. Tables by default, the API's JSON with ``--json``::
+
+    ddmq dead-letters list --http http://127.0.0.1:9714 --group cg_rides --topic rides
+    ddmq dead-letters replay --group cg_rides --topic rides --id 1763776220123-0
+    ddmq dead-letters purge --group cg_rides --topic rides --all
+    ddmq blocked-keys --group cg_rides
+    ddmq in-flight --group cg_rides --topic rides --limit 50
+
+In-flight messages and blocked keys live in one proxy's memory: ask each proxy of the group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Final
+
+from ddmq.client import clitools
+
+__all__ = ["AdminClient", "add_cli"]
+
+DEFAULT_TIMEOUT_S: Final = 10.0
+
+
+class AdminClient:
+    """A small blocking client of ``/admin/...``; failures raise :class:`clitools.CliError` with the
+    proxy's own message."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        parsed = urllib.parse.urlsplit(base_url if "://" in base_url else f"http://{base_url}")
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise clitools.CliError(f"--http must be a URL like http://127.0.0.1:9714, got {base_url!r}",
+                                    clitools.USAGE_ERROR)
+        self.base_url = f"{parsed.scheme}://{parsed.netloc}"
+        self._token = token
+        self._timeout_s = timeout_s
+
+    def call(self, method: str, path: str, query: dict[str, Any] | None = None,
+             body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = self.base_url + path
+        if query:
+            url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
+                answer: dict[str, Any] = json.loads(response.read())
+                return answer
+        except urllib.error.HTTPError as exc:
+            raise clitools.CliError(f"{method} {url}: {_error_message(exc)}") from exc
+        except (http.client.RemoteDisconnected, ConnectionResetError, http.client.BadStatusLine) as exc:
+            raise clitools.CliError(
+                f"{self.base_url} closed the connection without an HTTP answer: is it the proxy's Thrift port? "
+                "--http takes the address of its HTTP API (http.port, default 9714)"
+            ) from exc
+        except urllib.error.URLError as exc:
+            raise clitools.CliError(
+                f"cannot reach {self.base_url}: {exc.reason} (is the proxy's HTTP API on? http.enabled: true)"
+            ) from exc
+        except (OSError, ValueError) as exc:  # timeouts; a body that is not JSON
+            raise clitools.CliError(f"{method} {url}: {exc}") from exc
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    """The proxy's ``{"code", "message"}`` error body, or the bare HTTP status."""
+    try:
+        error = json.loads(exc.read())
+        return f"{error['message']} (code {error['code']}, HTTP {exc.code})"
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"HTTP {exc.code} {exc.reason}"
+
+
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def _letters_path(args: argparse.Namespace) -> str:
+    return f"/admin/groups/{_quote(args.group)}/topics/{_quote(args.topic)}/dead-letters"
+
+
+def _client(args: argparse.Namespace) -> AdminClient:
+    return AdminClient(args.http, os.environ.get(clitools.ENV_ADMIN_TOKEN) or None)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    cells = [header, *([str(cell) for cell in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def _short(text: str | None, most: int = 60) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+def _print(args: argparse.Namespace, answer: dict[str, Any], table: str) -> None:
+    print(json.dumps(answer, indent=2, ensure_ascii=False) if args.json else table)
+
+
+def _letters_list(args: argparse.Namespace) -> int:
+    answer = _client(args).call("GET", _letters_path(args), {"limit": args.limit, "after": args.after})
+    rows = [[e["id"], e["qid"], e["offset"], e["key"], e["attempts"], _short(e["error"], 40),
+             _short(e["value_text"] if e["value_text"] is not None else "(binary)", 40)] for e in answer["entries"]]
+    table = _table(["id", "qid", "offset", "key", "attempts", "error", "value"], rows)
+    paged = answer["next_after"] and answer["total"] > len(rows)
+    more = f"; next page: --after {answer['next_after']}" if paged else ""
+    _print(args, answer, f"{table}\n{len(rows)} of {answer['total']} dead letters of "
+                         f"{answer['group']}/{answer['topic']}{more}")
+    return 0
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    return {"all": True} if args.all else {"ids": args.ids}
+
+
+def _letters_replay(args: argparse.Namespace) -> int:
+    answer = _client(args).call("POST", _letters_path(args) + "/replay", body=_selection(args))
+    missing = f"; not found: {', '.join(answer['missing'])}" if answer["missing"] else ""
+    _print(args, answer, f"replayed {answer['replayed']} dead letter(s) into {args.topic}{missing}")
+    return 1 if answer["missing"] else 0
+
+
+def _letters_purge(args: argparse.Namespace) -> int:
+    answer = _client(args).call("POST", _letters_path(args) + "/purge", body=_selection(args))
+    _print(args, answer, f"purged {answer['purged']} dead letter(s) of {args.group}/{args.topic}")
+    return 0
+
+
+def _job_row(job: dict[str, Any]) -> list[Any]:
+    return [job["topic"], job["qid"], job["offset"], job["order_key"] or "-", job["state"], job["attempts"],
+            _short(job["last_error"], 40)]
+
+
+_JOB_HEADER: Final = ["topic", "qid", "offset", "order key", "state", "attempts", "last error"]
+
+
+def _in_flight(args: argparse.Namespace) -> int:
+    path = f"/admin/groups/{_quote(args.group)}/in-flight"
+    client = _client(args)
+    answer = client.call("GET", path, {"topic": args.topic, "limit": args.limit})
+    rows = [_job_row(job) for job in answer["jobs"]]
+    _print(args, answer, f"{_table(_JOB_HEADER, rows)}\n{len(rows)} of {answer['total']} unfinished messages "
+                         f"of {answer['group']} on {client.base_url}")
+    return 0
+
+
+def _blocked_keys(args: argparse.Namespace) -> int:
+    path = f"/admin/groups/{_quote(args.group)}/blocked-keys"
+    answer = _client(args).call("GET", path, {"topic": args.topic, "limit": args.limit})
+    rows = [[key["topic"], key["order_key"], key["chain_length"], key["head_age_ms"], *_job_row(key["head"])[1:3],
+             *_job_row(key["head"])[4:]] for key in answer["keys"]]
+    header = ["topic", "order key", "messages", "head age ms", "qid", "head offset", "state", "attempts", "last error"]
+    _print(args, answer, f"{_table(header, rows)}\n{len(rows)} blocked key(s) of {answer['group']}")
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser, topic_required: bool) -> None:
+    clitools.env_option(parser, "--http", clitools.ENV_HTTP, "the proxy's HTTP API, e.g. http://127.0.0.1:9714")
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--topic", required=topic_required, help=None if topic_required else "only this topic")
+    parser.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+
+
+def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    letters = sub.add_parser("dead-letters", help="list, replay or purge a group's dead letters (HTTP admin API)",
+                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = letters.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="show dead letters, oldest first")
+    _common(listing, topic_required=True)
+    listing.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    listing.add_argument("--after", help="start after this dead-letter id (the previous page's last)")
+    listing.set_defaults(func=_letters_list)
+    for name, func, what in (("replay", _letters_replay, "produce them into the topic again and remove them"),
+                             ("purge", _letters_purge, "remove them for good")):
+        action = actions.add_parser(name, help=what)
+        _common(action, topic_required=True)
+        chosen = action.add_mutually_exclusive_group(required=True)
+        chosen.add_argument("--id", dest="ids", action="append", help="a dead-letter id (repeatable)")
+        chosen.add_argument("--all", action="store_true", help="every dead letter of the group and topic")
+        action.set_defaults(func=func)
+
+    for name, func, what, default in (
+        ("in-flight", _in_flight, "messages a proxy holds unfinished: in flight, waiting, retrying", 100),
+        ("blocked-keys", _blocked_keys, "order keys whose head message holds others back, longest first", 20),
+    ):
+        parser = sub.add_parser(name, help=f"{what} (HTTP admin API)", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        _common(parser, topic_required=False)
+        parser.add_argument("--limit", type=int, default=default, help=f"at most this many (default {default})")
+        parser.set_defaults(func=func)
