@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import redis
 
+from ddmq.client import keys
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.status import group_status
 from ddmq.proxy.types import QueueResult
 
 from ..proxy.conftest import running_proxy
+from ..support import ProxyProcess
 
 
 async def test_status_shows_owner_offsets_and_lag(redis_url: str) -> None:
@@ -41,3 +46,46 @@ async def test_status_shows_owner_offsets_and_lag(redis_url: str) -> None:
     with redis.Redis.from_url(redis_url) as client:
         after = group_status(client, "g")
     assert after.members == {} and all(q.owner is None for q in after.queues)  # left and released
+
+
+def _ddmq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ddmq.client.cli", *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_status_of_an_unknown_group_fails(redis_url: str) -> None:
+    result = _ddmq("status", "--group", "nosuch", env={**os.environ, "DDMQ_REDIS": redis_url})
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("ddmq status: group 'nosuch' is unknown"), result.stderr
+
+
+def test_status_marks_members_past_their_ttl_expired(tmp_path: Path, redis_url: str) -> None:
+    proxy = ProxyProcess(tmp_path, redis_url, {"g": {"t": {}}}, {"t": {"queues": 2}}).start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with redis.Redis.from_url(redis_url) as client:
+                if group_status(client, "g").members:
+                    break
+            time.sleep(0.1)
+    finally:
+        proxy.kill()  # no goodbye: its heartbeat stays in the member set
+    time.sleep(0.5)
+    with redis.Redis.from_url(redis_url) as client:
+        assert group_status(client, "g", member_ttl_ms=60_000).expired == []
+        status = group_status(client, "g", member_ttl_ms=300)
+    assert status.expired == ["e2e-proxy"] and status.known
+    result = _ddmq("status", "--redis", redis_url, "--group", "g", "--member-ttl-ms", "300")
+    assert result.returncode == 0, result.stderr
+    assert "e2e-proxy (EXPIRED: heartbeat" in result.stdout and "no live member" in result.stdout
+
+
+def test_status_into_a_closed_pipe_ends_quietly(redis_url: str) -> None:
+    with redis.Redis.from_url(redis_url) as client:
+        client.zadd(keys.members("g"), {"p-1": int(time.time() * 1000)})
+    with subprocess.Popen([sys.executable, "-m", "ddmq.client.cli", "status", "--json", "--redis", redis_url,
+                           "--group", "g"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # the reader is gone before the command prints anything
+        assert proc.wait(timeout=30) == 1
+        assert proc.stderr.read() == b""
