@@ -4,10 +4,10 @@
 >>> with Producer("redis://127.0.0.1:6379/0") as producer:
 ...     producer.send("rides", '{"rider_id": "r1", "event": "call"}', key="r1")
 >>> consumer = PullConsumer("127.0.0.1:9713", "cg_rides", lambda message: True, threads=4)
->>> consumer.start()
+>>> consumer.run()  # until consumer.stop() or a fatal error (raised)
 """
 
-from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer
+from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, NotProcessed, PullConsumer
 from ddmq.client.hashing import queue_for_key
 from ddmq.client.producer import AsyncProducer, OutgoingMessage, ProduceError, Producer, SendResult
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError, PullError
@@ -17,6 +17,7 @@ __all__ = [
     "AsyncProxyClient",
     "AsyncPullConsumer",
     "ConsumedMessage",
+    "NotProcessed",
     "OutgoingMessage",
     "ProduceError",
     "Producer",

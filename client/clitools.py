@@ -76,11 +76,14 @@ def add_version(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
 
 
-def env_option(parser: argparse.ArgumentParser, flag: str, env: str, help: str, **kwargs: Any) -> None:
-    """``flag`` defaults to the environment variable ``env``; it is required when that is unset or empty."""
+def env_option(
+    parser: argparse.ArgumentParser, flag: str, env: str, help: str, *aliases: str, **kwargs: Any
+) -> None:
+    """``flag`` (and its ``aliases``) defaults to the environment variable ``env``; it is required when
+    that is unset or empty."""
     default = os.environ.get(env) or None
     parser.add_argument(
-        flag, default=default, required=default is None, help=f"{help} (default: ${env})", **kwargs
+        flag, *aliases, default=default, required=default is None, help=f"{help} (default: ${env})", **kwargs
     )
 
 

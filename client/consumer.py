@@ -647,8 +647,9 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "with status 1; a closed pipe ends it with status 1 too, quietly."
         ),
     )
-    clitools.env_option(parser, "--servers", clitools.ENV_SERVERS, "proxy address(es): host:port[,host:port...]")
-    parser.add_argument("--server", dest="servers", help=argparse.SUPPRESS)  # the flag's older spelling
+    clitools.env_option(
+        parser, "--servers", clitools.ENV_SERVERS, "proxy address(es): host:port[,host:port...]", "--server"
+    )
     parser.add_argument("--group", required=True, help="consumer group")
     parser.add_argument("--topic", default=None, help="only this topic (default: every topic of the group)")
     parser.add_argument("--count", type=int, default=None, help="stop after this many messages")
