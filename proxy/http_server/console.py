@@ -1,4 +1,4 @@
-"""The ops console: one static page (``console/``) at ``/`` and ``/console``, and the lag history.
+"""The ops console: one static page (``static/``) at ``/`` and ``/console``, and the lag history.
 
 The page is plain HTML, CSS and a small script, shipped as package data; everything it shows comes
 from the ``/admin/...`` JSON endpoints, called by the script with the operator's bearer token (kept
@@ -47,7 +47,7 @@ HEADERS: Final = {
 
 @cache
 def console_file(name: str) -> bytes:
-    return resources.files("ddmq.proxy.http_server").joinpath("console", name).read_bytes()
+    return resources.files("ddmq.proxy.http_server").joinpath("static", name).read_bytes()
 
 
 class ConsoleApi:
