@@ -32,6 +32,7 @@ FILES: Final = {
     "index.html": "text/html",
     "console.js": "text/javascript",
     "console.css": "text/css",
+    "favicon.svg": "image/svg+xml",
 }
 #: Only the page's own script, style and API calls; no inline script, no framing by other sites.
 HEADERS: Final = {

@@ -50,6 +50,7 @@
 
   function age(ms) {
     if (ms === null || ms === undefined) return "?";
+    if (ms === 0) return "0";
     if (ms < 1000) return `${Math.round(ms)} ms`;
     const s = ms / 1000;
     if (s < 60) return `${s.toFixed(1)} s`;
@@ -131,6 +132,12 @@
     return svg;
   }
 
+  function chartCell(samples, intervalMs) {
+    const td = el("td", { className: "chart" }, spark(samples));
+    if (samples.length < 2) td.append(el("span", { className: "muted small" }, `collecting, one sample every ${intervalMs / 1000} s`));
+    return td;
+  }
+
   function renderTopics(detail, history) {
     const rows = detail.topics.map((t) => {
       const queues = detail.queues.filter((q) => q.topic === t.topic);
@@ -148,7 +155,7 @@
         cell(num(t.ready), "num"),
         cell(num(t.retry_wait), "num"),
         cell(t.held.length ? `${t.held.length} of ${t.queues}` : "none", "num"),
-        el("td", {}, spark(history.topics[t.topic] || [])),
+        chartCell(history.topics[t.topic] || [], history.interval_ms),
       );
     });
     $("topics").tBodies[0].replaceChildren(...rows);
