@@ -35,7 +35,7 @@ def test_demo_lingers_with_its_console_up_then_ends_by_itself(tmp_path: Path) ->
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     assert proc.stdout is not None
-    try:
+    with proc, proc.stdout:
         lines = []
         for line in proc.stdout:
             lines.append(line)
@@ -49,6 +49,4 @@ def test_demo_lingers_with_its_console_up_then_ends_by_itself(tmp_path: Path) ->
         else:
             raise AssertionError("".join(lines))
         assert proc.wait(timeout=60) == 0
-    finally:
-        proc.kill()
     assert time.monotonic() - started >= 3
