@@ -146,6 +146,9 @@ class QueueCounts:
     retry_wait: int
 
 
+_COUNTED = (JobState.IN_FLIGHT, JobState.READY, JobState.RETRY_WAIT)  # QueueCounts' fields, in order
+
+
 def queue_counts(group: ConsumerGroup) -> dict[tuple[str, int], QueueCounts]:
     """(topic, qid) -> this proxy's jobs by state, for every queue it holds."""
     states: Counter[tuple[str, int, JobState]] = Counter(
@@ -157,5 +160,3 @@ def queue_counts(group: ConsumerGroup) -> dict[tuple[str, int], QueueCounts]:
         for qid in consumer.held
     }
 
-
-_COUNTED = (JobState.IN_FLIGHT, JobState.READY, JobState.RETRY_WAIT)
