@@ -3,8 +3,9 @@
 A thin adapter like the Thrift server: handlers decode the request, call the service (or one
 read-only view), and encode JSON. Every error answer has the JSON body of
 :mod:`ddmq.proxy.http_server.errors`; a body above ``max_body_bytes`` is refused (413) before it is
-read to the end. The routes are documented in ``openapi.yaml`` (served at ``/openapi.json``); a test
-checks that the document and the app agree.
+read (:mod:`ddmq.proxy.http_server.connections` holds the limits on connections and requests). The
+routes are documented in ``openapi.yaml`` (served at ``/openapi.json``); a test checks that the
+document and the app agree.
 
 >>> server = HttpServer(service, config.http)
 >>> await server.start()          # logs the bound port; 0 picks a free one
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from ddmq.config.schema import HttpConfig
 from ddmq.proxy.http_server.admin import OperatorApi, admin_guard
+from ddmq.proxy.http_server.connections import HttpConnections
 from ddmq.proxy.http_server.errors import errors_middleware
 from ddmq.proxy.http_server.pull_api import PullApi
 
@@ -44,13 +46,14 @@ def load_openapi() -> dict[str, Any]:
     return document
 
 
-def build_app(service: ProxyService, config: HttpConfig) -> web.Application:
+def build_app(service: ProxyService, config: HttpConfig, connections: HttpConnections | None = None) -> web.Application:
+    connections = connections or HttpConnections(config)
     app = web.Application(
         client_max_size=config.max_body_bytes,
-        middlewares=[errors_middleware, admin_guard(config.admin_token)],
+        middlewares=[errors_middleware, connections.middleware, admin_guard(config.admin_token)],
     )
-    PullApi(service, config.max_linger_ms).add_routes(app)
-    OperatorApi(service).add_routes(app)
+    PullApi(service, config.max_linger_ms, connections.read_body).add_routes(app)
+    OperatorApi(service, connections.read_body).add_routes(app)
     openapi = json.dumps(load_openapi()).encode()
 
     async def openapi_json(request: web.Request) -> web.Response:
@@ -68,22 +71,23 @@ class HttpServer:
         self._config = config
         self._runner: web.AppRunner | None = None
         self._started = False
+        #: The limits and their counters (refused connections, timeouts, early 413s).
+        self.connections = HttpConnections(config)
 
     async def start(self) -> None:
         if self._started:
             raise RuntimeError("HttpServer.start() called twice")
         self._started = True
         self._runner = web.AppRunner(
-            build_app(self._service, self._config),
+            build_app(self._service, self._config, self.connections),
             access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             # A client that hangs up during a long poll leaves no parked pull behind to take messages.
             handler_cancellation=True,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._config.host, self._config.port)
         try:
-            await site.start()
+            await self.connections.start(self._runner.server)  # type: ignore[arg-type]
         except BaseException:
             await self._runner.cleanup()
             self._runner = None
@@ -93,14 +97,13 @@ class HttpServer:
     async def close(self) -> None:
         runner, self._runner = self._runner, None
         if runner is not None:
+            await self.connections.stop_accepting()
             await runner.cleanup()
             log.info("http server on %s closed", self._config.host)
 
     @property
     def port(self) -> int:
         """The bound port (the chosen one when configured with port 0)."""
-        addresses = self._runner.addresses if self._runner is not None else []
-        if not addresses:
+        if self._runner is None:
             raise RuntimeError("HttpServer is not listening")
-        port: int = addresses[0][1]
-        return port
+        return self.connections.listener.port
