@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ddmq.config.schema import HttpConfig
 from ddmq.proxy.http_server.admin import OperatorApi, admin_guard
@@ -36,6 +37,33 @@ log = logging.getLogger(__name__)
 
 #: How long close() lets running requests finish; parked pulls are answered before it is called.
 SHUTDOWN_TIMEOUT_S: Final = 2.0
+#: After answering a request whose body was not read (a 413 or 408, say), aiohttp reads and drops
+#: the rest for this long before closing, so the client gets to read the answer; short, because a
+#: client that keeps sending must not keep the connection.
+LINGER_S: Final = 0.5
+
+
+class _OneLineParseErrors(logging.Filter):
+    """aiohttp logs a request it cannot parse with a traceback that quotes the raw bytes (a client's
+    data in our log, one traceback per bad request). This filter makes it one line: who, and what
+    was wrong, without the bytes. Other records pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            reason = (exc.message or "").splitlines()[0].rstrip(": ") if exc.message else type(exc).__name__
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg = "bad HTTP request from %s answered %d and closed: %s"
+            record.args = (remote, exc.code, reason)
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+#: aiohttp's protocol-level log (requests that do not parse), through :class:`_OneLineParseErrors`.
+protocol_log = logging.getLogger(__name__ + ".protocol")
+protocol_log.addFilter(_OneLineParseErrors())
 
 
 @cache
@@ -84,6 +112,8 @@ class HttpServer:
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             # A client that hangs up during a long poll leaves no parked pull behind to take messages.
             handler_cancellation=True,
+            logger=protocol_log,
+            lingering_time=LINGER_S,
         )
         await self._runner.setup()
         try:
