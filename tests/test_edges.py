@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 
 from ddmq.client import wire
+from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.errors import BadRequestError
@@ -32,6 +33,7 @@ from .proxy.conftest import running_proxy
 from .support import OrderChecker, ProxyProcess, produce_keyed
 
 GUARD_S = 10  # failure guard for waits
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 def produce(redis_url: str, count: int, produced: dict[str, int] | None = None, seed: int = 7) -> dict[str, int]:
@@ -92,7 +94,7 @@ async def closed_by_peer(reader: asyncio.StreamReader, within_s: float = GUARD_S
 
 
 @asynccontextmanager
-async def raw_connections(port: int, count: int) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
+async def raw_connections(port: int, count: int) -> AsyncIterator[list[Connection]]:
     connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(count)]
     try:
         yield connections
@@ -248,7 +250,8 @@ async def http_proxy(
     async with running_proxy(redis_url, topic_config, http={"enabled": True, "port": 0, **http}) as service:
         assert service.http_port is not None
         async with aiohttp.ClientSession() as session:
-            yield service, ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker()), service.http_port
+            api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+            yield service, api, service.http_port
 
 
 def http_connections(service: ProxyService) -> Any:
@@ -286,7 +289,7 @@ async def test_http_limits_connections_and_closes_idle_and_half_sent_requests(re
 
 
 async def test_http_huge_content_length_gets_413_before_the_body(redis_url: str) -> None:
-    async with http_proxy(redis_url) as (service, api, port):
+    async with http_proxy(redis_url) as (_, api, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /v1/ack HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n" + b"[" * 1000)
         answer = await asyncio.wait_for(reader.read(), GUARD_S)  # no more is sent; the proxy closes
@@ -341,7 +344,7 @@ async def test_http_dead_letter_id_beyond_64_bits_is_a_bad_request(redis_url: st
 async def test_http_malformed_chunked_body_is_one_log_line_without_its_bytes(
     redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with http_proxy(redis_url) as (service, api, port):
+    async with http_proxy(redis_url) as (service, _, port):
         produced = produce(redis_url, 20)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
@@ -367,14 +370,13 @@ async def test_json_nested_too_deep_is_invalid_json_not_a_traceback(
         port = service.thrift_port
         assert port is not None
         produced = produce(redis_url, 30)
-        from ddmq.client.producer import AsyncProducer
-
         async with AsyncProducer(redis_url) as producer:
             await producer.send("t", b"[" * 100_000, key="deep")
         async with AsyncProxyClient("127.0.0.1", port, timeout_s=5) as client:
             got = []
             while len(got) < 31:
-                response = await client.pull(wire.PullRequest(groupId="g", topic="t", maxBatchSize=64, maxLingerTime=500))
+                request = wire.PullRequest(groupId="g", topic="t", maxBatchSize=64, maxLingerTime=500)
+                response = await client.pull(request)
                 got += response.messages
                 if response.messages:
                     await client.submit(results([m.offset for m in response.messages], response.context.qid))
