@@ -202,6 +202,15 @@ class ProxyService:
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
 
+    def server_stats(self) -> dict[str, dict[str, int]]:
+        """Per server ("thrift", "http"): its connection counters and gauges (see ThriftServer.stats)."""
+        stats = {}
+        if self._thrift is not None:
+            stats["thrift"] = self._thrift.stats()
+        if self._http is not None:
+            stats["http"] = self._http.connections.stats()
+        return stats
+
     @property
     def running(self) -> bool:
         """True from the end of start() until close() begins (what ``/readyz`` reports)."""

@@ -139,6 +139,9 @@ class ThriftServer:
         self._frame_s = frame_timeout_ms / 1000
         self._host = host
         self._budget = ByteBudget(max_buffered_bytes)
+        # One big frame decoded at a time: each decoding thread takes the GIL from the loop, so
+        # several at once would slow every other connection's requests that many times over.
+        self._decoding = asyncio.Semaphore(1)
         self._listener = Listener("thrift", host, port, max_connections, self._accepted)
         self._started = False
         self._closing = False
@@ -197,6 +200,20 @@ class ThriftServer:
     @property
     def accept_errors(self) -> int:
         return self._listener.accept_errors
+
+    def stats(self) -> dict[str, int]:
+        """Counters (accepted, refused, accept_errors, timeouts, frames_rejected, decode_errors) and
+        gauges (open, buffered_bytes), for metrics."""
+        return {
+            "open": self.active_connections,
+            "accepted": self._listener.accepted,
+            "refused": self._listener.refused,
+            "accept_errors": self._listener.accept_errors,
+            "timeouts": self.timeouts,
+            "frames_rejected": self.frames_rejected,
+            "decode_errors": self.decode_errors,
+            "buffered_bytes": self._budget.used,
+        }
 
     @property
     def buffered_bytes(self) -> int:
@@ -290,11 +307,7 @@ class ThriftServer:
                 return
             try:
                 if length > INLINE_DECODE_MAX_BYTES:
-                    async with self._budget.reserve(length):
-                        payload = await reader.readexactly(length)
-                        connection.phase, connection.deadline = _BUSY, float("inf")
-                        envelope = await asyncio.to_thread(decode, payload, _args_for, MAX_RESULT_OFFSETS)
-                        del payload
+                    envelope = await self._read_big_frame(reader, length, connection)
                 else:
                     payload = await reader.readexactly(length)
                     connection.phase, connection.deadline = _BUSY, float("inf")
@@ -314,6 +327,15 @@ class ThriftServer:
                 connection.phase, connection.deadline = _REPLY, loop.time() + self._frame_s
                 writer.write(reply)
                 await writer.drain()
+
+    async def _read_big_frame(self, reader: asyncio.StreamReader, length: int, connection: _Connection) -> Envelope:
+        """Read and decode a frame above INLINE_DECODE_MAX_BYTES within the byte budget; its payload is
+        gone when this returns (a method of its own so that no local outlives the reservation)."""
+        async with self._budget.reserve(length):
+            payload = await _read_big(reader, length)
+            connection.phase, connection.deadline = _BUSY, float("inf")
+            async with self._decoding:
+                return await asyncio.to_thread(decode, payload, _args_for, MAX_RESULT_OFFSETS)
 
     async def _dispatch(self, envelope: Envelope, peer: str) -> bytes | None:
         name, mtype, seqid, args = envelope
@@ -436,6 +458,20 @@ class ThriftServer:
             raise BadRequestError("AckResult.groupId is required")
         await self._service.ack(result.groupId, result.offsets or {})
         return True
+
+
+async def _read_big(reader: asyncio.StreamReader, length: int) -> bytes:
+    """``readexactly(length)`` in pieces: the stream's own buffer stays small. (After one big
+    readexactly, its bytearray keeps the frame's capacity for as long as the connection lives.)"""
+    chunks = []
+    left = length
+    while left:
+        chunk = await reader.read(min(left, INLINE_DECODE_MAX_BYTES))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"".join(chunks), length)
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def queue_results(head: ConsumeResult | None, default_group: str) -> list[QueueResult]:

@@ -128,6 +128,18 @@ class HttpConnections:
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
 
+    def stats(self) -> dict[str, int]:
+        """Counters and gauges as :meth:`ThriftServer.stats` has them (too_large: early 413s)."""
+        return {
+            "open": self.listener.open,
+            "accepted": self.listener.accepted,
+            "refused": self.listener.refused,
+            "accept_errors": self.listener.accept_errors,
+            "timeouts": self.timeouts,
+            "too_large": self.too_large,
+            "buffered_bytes": self.budget.used,
+        }
+
     def now(self) -> float:
         assert self._loop is not None
         return self._loop.time()
