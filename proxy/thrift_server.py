@@ -463,7 +463,7 @@ class ThriftServer:
 async def _read_big(reader: asyncio.StreamReader, length: int) -> bytes:
     """``readexactly(length)`` in pieces: the stream's own buffer stays small. (After one big
     readexactly, its bytearray keeps the frame's capacity for as long as the connection lives.)"""
-    chunks = []
+    chunks: list[bytes] = []
     left = length
     while left:
         chunk = await reader.read(min(left, INLINE_DECODE_MAX_BYTES))
