@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import resource
 import signal
 import socket
 import subprocess
@@ -48,12 +49,18 @@ class ProxyProcess:
         #: Counts starts: connections opened after a start talk to that incarnation.
         self.incarnation = 0
 
-    def start(self, timeout_s: float = 30) -> ProxyProcess:
+    def start(self, timeout_s: float = 30, max_open_files: int | None = None) -> ProxyProcess:
+        """Start and wait until it listens; ``max_open_files`` lowers its descriptor limit (RLIMIT_NOFILE)."""
         self.incarnation += 1
+
+        def limit_files() -> None:
+            if max_open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ddmq.proxy", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT,
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_files,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
