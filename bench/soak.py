@@ -279,7 +279,9 @@ class SteadyProducer(threading.Thread):
         self.produced: dict[str, int] = {}
         self.count = 0
         self.allowed = first_allowed
+        #: Batches that failed while Redis was away, and of their messages those found already stored.
         self.failed_batches = 0
+        self.found_stored = 0
         self.error: BaseException | None = None
         self.finished_at: float | None = None
         self._halt = threading.Event()
@@ -338,7 +340,9 @@ class SteadyProducer(threading.Thread):
             while not self._halt.is_set():
                 time.sleep(0.1)
                 try:
-                    batch = self._not_stored(client, batch)
+                    missing = self._not_stored(client, batch)
+                    self.found_stored += len(batch) - len(missing)
+                    batch = missing
                     break
                 except redis.RedisError:
                     continue
@@ -397,6 +401,7 @@ class Soak:
         self.folder = folder
         self.redis = RedisServer(appendfsync="always")
         self.proxies: dict[str, ProxyRun] = {}
+        self._proxy_runs = contextlib.ExitStack()  # stops them and deletes their folders
         self.consumers: list[Consumer] = []
         self.faults: list[dict[str, Any]] = []
 
@@ -410,11 +415,11 @@ class Soak:
             producer.ensure_topic(TOPIC, QUEUES)
         for i in range(1, self.config.proxies + 1):
             name = f"proxy-{i}"
-            self.proxies[name] = ProxyRun(
+            self.proxies[name] = self._proxy_runs.enter_context(ProxyRun(
                 self.url, groups={GROUP: {TOPIC: GROUP_CONFIG}}, topics={TOPIC: {"queues": QUEUES}},
                 instance_id=name, leases=LEASES, commit_interval_ms=COMMIT_INTERVAL_MS,
                 audit_log=str(self.folder / f"{name}.reads.jsonl"),
-            ).start()
+            ))
         _wait_until(lambda: len(set(_leases(self.url).values())) == self.config.proxies, 30, "the queues split")
         addresses = tuple((name, proxy.port) for name, proxy in self.proxies.items())
         for i in range(1, self.config.consumers + 1):
@@ -494,8 +499,10 @@ class Soak:
         for proxy in self.proxies.values():
             with contextlib.suppress(OSError, HarnessError):
                 os.kill(proxy.pid, signal.SIGCONT)
-            proxy.stop()
-        self.redis.stop()
+        try:
+            self._proxy_runs.close()
+        finally:
+            self.redis.stop()
 
 
 @dataclass
@@ -553,7 +560,7 @@ def run_soak(config: SoakConfig, folder: Path) -> SoakResult:
     result = check(config, folder, producer.produced, soak.faults)
     result.figures.update(
         wall_s=round(time.time() - began, 1), drain_s=round(drain_s, 1), drained=drained,
-        producer_failed_batches=producer.failed_batches,
+        producer_failed_batches=producer.failed_batches, producer_found_stored=producer.found_stored,
         committed=committed, produce_next=produce_next,
     )
     if committed != produce_next:
@@ -722,6 +729,8 @@ def format_report(result: SoakResult) -> str:
          f"NO: committed {f['committed']}, produced {f['produce_next']}"),
         ("one reader per (queue, term)", f"{f['single_reader']} ({f['reads_audited']:,} reads"
          + ("" if f["queue_moves"] is None else f", {f['queue_moves']} queue moves") + ")"),
+        ("producer while Redis was away", f"{f['producer_failed_batches']} batches failed, "
+         f"{f['producer_found_stored']} of their messages found stored (not sent again)"),
         ("wall time", f"{f['wall_s']} s (drain {f['drain_s']} s)"),
     ]
     width = max(len(name) for name, _ in rows)
