@@ -71,9 +71,12 @@ if __package__ in (None, ""):
     sys.path.append(str(here.parent))
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from bench.clientproc import ClientProcess, Ready
 from bench.report import cpu_available, load_average, meta
+from bench.scenarios.base import log
 from bench.stack import HarnessError, ProxyRun, RedisServer
 from ddmq.client import keys, wire
 from ddmq.client.hashing import queue_for_key
@@ -114,10 +117,6 @@ class SoakConfig:
     @property
     def faults(self) -> list[str]:
         return [kind for _ in range(self.rounds) for kind in FAULTS]
-
-
-def log(message: str) -> None:
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 # -- the consumer processes -------------------------------------------------------------------------
@@ -212,7 +211,9 @@ def _held_until_killed(spec: ConsumerSpec, out: Any, lines: list[list[Any]]) -> 
         line[7] = False  # none of these results will ever be sent: not acked, and ``ta`` stays 0
     out.write("".join(json.dumps(line) + "\n" for line in lines))
     out.flush()
-    Path(spec.paused).write_text(json.dumps({"held": len(lines), "t": time.time()}))
+    staged = Path(spec.paused + ".tmp")
+    staged.write_text(json.dumps({"held": len(lines), "t": time.time()}))
+    staged.replace(spec.paused)  # the harness never reads it half written
     time.sleep(FAULT_TIMEOUT_S)  # blocks the whole process, every connection: the harness kills it now
     raise HarnessError(f"consumer {spec.name} was not killed while it held a batch")
 
@@ -283,7 +284,6 @@ class SteadyProducer(threading.Thread):
         self.failed_batches = 0
         self.found_stored = 0
         self.error: BaseException | None = None
-        self.finished_at: float | None = None
         self._halt = threading.Event()
         self._cond = threading.Condition()
 
@@ -306,13 +306,15 @@ class SteadyProducer(threading.Thread):
             self._produce()
         except BaseException as exc:
             self.error = exc
-        self.finished_at = time.time()
 
     def _produce(self) -> None:
         per_batch = max(1, min(500, round(self.config.rate / 20)))
         interval = per_batch / self.config.rate
         due = time.monotonic()
-        with Producer(self.redis_url) as producer, redis.Redis.from_url(self.redis_url) as client:
+        # No redis-py retries: a retried script whose first reply was lost would store its batch twice.
+        # The failure surfaces instead, and _send checks what was stored.
+        with redis.Redis.from_url(self.redis_url, retry=Retry(NoBackoff(), 0)) as client:
+            producer = Producer(client)
             while self.count < self.config.messages and not self._halt.is_set():
                 with self._cond:
                     while self.count >= self.allowed:
