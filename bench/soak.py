@@ -311,8 +311,8 @@ class SteadyProducer(threading.Thread):
         per_batch = max(1, min(500, round(self.config.rate / 20)))
         interval = per_batch / self.config.rate
         due = time.monotonic()
-        # No redis-py retries: a retried script whose first reply was lost would store its batch twice.
-        # The failure surfaces instead, and _send checks what was stored.
+        # No redis-py retries: the checks need to know exactly which messages exist, so a failed batch
+        # surfaces at once and _send settles what of it was stored.
         with redis.Redis.from_url(self.redis_url, retry=Retry(NoBackoff(), 0)) as client:
             producer = Producer(client)
             while self.count < self.config.messages and not self._halt.is_set():
