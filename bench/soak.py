@@ -559,6 +559,7 @@ def run_soak(config: SoakConfig, folder: Path) -> SoakResult:
         if producer is not None:
             producer.halt()
         soak.close()
+    assert producer is not None
     result = check(config, folder, producer.produced, soak.faults)
     result.figures.update(
         wall_s=round(time.time() - began, 1), drain_s=round(drain_s, 1), drained=drained,
@@ -786,11 +787,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     base = SoakConfig(messages=6_000, rate=300.0, rounds=1) if args.quick else SoakConfig()
     config = SoakConfig(
-        messages=args.messages or base.messages, rate=args.rate or base.rate,
+        messages=base.messages if args.messages is None else args.messages,
+        rate=base.rate if args.rate is None else args.rate,
         rounds=base.rounds if args.rounds is None else args.rounds, seed=args.seed,
     )
     if config.messages < 1 or config.rate <= 0 or config.rounds < 0:
-        build_parser().error("--messages, --rate must be positive and --rounds not negative")
+        build_parser().error("--messages and --rate must be positive, --rounds not negative")
     machine: dict[str, Any] = {"load_before": load_average(), "cores_available_before": cpu_available()}
     began = time.monotonic()
     with _folder(args.keep) as folder:
