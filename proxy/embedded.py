@@ -5,8 +5,9 @@
 redis://127.0.0.1:40123/0
 
 The server binds 127.0.0.1 only, persists with an append-only file (``appendfsync everysec`` unless
-``appendfsync=`` says otherwise; no RDB snapshots) in ``data_dir``, and logs to ``data_dir/redis.log``. While it runs, ``data_dir/redis.url``
-holds its URL so other tools (``ddmq produce --redis $(cat ddmq-data/redis.url)``) can find it.
+``appendfsync=`` says otherwise; no RDB snapshots) in ``data_dir``, and logs to ``data_dir/redis.log``.
+While it runs, ``data_dir/redis.url`` holds its URL so other tools (``ddmq produce --redis $(cat
+ddmq-data/redis.url)``) can find it.
 
 Lifecycle: :meth:`start` (once), :meth:`stop` (a clean ``SHUTDOWN``, so the AOF is flushed; then
 SIGTERM, then SIGKILL if it hangs), :meth:`kill` (SIGKILL, for crash tests). The API is synchronous;
