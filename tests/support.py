@@ -183,6 +183,9 @@ class Delivery:
     key: str
     seq: int
     acked: bool
+    #: When the client received it (``time.time()``, the clock of the audit's ``t``), if known: a proxy
+    #: restarted under the same instance id may read that offset again later, under a newer term.
+    t: float | None = None
 
 
 def acked_prefixes(log: list[Delivery]) -> dict[str, int]:
@@ -195,9 +198,12 @@ def acked_prefixes(log: list[Delivery]) -> dict[str, int]:
 
 
 def term_of(reads: dict[tuple[str, int], list[dict[str, Any]]], delivery: Delivery) -> int:
-    """The lease term under which ``delivery``'s owner read that offset (its latest read covering it)."""
+    """The lease term under which ``delivery``'s owner read that offset: its latest read covering it (that
+    happened before the delivery, when its time is known). ``reads`` lists each owner's reads in time order."""
     term = None
     for record in reads[(delivery.owner, delivery.qid)]:
+        if delivery.t is not None and record["t"] > delivery.t:
+            break
         if record["first"] <= delivery.offset <= record["last"]:
             term = record["term"]
     assert term is not None, f"{delivery} was delivered without a recorded read"
