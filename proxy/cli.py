@@ -85,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ddmq-proxy: --watch-interval-ms must not be negative", file=sys.stderr)
         return 2
     if args.check:
-        print(f"{args.config}: ok ({len(config.groups)} groups, {len(config.topics)} topics)")
+        try:
+            print(f"{args.config}: ok ({len(config.groups)} groups, {len(config.topics)} topics)", flush=True)
+        except BrokenPipeError:
+            clitools.detach_stdout()
+            return 1
         return 0
     try:
         asyncio.run(serve(ProxyService(config), args.config, args.watch_interval_ms))

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddmq.client.producer import Producer
+
 from .support import ProxyProcess
 
+REPO = Path(__file__).resolve().parents[1]
 DDMQ = [sys.executable, "-m", "ddmq.client.cli"]
 PROXY = [sys.executable, "-m", "ddmq.proxy"]
 
@@ -54,3 +57,18 @@ def test_a_port_in_use_is_one_line(tmp_path: Path, redis_url: str) -> None:
         assert re.fullmatch(expected, result.stderr, re.IGNORECASE), result.stderr
     finally:
         first.stop()
+
+
+def test_a_closed_stdout_ends_commands_quietly(redis_url: str) -> None:
+    with Producer(redis_url) as producer:
+        producer.ensure_topic("t", 2)
+    commands = [
+        [*PROXY, "--config", str(REPO / "config/examples/proxy.yaml"), "--check"],
+        [*DDMQ, "offsets", "reset", "--redis", redis_url, "--group", "g", "--topic", "t", "--to-latest"],
+    ]
+    for command in commands:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.close()  # the reader is gone before the command prints
+            assert proc.wait(timeout=60) == 1, command
+            assert proc.stderr.read() == b"", command
