@@ -94,10 +94,12 @@ def format_status(status: GroupStatus) -> str:
     def member(name: str, age: int) -> str:
         return f"{name} ({'EXPIRED: ' if name in status.expired else ''}heartbeat {age} ms ago)"
 
-    live = len(status.members) - len(status.expired)
-    lines = [f"group {status.group}: " + (", ".join(
-        member(name, age) for name, age in sorted(status.members.items())) or "no members")
-        + ("" if live else " -- no live member: nothing is consuming")]
+    members = ", ".join(member(name, age) for name, age in sorted(status.members.items()))
+    if not members:
+        members = "no members: nothing is consuming"
+    elif len(status.expired) == len(status.members):
+        members += " -- no live member: nothing is consuming"
+    lines = [f"group {status.group}: {members}"]
     lines.append(
         f"{'topic':<20} {'qid':>4} {'owner':<24} {'term':>5} {'lease ms':>9} "
         f"{'committed':>10} {'produced':>10} {'lag':>8}"
