@@ -164,8 +164,11 @@ def _in_flight(args: argparse.Namespace) -> int:
 def _blocked_keys(args: argparse.Namespace) -> int:
     path = f"/admin/groups/{_quote(args.group)}/blocked-keys"
     answer = _client(args).call("GET", path, {"topic": args.topic, "limit": args.limit})
-    rows = [[key["topic"], key["order_key"], key["chain_length"], key["head_age_ms"], *_job_row(key["head"])[1:3],
-             *_job_row(key["head"])[4:]] for key in answer["keys"]]
+    rows = []
+    for key in answer["keys"]:
+        _, qid, offset, _, state, attempts, error = _job_row(key["head"])
+        rows.append([key["topic"], key["order_key"], key["chain_length"], key["head_age_ms"], qid, offset, state,
+                     attempts, error])
     header = ["topic", "order key", "messages", "head age ms", "qid", "head offset", "state", "attempts", "last error"]
     _print(args, answer, f"{_table(header, rows)}\n{len(rows)} blocked key(s) of {answer['group']}")
     return 0
