@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 
 #: How long one stream read blocks when the queue is empty.
 READ_BLOCK_MS = 1000
+#: How often a reader whose lease is not confirmed looks again.
+_LEASE_WAIT_S = 0.05
 
 
 class TokenBucket:
@@ -84,6 +86,11 @@ class QueueReader:
             limiter = consumer.limiter
             if limiter is not None:
                 wanted = await limiter.take(wanted)
+            if not consumer.may_serve(self.qid):
+                # Not confirmed lately (e.g. the process was paused past its TTL): read nothing under a
+                # term that may be gone until the lease loop renews it or drops the queue.
+                await asyncio.sleep(_LEASE_WAIT_S)
+                continue
             try:
                 messages = await broker.read(
                     consumer.topic, self.qid, tracker.next_offset - 1, wanted, READ_BLOCK_MS
@@ -96,6 +103,8 @@ class QueueReader:
             backoff = 0.1
             if self._stopping:
                 return  # not tracked, so never committed: the next reader reads them again
+            if messages and not consumer.may_serve(self.qid):
+                continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
             audit = consumer.read_audit
             if audit is not None and messages:
                 audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
