@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from ddmq.client import keys
+from ddmq.client.producer import ProduceError, repair_queue
 from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
 
@@ -44,18 +45,54 @@ def map_redis_errors(what: str) -> Iterator[None]:
         raise BrokerError(f"redis failed while {what}: {exc}") from exc
 
 
+class ForeignEntry(Exception):
+    """The next entry of a queue was not written by the ddmq producer (a plain ``XADD``): its id is
+    not ``0-<offset>`` (``offset`` is None), or its fields are not the producer's."""
+
+    def __init__(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
+        super().__init__(f"{stream}: entry {entry_id!r} was not written by the ddmq producer ({reason})")
+        self.entry_id = entry_id
+        self.fields = fields
+        try:
+            self.offset: int | None = keys.offset_of(entry_id)
+        except ValueError:
+            self.offset = None
+
+    def as_message(self) -> StoredMessage:
+        """The entry as a message to dead-letter: its ``v`` as the body when it has one, else its
+        fields as a JSON object, so nothing of it is lost."""
+        fields = self.fields
+        value = fields.get(b"v")
+        if value is None:
+            value = json.dumps({k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in fields.items()},
+                               ensure_ascii=False).encode()
+        return StoredMessage(self.offset or 0, value, "", "", _EMPTY_PROPERTIES, 0)
+
+
 def decode_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> StoredMessage:
+    value, ts = fields.get(b"v"), fields.get(b"ts")
+    if value is None or ts is None:
+        raise ValueError("the entry lacks the producer's v and ts fields")
     raw_props = fields.get(b"p")
     properties = json.loads(raw_props) if raw_props else _EMPTY_PROPERTIES
-    ts = fields.get(b"ts")
+    if not isinstance(properties, dict):
+        raise ValueError("its properties are not a JSON object")
     return StoredMessage(
         offset=keys.offset_of(entry_id),
-        value=fields.get(b"v", b""),
+        value=value,
         key=fields.get(b"k", b"").decode("utf-8", "replace"),
         tag=fields.get(b"t", b"").decode("utf-8", "replace"),
         properties=properties,
-        produce_ms=int(ts) if ts else 0,
+        produce_ms=int(ts),
     )
+
+
+def _field_dict(fields: Any) -> dict[bytes, bytes]:
+    if isinstance(fields, dict):
+        return fields
+    if isinstance(fields, list):
+        return dict(zip(fields[::2], fields[1::2], strict=False))
+    return {}
 
 
 def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
@@ -124,8 +161,16 @@ class Broker:
             except (ValueError, AttributeError, TypeError) as exc:
                 if messages:
                     break  # deliver what precedes it; the next read stops right here
-                raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc
+                raise ForeignEntry(stream, entry_id, _field_dict(fields), str(exc)) from exc
         return messages
+
+    async def repair_queue(self, topic: str, qid: int) -> int:
+        """Let producers append again after foreign entries (see :func:`ddmq.client.producer.repair_queue`);
+        returns the next offset to be produced."""
+        try:
+            return await repair_queue(self.redis, topic, qid)
+        except ProduceError as exc:
+            raise BrokerError(str(exc)) from exc
 
     async def read_many(
         self, streams: dict[str, str], count: int, block_ms: int | None

@@ -11,7 +11,7 @@ from time import perf_counter
 from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
 from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
 from ddmq.proxy.audit import ReadAudit
-from ddmq.proxy.broker import Broker
+from ddmq.proxy.broker import Broker, ForeignEntry
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
 from ddmq.proxy.leases import Lease, LeaseStore
@@ -348,6 +348,25 @@ class TopicConsumer:
             self.unfinished += 1
             counters["read"] += 1
             self.run(UpstreamJob(self, queue, message, tracker))
+
+    async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None:
+        """The queue's next entry was not written by the ddmq producer. An entry with an id ``0-<n>``
+        is dead-lettered (its fields kept) and its offset finished, so reading goes on after it. One
+        with a time-based id cannot be stepped over in offset order: it is renumbered to the next
+        offset first (as a producer would on its next send) and read again. The sequence is raised to
+        at least the entry's offset, so producers append after it and committed never passes
+        produced. Raises BrokerError when Redis fails (the reader retries)."""
+        await self.broker.repair_queue(self.topic, qid)
+        if entry.offset is None:
+            self.count("foreign_renumbered")
+            log.error("%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
+                      self.group, self.topic, qid, entry)
+            return
+        log.error("%s/%s#%d: %s; dead-lettering it and reading on", self.group, self.topic, qid, entry)
+        await self.broker.dead_letter(self.group, self.topic, qid, entry.as_message(), 0, str(entry))
+        self.count("foreign_entries")
+        tracker.track(entry.offset)
+        tracker.finish(entry.offset)
 
     # the chain ---------------------------------------------------------------------------------
 

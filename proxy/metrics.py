@@ -77,7 +77,9 @@ _BUFFER_COUNTERS: Final = {
     "timed_out": ("ddmq_messages_timed_out", "Pulled messages not acked within timeout_ms (a failed attempt)."),
     "retried": ("ddmq_messages_retried", "Messages made ready again after a failed attempt (redeliveries)."),
     "dead_lettered": ("ddmq_messages_dead_lettered", "Messages written to the dead-letter stream."),
-    "unknown_acks": ("ddmq_acks_unknown", "Acks for offsets not delivered to a client of the group, or not held (ignored)."),
+    "unknown_acks": (
+        "ddmq_acks_unknown", "Acks for offsets not delivered to a client of the group, or not held (ignored)."
+    ),
     "unknown_fails": ("ddmq_fails_unknown", "Fails for offsets not in flight (ignored)."),
     "late_acks": ("ddmq_acks_late", "Acks that arrived after the message's timeout (they still finish it)."),
 }

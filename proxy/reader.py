@@ -7,6 +7,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from ddmq.proxy.broker import ForeignEntry
 from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import QueueId
 
@@ -92,9 +93,13 @@ class QueueReader:
                 await asyncio.sleep(_LEASE_WAIT_S)
                 continue
             try:
-                messages = await broker.read(
-                    consumer.topic, self.qid, tracker.next_offset - 1, wanted, READ_BLOCK_MS
-                )
+                try:
+                    messages = await broker.read(
+                        consumer.topic, self.qid, tracker.next_offset - 1, wanted, READ_BLOCK_MS
+                    )
+                except ForeignEntry as entry:
+                    await consumer.skip_foreign(self.qid, tracker, entry)
+                    continue
             except BrokerError as exc:
                 log.warning("%s#%s: %s; retrying in %.1fs", consumer.topic, self.qid, exc, backoff)
                 await asyncio.sleep(backoff)

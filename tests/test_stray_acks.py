@@ -31,14 +31,16 @@ VICTIMS = ("victim1", "victim2")
 produce = functools.partial(produce_keyed, keys=100)
 
 
-async def metric(session: aiohttp.ClientSession, base: str, name: str, group: str) -> float:
+async def metric(session: aiohttp.ClientSession, base: str, name: str, group: str, **labels: str) -> float:
+    """The sum of ``name``'s samples for ``group`` (and ``labels``) on the proxy's /metrics."""
     async with session.get(base + "/metrics") as response:
         text = await response.text()
+    wanted = {"group": group, **labels}
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == name and sample.labels.get("group") == group
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items())
     )
 
 
