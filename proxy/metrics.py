@@ -219,6 +219,11 @@ class EngineCollector(Collector):
         lag = GaugeMetricFamily(
             "ddmq_lag_messages", "Produced but not yet finished messages per held queue.", labels=_QUEUE
         )
+        rollbacks = CounterMetricFamily(
+            "ddmq_queue_rollbacks",
+            "Times this proxy found Redis had lost writes it had read under a queue (a rollback).",
+            labels=_QUEUE,
+        )
         keys = GaugeMetricFamily("ddmq_order_keys", "Order keys with an unfinished message.", labels=_TOPIC)
         waiting = GaugeMetricFamily(
             "ddmq_order_waiting_messages", "Messages waiting behind an unfinished one of the same key.", labels=_TOPIC
@@ -271,6 +276,8 @@ class EngineCollector(Collector):
                     if offsets is not None and qid < len(offsets):
                         produce.add_metric(labels, offsets[qid])
                         lag.add_metric(labels, max(0, offsets[qid] - tracker.commit_point))
+                for qid, count in sorted(consumer.rollbacks.items()):
+                    rollbacks.add_metric([name, topic, str(qid)], count)
                 self._chains(consumer, [name, topic], keys, waiting, longest, chains)
                 topic_unfinished.add_metric([name, topic], consumer.unfinished)
                 concurrency.add_metric([name, topic], consumer.config.concurrency)
@@ -288,7 +295,7 @@ class EngineCollector(Collector):
             actions.add_metric([group_name, topic, action], histogram.buckets(), histogram.total)
 
         yield from counters.values()
-        yield from (in_flight, ready, retry_wait, unfinished, owned, committed, produce, lag)
+        yield from (in_flight, ready, retry_wait, unfinished, owned, committed, produce, lag, rollbacks)
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
         yield actions
 

@@ -79,6 +79,8 @@ class QueueReader:
         broker = consumer.broker
         tracker = consumer.trackers[self.qid]
         queue = self.queue
+        connections = broker.connections
+        checked = connections.count
         backoff = 0.1
         while not self._stopping:
             room = await consumer.wait_for_room()
@@ -93,6 +95,14 @@ class QueueReader:
                 await asyncio.sleep(_LEASE_WAIT_S)
                 continue
             try:
+                if connections.count != checked:
+                    # Every command after a Redis restart runs on a new connection: before reading on,
+                    # make sure Redis still holds what this reader read (it may have lost its last writes).
+                    checked = connections.count
+                    mark = tracker.next_offset - 1
+                    if not await broker.stream_intact(consumer.topic, self.qid, mark, tracker.last_read):
+                        consumer.on_rollback(self.qid, tracker)
+                        return
                 try:
                     messages = await broker.read(
                         consumer.topic, self.qid, tracker.next_offset - 1, wanted, READ_BLOCK_MS
@@ -101,6 +111,7 @@ class QueueReader:
                     await consumer.skip_foreign(self.qid, tracker, entry)
                     continue
             except BrokerError as exc:
+                checked = -1  # check the stream once Redis answers again
                 log.warning("%s#%s: %s; retrying in %.1fs", consumer.topic, self.qid, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -108,10 +119,20 @@ class QueueReader:
             backoff = 0.1
             if self._stopping:
                 return  # not tracked, so never committed: the next reader reads them again
-            if messages and not consumer.may_serve(self.qid):
+            if connections.count != checked:
+                continue  # a reconnect during the read: check the stream before taking anything from it
+            if not messages:
+                gap = consumer.gap_until.pop(self.qid, None)
+                if gap is not None:
+                    # Nothing past what was read, and producers write past ``gap`` (the sequence was
+                    # raised there after a rollback): the offsets up to it will never exist.
+                    tracker.skip_to(gap + 1)
+                continue
+            if not consumer.may_serve(self.qid):
                 continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
+            tracker.last_read = messages[-1]
             audit = consumer.read_audit
-            if audit is not None and messages:
+            if audit is not None:
                 audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
                              messages[-1].offset)
             await consumer.accept(queue, messages)
