@@ -262,21 +262,28 @@ class Broker:
 
     async def read_many(
         self, streams: dict[str, str], count: int, block_ms: int | None
-    ) -> dict[str, list[StoredMessage]]:
-        """Up to ``count`` messages per stream after each given id, in one XREAD (one slot per stream)."""
+    ) -> dict[str, tuple[list[StoredMessage], int]]:
+        """Up to ``count`` entries per stream after each given id, in one XREAD (one slot per stream):
+        per stream, the messages and the offset of the last entry looked at. Entries not written by
+        the producer are left out (the ordered path dead-letters them); one with a time-based id ends
+        the page, as it has no offset until the next produce renumbers it."""
         with map_redis_errors(f"reading {len(streams)} queue(s)"):
             reply: Any = await self.redis.xread(streams, count=count, block=block_ms)
-        pages: dict[str, list[StoredMessage]] = {}
+        pages: dict[str, tuple[list[StoredMessage], int]] = {}
         for raw_stream, entries in reply or ():
             stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
-            messages = pages[stream] = []
+            messages: list[StoredMessage] = []
+            seen = 0
             for entry_id, fields in entries:
                 try:
+                    seen = keys.offset_of(entry_id)
+                except ValueError:
+                    break
+                try:
                     messages.append(decode_entry(entry_id, fields))
-                except ValueError as exc:
-                    if messages:
-                        break
-                    raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc
+                except (ValueError, AttributeError, TypeError):
+                    continue
+            pages[stream] = (messages, seen)
         return pages
 
     async def committed_offset(self, group: str, topic: str, qid: int) -> int | None:
