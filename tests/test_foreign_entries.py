@@ -1,8 +1,9 @@
 """Entries written around the producer's script never block a queue.
 
 A plain ``XADD`` with an automatic id, one with the next id but none of the producer's fields, and one
-that leaves a gap go into three queues of a topic a real proxy is consuming. Producers go on
-appending to every queue, the proxy dead-letters each foreign entry (its fields kept) with an error
+that leaves a gap go into three queues of a topic a real proxy is consuming, and at the end one more
+automatic id that no produce follows. Producers go on appending to every queue, the proxy
+dead-letters each foreign entry (its fields kept) with an error
 in its log, and a full consume gets every produced message, each key in order, with committed =
 produced in ``ddmq status`` (and never above it meanwhile).
 """
@@ -87,6 +88,12 @@ async def test_foreign_entries_are_dead_lettered_and_producers_go_on(redis_url: 
             await client.submit(wire.link_results(pending))
         assert checker.violations == [], checker.violations[:5]
         assert checker.deliveries == sum(produced.values())
+        # An automatic id with no produce after it: the proxy renumbers it itself.
+        with redis.Redis.from_url(redis_url) as r:
+            r.xadd(keys.stream("t", 3), {"source": "auto id, last"})
+            while r.xlen(keys.dead_letters("g", "t")) < 4:
+                assert loop.time() < deadline, "the last foreign entry was not dead-lettered"
+                await asyncio.sleep(0.05)
         while (pairs := check_offsets(redis_url)) and any(c != p for c, p in pairs):
             assert loop.time() < deadline, f"committed never reached produced: {pairs}"
             await asyncio.sleep(0.1)
@@ -94,12 +101,12 @@ async def test_foreign_entries_are_dead_lettered_and_producers_go_on(redis_url: 
             dead = r.xrange(keys.dead_letters("g", "t"))
         sources = sorted(json.loads(fields[b"v"]).get("source", "") if fields[b"v"] != b"gap" else "gap"
                          for _, fields in dead)
-        assert sources == ["auto id", "gap", "next id"], dead
+        assert sources == ["auto id", "auto id, last", "gap", "next id"], dead
         assert all(b"not written by the ddmq producer" in fields[b"error"] for _, fields in dead)
         async with aiohttp.ClientSession() as session:
-            assert await metric(session, base, "ddmq_consumer_events_total", "g", event="foreign_entries") == 3
-            assert await metric(session, base, "ddmq_consumer_events_total", "g", event="foreign_renumbered") == 1
+            assert await metric(session, base, "ddmq_consumer_events_total", "g", event="foreign_entries") == 4
+            assert await metric(session, base, "ddmq_consumer_events_total", "g", event="foreign_renumbered") >= 1
         alerts = [line for line in proxy.log().splitlines() if "not written by the ddmq producer" in line]
-        assert len(alerts) >= 3 and all("ERROR" in line for line in alerts), alerts
+        assert len(alerts) >= 4 and all("ERROR" in line for line in alerts), alerts
     finally:
         assert proxy.stop() == 0, proxy.log()
