@@ -24,6 +24,7 @@ from aiohttp import web
 
 from ddmq.config.schema import HttpConfig
 from ddmq.proxy.http_server.admin import OperatorApi, admin_guard
+from ddmq.proxy.http_server.console import ConsoleApi
 from ddmq.proxy.http_server.errors import errors_middleware
 from ddmq.proxy.http_server.pull_api import PullApi
 
@@ -51,6 +52,7 @@ def build_app(service: ProxyService, config: HttpConfig) -> web.Application:
     )
     PullApi(service, config.max_linger_ms).add_routes(app)
     OperatorApi(service).add_routes(app)
+    ConsoleApi(service).add_routes(app)
     openapi = json.dumps(load_openapi()).encode()
 
     async def openapi_json(request: web.Request) -> web.Response:
