@@ -351,8 +351,9 @@ class EngineCollector(Collector):
                         lag.add_metric(labels, max(0, offsets[qid] - tracker.commit_point))
                         oldest = self.oldest_ms.get((name, topic, qid))
                         age.add_metric(labels, max(0, now - oldest) / 1000 if oldest is not None else 0.0)
-                for qid, count in sorted(consumer.rollbacks.items()):
-                    rollbacks.add_metric([name, topic, str(qid)], count)
+                # Every held queue has the series (0 until a rollback), so increase() sees the first one.
+                for qid in sorted(consumer.rollbacks.keys() | consumer.trackers.keys()):
+                    rollbacks.add_metric([name, topic, str(qid)], consumer.rollbacks[qid])
                 self._chains(consumer, [name, topic], keys, waiting, longest, chains)
                 topic_unfinished.add_metric([name, topic], consumer.unfinished)
                 concurrency.add_metric([name, topic], consumer.config.concurrency)
