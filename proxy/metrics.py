@@ -375,6 +375,7 @@ class EngineCollector(Collector):
         yield from (dead_letters, unowned)
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
         yield actions
+        yield from _server_metrics(service.server_stats())
 
     @staticmethod
     def _chains(
@@ -392,3 +393,28 @@ class EngineCollector(Collector):
         buckets = [(str(float(bound)), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS]
         buckets.append(("+Inf", len(lengths)))
         chains.add_metric(labels, buckets, sum(lengths))
+
+
+#: Server stats that are gauges; the others are counters (see ``ThriftServer.stats``).
+_SERVER_GAUGES: Final = {
+    "open": ("ddmq_server_connections", "Client connections open now."),
+    "buffered_bytes": ("ddmq_server_buffered_bytes", "Request bytes being read or decoded now (max_buffered_bytes)."),
+}
+
+
+def _server_metrics(stats: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    events = CounterMetricFamily(
+        "ddmq_server_events",
+        "Connection events per server: accepted, refused (max_connections), accept_errors (e.g. EMFILE), "
+        "timeouts (idle or request), frames_rejected, decode_errors, too_large (early 413).",
+        labels=["server", "event"],
+    )
+    gauges = {key: GaugeMetricFamily(name, doc, labels=["server"]) for key, (name, doc) in _SERVER_GAUGES.items()}
+    for server, values in sorted(stats.items()):
+        for key, value in sorted(values.items()):
+            if key in gauges:
+                gauges[key].add_metric([server], value)
+            else:
+                events.add_metric([server, key], value)
+    yield events
+    yield from gauges.values()

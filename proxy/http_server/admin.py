@@ -32,7 +32,7 @@ from ddmq.proxy.errors import (
 )
 from ddmq.proxy.group import ConsumerGroup
 from ddmq.proxy.http_server.errors import Handler
-from ddmq.proxy.http_server.pull_api import JsonBody, message_json, parse
+from ddmq.proxy.http_server.pull_api import BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.lag import now_ms, produce_times
 from ddmq.proxy.types import StoredMessage
 from ddmq.proxy.views import blocked_keys, group_view, in_flight, queue_counts
@@ -157,8 +157,9 @@ def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
 
 
 class OperatorApi:
-    def __init__(self, service: ProxyService) -> None:
+    def __init__(self, service: ProxyService, read_body: BodyReader) -> None:
         self._service = service
+        self._read_body = read_body
 
     def add_routes(self, app: web.Application) -> None:
         router = app.router
@@ -304,12 +305,12 @@ class OperatorApi:
 
     async def replay(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        result = await letters.replay(_selection(await request.read()))
+        result = await letters.replay(_selection(await self._read_body(request)))
         log.info("replayed %d dead letters of %s/%s", result.replayed, letters.group, letters.topic)
         return web.json_response({"replayed": result.replayed, "missing": result.missing})
 
     async def purge(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        purged = await letters.purge(_selection(await request.read()))
+        purged = await letters.purge(_selection(await self._read_body(request)))
         log.info("purged %d dead letters of %s/%s", purged, letters.group, letters.topic)
         return web.json_response({"purged": purged})
