@@ -20,7 +20,7 @@ from ddmq.proxy.service import ProxyService
 from ddmq.proxy.types import QueueResult
 
 from .proxy.conftest import running_proxy
-from .support import OrderChecker, ProxyProcess, check_single_reader, produce_keyed
+from .support import OrderChecker, ProxyProcess, check_and_ack, check_single_reader, produce_keyed
 
 QUEUES = 4
 LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}
@@ -41,16 +41,8 @@ async def pull_from_process(client: AsyncProxyClient, checker: OrderChecker, epo
                             pending: list[wire.ConsumeResult]) -> int:
     response = await client.pull(wire.PullRequest(
         groupId="g", topic="t", maxBatchSize=64, maxLingerTime=200, result=wire.link_results(pending)))
-    pending.clear()
-    ok = []
-    for message in response.messages:
-        event = json.loads(message.value)
-        checker.delivered(event["k"], event["seq"], epoch)
-        checker.acked(event["k"], event["seq"], epoch)
-        ok.append(message.offset)
-    if ok:
-        pending.append(wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=[]))
-    return len(ok)
+    pending[:] = check_and_ack(response, checker, epoch)
+    return len(response.messages)
 
 
 async def pull_in_process(service: ProxyService, checker: OrderChecker, epoch: int,

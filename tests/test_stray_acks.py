@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ddmq.client import wire
 from ddmq.client.thrift_client import AsyncProxyClient
 
-from .support import OrderChecker, ProxyProcess, free_port, produce_keyed
+from .support import OrderChecker, ProxyProcess, check_and_ack, free_port, produce_keyed
 from .test_http_end_to_end import wait_ready
 
 QUEUES = 4
@@ -65,15 +65,7 @@ async def consume_thrift(port: int, group: str, checker: OrderChecker, produced:
             assert loop.time() < deadline, f"{group} not drained: {list(checker.missing(produced).items())[:5]}"
             response = await client.pull(wire.PullRequest(
                 groupId=group, topic="t", maxBatchSize=64, maxLingerTime=200, result=wire.link_results(pending)))
-            pending = []
-            ok = []
-            for message in response.messages:
-                event = json.loads(message.value)
-                checker.delivered(event["k"], event["seq"])
-                checker.acked(event["k"], event["seq"])
-                ok.append(message.offset)
-            if ok:
-                pending.append(wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=[]))
+            pending = check_and_ack(response, checker)
         if pending:
             await client.submit(wire.link_results(pending))
 
