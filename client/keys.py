@@ -16,6 +16,8 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:fetch:<g>``      string    group g's low-level ``ack`` position (next offset to fetch)
 ``ddmq:{<t>:<q>}:lease:<g>``      string    group g's lease on the queue: ``<owner> <term>``, PX expiry
 ``ddmq:{<t>:<q>}:term:<g>``       string    group g's lease term counter (the fencing token source)
+``ddmq:{<t>:<q>}:rollback:<g>``   hash      rollbacks of the queue group g's proxy detected: ``count``,
+                                            ``at_ms``, ``read_upto``, ``stream_end``, ``owner``
 ``ddmq:dlq:{<g>:<t>}``            stream    group g's dead letters for topic t
 ``ddmq:members:{<g>}``            zset      proxies serving group g, scored by last heartbeat (ms)
 ================================  ========  ===================================================
@@ -75,6 +77,10 @@ def lease(group: str, topic: str, qid: int) -> str:
 
 def lease_term(group: str, topic: str, qid: int) -> str:
     return f"{_queue_tag(topic, qid)}:term:{group}"
+
+
+def rollbacks(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:rollback:{group}"
 
 
 def members(group: str) -> str:

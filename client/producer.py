@@ -61,6 +61,7 @@ __all__ = [
     "TopicMismatchError",
     "add_cli",
     "ensure_topic",
+    "repair_queue",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,29 +72,61 @@ MAX_MESSAGES_PER_CALL = 1000
 
 # KEYS[1] stream, KEYS[2] sequence. ARGV[1] message count, ARGV[2] MAXLEN ('' = no trimming), then per
 # message: the number of field/value items that follow, and the items. Returns the first offset.
+#
+# Entries another writer added (``XADD *``, or an id past the sequence) would make every later XADD
+# of ours fail. When the first XADD fails, or the sequence is missing, or no message is given (the
+# proxy's repair call), ``repair()`` makes room: the last offset becomes the highest ``0-<n>`` id in
+# the stream if that is above the sequence, and entries with time-based ids (all sorting after every
+# ``0-<n>``) are renumbered to the next offsets, fields unchanged, so the proxy reads them in place
+# and dead-letters them. The stream's last id is then set back to ``0-<last>``. At most 1000 such
+# entries are renumbered per call (an error beyond: the script must stay short).
 _PRODUCE_LUA = """
 local n = tonumber(ARGV[1])
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if last == 0 then
-  -- the sequence is gone but the stream may not be: continue after its last entry
+local raw = redis.call('GET', KEYS[2])
+local last = tonumber(raw or '0')
+local function repair()
+  if redis.call('EXISTS', KEYS[1]) == 0 then return end
+  local foreign = redis.call('XRANGE', KEYS[1], '1-0', '+', 'COUNT', 1000 + 1)
+  if #foreign > 1000 then
+    return 'ERR ' .. KEYS[1] .. ' holds more than 1000 entries with ids not of the form 0-<offset>'
+  end
+  for _, entry in ipairs(foreign) do redis.call('XDEL', KEYS[1], entry[1]) end
   local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
   if #tail > 0 then
-    last = tonumber(string.match(tail[1][1], '^0%-(%d+)$'))
-    if not last then
-      return redis.error_reply('ERR ' .. KEYS[1] .. ' holds entries not written by the ddmq producer')
-    end
+    local top = tonumber(string.match(tail[1][1], '^0%-(%d+)$'))
+    if top > last then last = top end
   end
+  redis.call('XSETID', KEYS[1], string.format('0-%d', last))
+  for _, entry in ipairs(foreign) do
+    last = last + 1
+    redis.call('XADD', KEYS[1], string.format('0-%d', last), unpack(entry[2]))
+  end
+end
+if not raw or n == 0 then
+  local err = repair()
+  if err then return redis.error_reply(err) end
 end
 local head = {'XADD', KEYS[1]}
 if ARGV[2] ~= '' then head = {'XADD', KEYS[1], 'MAXLEN', '~', ARGV[2]} end
 local i = 3
 for m = 1, n do
   local cmd = {unpack(head)}
-  cmd[#cmd + 1] = string.format('0-%d', last + m)
+  local id = #cmd + 1
+  cmd[id] = string.format('0-%d', last + m)
   local count = tonumber(ARGV[i])
   for j = i + 1, i + count do cmd[#cmd + 1] = ARGV[j] end
   i = i + count + 1
-  redis.call(unpack(cmd))
+  if m == 1 then
+    local reply = redis.pcall(unpack(cmd))
+    if type(reply) == 'table' and reply.err then
+      local err = repair()
+      if err then return redis.error_reply(err) end
+      cmd[id] = string.format('0-%d', last + 1)
+      redis.call(unpack(cmd))
+    end
+  else
+    redis.call(unpack(cmd))
+  end
 end
 redis.call('SET', KEYS[2], string.format('%d', last + n))
 return last + 1
@@ -515,6 +548,15 @@ async def ensure_topic(client: redis.asyncio.Redis, topic: str, queues: int) -> 
     keys.check_name("topic", topic)
     _check_queue_count(queues)
     return _check_declared(topic, await _topic_queues(client, topic, queues), queues)
+
+
+async def repair_queue(client: redis.asyncio.Redis, topic: str, qid: int) -> int:
+    """Make a queue appendable again after another writer added entries the producer would not have
+    (see the produce script): renumber time-based ids after the last offset, raise the sequence to the
+    highest ``0-<n>`` id. Returns the next offset to be produced; ProduceError when Redis fails."""
+    stream, sequence = keys.stream(topic, qid), keys.sequence(topic, qid)
+    with _redis_errors(topic):
+        return int(await client.register_script(_PRODUCE_LUA)(keys=[stream, sequence], args=[0, b""]))
 
 
 # --- the `ddmq produce` command --------------------------------------------------------------------

@@ -37,6 +37,8 @@ class QueueStatus:
     committed: int | None  # next offset the group consumes; None: the group never started here
     produced: int  # next offset the producer writes
     lag: int
+    rollbacks: int = 0  # times a proxy of the group found Redis had lost writes under this queue
+    last_rollback_ms: int | None = None  # when it last did (ms since the epoch)
 
 
 @dataclass(frozen=True)
@@ -72,16 +74,18 @@ def group_status(
             pipe.pttl(keys.lease(group, topic, qid))
             pipe.get(keys.committed(group, topic, qid))
             pipe.get(keys.sequence(topic, qid))
+            pipe.hmget(keys.rollbacks(group, topic, qid), ["count", "at_ms"])
         replies = pipe.execute()
         topic_rows = []
         for qid in range(queues):
-            lease, ttl, committed, sequence = replies[4 * qid : 4 * qid + 4]
+            lease, ttl, committed, sequence, (rollbacks, rollback_ms) = replies[5 * qid : 5 * qid + 5]
             owner, _, term = lease.decode().rpartition(" ") if lease else (None, "", None)
             produced = int(sequence) + 1 if sequence is not None else 1
             consumed = int(committed) if committed is not None else None
             topic_rows.append(QueueStatus(
                 topic, qid, owner, int(term) if term else None, int(ttl) if lease else None, consumed, produced,
                 produced - (consumed if consumed is not None else 1),
+                int(rollbacks or 0), int(rollback_ms) if rollback_ms else None,
             ))
         # Discovered topics are shown only where the group has started consuming.
         if explicit or any(r.committed is not None for r in topic_rows):
@@ -102,14 +106,21 @@ def format_status(status: GroupStatus) -> str:
     lines = [f"group {status.group}: {members}"]
     lines.append(
         f"{'topic':<20} {'qid':>4} {'owner':<24} {'term':>5} {'lease ms':>9} "
-        f"{'committed':>10} {'produced':>10} {'lag':>8}"
+        f"{'committed':>10} {'produced':>10} {'lag':>8} {'rollbacks':>9}"
     )
     for row in status.queues:
         lines.append(
             f"{row.topic:<20} {row.qid:>4} {row.owner or '-':<24} {row.term or '-':>5} "
             f"{row.lease_expires_in_ms if row.lease_expires_in_ms is not None else '-':>9} "
-            f"{row.committed if row.committed is not None else '-':>10} {row.produced:>10} {row.lag:>8}"
+            f"{row.committed if row.committed is not None else '-':>10} {row.produced:>10} {row.lag:>8} "
+            f"{row.rollbacks:>9}"
         )
+    rolled = [row for row in status.queues if row.last_rollback_ms]
+    if rolled:
+        last = max(rolled, key=lambda row: row.last_rollback_ms or 0)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((last.last_rollback_ms or 0) / 1000))
+        lines.append(f"Redis rolled back under {len(rolled)} queue(s), last under {last.topic}#{last.qid} at {when}: "
+                     "messages it lost are lost; see the proxy's log")
     if not status.queues:
         lines.append("(no queues: the group has not consumed any topic yet)")
     return "\n".join(lines)
@@ -117,7 +128,7 @@ def format_status(status: GroupStatus) -> str:
 
 def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
-        "status", help="owners, lease expiry, committed and produced offsets, lag",
+        "status", help="owners, lease expiry, committed and produced offsets, lag, rollbacks",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     clitools.env_option(parser, "--redis", clitools.ENV_REDIS, "the broker's URL, e.g. redis://127.0.0.1:6379/0")

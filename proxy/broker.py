@@ -13,6 +13,7 @@ own reads (and only those, marked with an option) get the server's reply as it i
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -20,10 +21,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from ddmq.client import keys
+from ddmq.client.producer import ProduceError, repair_queue
 from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
 
@@ -44,18 +47,54 @@ def map_redis_errors(what: str) -> Iterator[None]:
         raise BrokerError(f"redis failed while {what}: {exc}") from exc
 
 
+class ForeignEntry(Exception):
+    """The next entry of a queue was not written by the ddmq producer (a plain ``XADD``): its id is
+    not ``0-<offset>`` (``offset`` is None), or its fields are not the producer's."""
+
+    def __init__(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
+        super().__init__(f"{stream}: entry {entry_id!r} was not written by the ddmq producer ({reason})")
+        self.entry_id = entry_id
+        self.fields = fields
+        try:
+            self.offset: int | None = keys.offset_of(entry_id)
+        except ValueError:
+            self.offset = None
+
+    def as_message(self) -> StoredMessage:
+        """The entry as a message to dead-letter: its ``v`` as the body when it has one, else its
+        fields as a JSON object, so nothing of it is lost."""
+        fields = self.fields
+        value = fields.get(b"v")
+        if value is None:
+            value = json.dumps({k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in fields.items()},
+                               ensure_ascii=False).encode()
+        return StoredMessage(self.offset or 0, value, "", "", _EMPTY_PROPERTIES, 0)
+
+
 def decode_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> StoredMessage:
+    value, ts = fields.get(b"v"), fields.get(b"ts")
+    if value is None or ts is None:
+        raise ValueError("the entry lacks the producer's v and ts fields")
     raw_props = fields.get(b"p")
     properties = json.loads(raw_props) if raw_props else _EMPTY_PROPERTIES
-    ts = fields.get(b"ts")
+    if not isinstance(properties, dict):
+        raise ValueError("its properties are not a JSON object")
     return StoredMessage(
         offset=keys.offset_of(entry_id),
-        value=fields.get(b"v", b""),
+        value=value,
         key=fields.get(b"k", b"").decode("utf-8", "replace"),
         tag=fields.get(b"t", b"").decode("utf-8", "replace"),
         properties=properties,
-        produce_ms=int(ts) if ts else 0,
+        produce_ms=int(ts),
     )
+
+
+def _field_dict(fields: Any) -> dict[bytes, bytes]:
+    if isinstance(fields, dict):
+        return fields
+    if isinstance(fields, list):
+        return dict(zip(fields[::2], fields[1::2], strict=False))
+    return {}
 
 
 def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
@@ -80,6 +119,64 @@ def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
     return decode_entry(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))
 
 
+#: Lua (a function definition): does the queue still hold what a reader read up to offset ``n``? False
+#: when its end (the sequence, or the last ``0-<n>`` entry) is below ``n``, or when the entry at ``n``
+#: is there with another produce time or body (SHA-1) than the one read: Redis lost writes and
+#: producers wrote new entries under offsets already read. ``sha`` '' = nothing known of entry ``n``.
+#: An entry that is gone while the end is past it was trimmed (MAXLEN), which is no rollback.
+STREAM_INTACT_LUA = """
+local function stream_intact(stream, sequence, n, ts, sha)
+  local top = tonumber(redis.call('GET', sequence) or '0')
+  if top < n then
+    local tail = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+    local last = #tail > 0 and tonumber(string.match(tail[1][1], '^0%-(%d+)$'))
+    if not last or last < n then return false end
+  end
+  if sha == '' or n == 0 then return true end
+  local entry = redis.call('XRANGE', stream, '0-' .. n, '0-' .. n)
+  if #entry == 0 then return true end
+  local fields, seen = entry[1][2], {}
+  for i = 1, #fields, 2 do seen[fields[i]] = fields[i + 1] end
+  return (tonumber(seen['ts']) or 0) == tonumber(ts) and redis.sha1hex(seen['v'] or '') == sha
+end
+"""
+
+# KEYS: stream, sequence.  ARGV: n, ts, sha.  1 = intact, 0 = rolled back.
+_CHECK_STREAM = STREAM_INTACT_LUA + """
+if stream_intact(KEYS[1], KEYS[2], tonumber(ARGV[1]), ARGV[2], ARGV[3]) then return 1 end
+return 0
+"""
+
+# KEYS: sequence.  ARGV: offset.  Raises the sequence to at least ``offset``; returns the sequence.
+_RAISE_SEQUENCE = """
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+local floor = tonumber(ARGV[1])
+if last < floor then redis.call('SET', KEYS[1], ARGV[1]); return floor end
+return last
+"""
+
+
+def read_mark(n: int, message: StoredMessage | None) -> list[str | int]:
+    """The ``n, ts, sha`` arguments of :data:`STREAM_INTACT_LUA` for a reader whose last read entry
+    is ``message`` (None: nothing read yet, only the queue's end is checked against ``n``)."""
+    if message is None:
+        return [n, "0", ""]
+    return [message.offset, message.produce_ms, hashlib.sha1(message.value).hexdigest()]
+
+
+class ConnectionCounter:
+    """Counts the connections redis-py opens (``redis_connect_func``). Every command after a Redis
+    restart runs on a new connection, so a reader that sees the count change knows Redis may have
+    restarted, and possibly lost its last writes, since it last looked."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def on_connect(self, connection: AbstractConnection) -> None:
+        self.count += 1
+        await connection.on_connect()
+
+
 def _xread_callback(parse: Callable[..., Any]) -> Callable[..., Any]:
     def callback(response: Any, **options: Any) -> Any:
         if options.pop(_RAW_REPLY, False):
@@ -92,8 +189,12 @@ def _xread_callback(parse: Callable[..., Any]) -> Callable[..., Any]:
 class Broker:
     """The proxy's view of Redis. ``redis`` must return bytes (``decode_responses=False``)."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, connections: ConnectionCounter | None = None) -> None:
         self.redis = redis
+        #: Connections opened so far (0 forever when the client was made without the counter).
+        self.connections = connections or ConnectionCounter()
+        self._check_stream = redis.register_script(_CHECK_STREAM)
+        self._raise_sequence = redis.register_script(_RAISE_SEQUENCE)
         self._raw_reads = redis.get_connection_kwargs().get("protocol") in (None, 2, "2")
         if self._raw_reads:
             parse = redis.response_callbacks["XREAD"]
@@ -124,26 +225,65 @@ class Broker:
             except (ValueError, AttributeError, TypeError) as exc:
                 if messages:
                     break  # deliver what precedes it; the next read stops right here
-                raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc
+                raise ForeignEntry(stream, entry_id, _field_dict(fields), str(exc)) from exc
         return messages
+
+    async def stream_intact(self, topic: str, qid: int, n: int, message: StoredMessage | None) -> bool:
+        """False when the queue no longer holds what was read up to offset ``n`` (``message``: the entry
+        read there, if any): Redis rolled back. See :data:`STREAM_INTACT_LUA`."""
+        with map_redis_errors(f"checking {topic}#{qid} against what was read"):
+            keys_ = [keys.stream(topic, qid), keys.sequence(topic, qid)]
+            return bool(await self._check_stream(keys=keys_, args=read_mark(n, message)))
+
+    async def raise_sequence(self, topic: str, qid: int, offset: int) -> int:
+        """Make producers continue after ``offset`` at least; returns the queue's last offset."""
+        with map_redis_errors(f"raising the sequence of {topic}#{qid}"):
+            return int(await self._raise_sequence(keys=[keys.sequence(topic, qid)], args=[offset]))
+
+    async def record_rollback(
+        self, group: str, topic: str, qid: int, owner: str, read_upto: int, stream_end: int
+    ) -> None:
+        """Note a detected rollback where ``ddmq status`` and the admin API show it."""
+        key = keys.rollbacks(group, topic, qid)
+        with map_redis_errors(f"recording a rollback of {topic}#{qid}"):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hincrby(key, "count", 1)
+                pipe.hset(key, mapping={"at_ms": int(time.time() * 1000), "read_upto": read_upto,
+                                        "stream_end": stream_end, "owner": owner})
+                await pipe.execute()
+
+    async def repair_queue(self, topic: str, qid: int) -> int:
+        """Let producers append again after foreign entries (see :func:`ddmq.client.producer.repair_queue`);
+        returns the next offset to be produced."""
+        try:
+            return await repair_queue(self.redis, topic, qid)
+        except ProduceError as exc:
+            raise BrokerError(str(exc)) from exc
 
     async def read_many(
         self, streams: dict[str, str], count: int, block_ms: int | None
-    ) -> dict[str, list[StoredMessage]]:
-        """Up to ``count`` messages per stream after each given id, in one XREAD (one slot per stream)."""
+    ) -> dict[str, tuple[list[StoredMessage], int]]:
+        """Up to ``count`` entries per stream after each given id, in one XREAD (one slot per stream):
+        per stream, the messages and the offset of the last entry looked at. Entries not written by
+        the producer are left out (the ordered path dead-letters them); one with a time-based id ends
+        the page, as it has no offset until the next produce renumbers it."""
         with map_redis_errors(f"reading {len(streams)} queue(s)"):
             reply: Any = await self.redis.xread(streams, count=count, block=block_ms)
-        pages: dict[str, list[StoredMessage]] = {}
+        pages: dict[str, tuple[list[StoredMessage], int]] = {}
         for raw_stream, entries in reply or ():
             stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
-            messages = pages[stream] = []
+            messages: list[StoredMessage] = []
+            seen = 0
             for entry_id, fields in entries:
                 try:
+                    seen = keys.offset_of(entry_id)
+                except ValueError:
+                    break
+                try:
                     messages.append(decode_entry(entry_id, fields))
-                except ValueError as exc:
-                    if messages:
-                        break
-                    raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc
+                except (ValueError, AttributeError, TypeError):
+                    continue
+            pages[stream] = (messages, seen)
         return pages
 
     async def committed_offset(self, group: str, topic: str, qid: int) -> int | None:

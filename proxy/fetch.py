@@ -62,18 +62,22 @@ class LowLevelApi:
         if count == 0:
             return [FetchedQueue(q.topic, q.qid, start, []) for q, start in starts.items()]
         pages = await self._read(starts, count, block_ms=None)
-        if linger_ms > 0 and not any(pages.values()):
+        if linger_ms > 0 and not any(seen for _, seen in pages.values()):
             pages = await self._read(starts, count, block_ms=linger_ms)
         budget = MAX_FETCH_BYTES
         answer = []
         for queue, start in starts.items():
+            messages, seen = pages.get(queue, ([], 0))
             taken: list[StoredMessage] = []
-            for message in pages.get(queue, ()):
+            for message in messages:
                 if budget <= 0:
                     break
                 taken.append(message)
                 budget -= len(message.value)
-            next_offset = taken[-1].offset + 1 if taken else start
+            if len(taken) == len(messages):  # the whole page: continue after foreign entries left out too
+                next_offset = max(start, seen + 1)
+            else:
+                next_offset = taken[-1].offset + 1 if taken else start
             answer.append(FetchedQueue(queue.topic, queue.qid, next_offset, taken))
         return answer
 
@@ -147,9 +151,10 @@ class LowLevelApi:
 
     async def _read(
         self, starts: dict[QueueId, int], count: int, block_ms: int | None
-    ) -> dict[QueueId, list[StoredMessage]]:
-        """One XREAD over every queue (blocking when ``block_ms`` is given)."""
+    ) -> dict[QueueId, tuple[list[StoredMessage], int]]:
+        """One XREAD over every queue (blocking when ``block_ms`` is given): messages and the offset
+        of the last entry looked at, per queue."""
         streams = {keys.stream(q.topic, q.qid): keys.stream_id_after(start - 1) for q, start in starts.items()}
         by_stream = {keys.stream(q.topic, q.qid): q for q in starts}
         replies = await self.broker.read_many(streams, count, block_ms)
-        return {by_stream[stream]: messages for stream, messages in replies.items()}
+        return {by_stream[stream]: page for stream, page in replies.items()}

@@ -11,10 +11,10 @@ from time import perf_counter
 from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
 from ddmq.config.schema import LeaseConfig, ProxyConfig, StartFrom, TopicGroupConfig
 from ddmq.proxy.audit import ReadAudit
-from ddmq.proxy.broker import Broker
+from ddmq.proxy.broker import Broker, ForeignEntry, read_mark
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
-from ddmq.proxy.leases import Lease, LeaseStore
+from ddmq.proxy.leases import CommitResult, Lease, LeaseStore
 from ddmq.proxy.membership import Membership, assign
 from ddmq.proxy.offsets import OffsetTracker, decode_ranges
 from ddmq.proxy.ordering import UpstreamJobBlockingQueue
@@ -80,6 +80,11 @@ class TopicConsumer:
         self.serving = True
         #: Set by the service when ``audit_log`` is configured.
         self.read_audit: ReadAudit | None = None
+        #: Rollbacks of Redis detected per qid (see :meth:`rolled_back`).
+        self.rollbacks: Counter[int] = Counter()
+        #: qid -> the sequence raised after a rollback: the reader steps over the unused offsets up to it.
+        self.gap_until: dict[int, int] = {}
+        self._recoveries: set[asyncio.Task[None]] = set()
 
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
@@ -227,6 +232,7 @@ class TopicConsumer:
         tracker = self.trackers.pop(qid, None)
         if tracker is not None:
             tracker.dropped = True
+        self.gap_until.pop(qid, None)
         for job in self.buffer.drop_queue(QueueId(self.topic, qid)):
             self.finish(job)
         lease = self.held.pop(qid, None)
@@ -267,9 +273,9 @@ class TopicConsumer:
 
     async def close(self) -> None:
         await self.stop_reading()
-        for task in self._handoffs.values():
+        for task in (*self._handoffs.values(), *self._recoveries):
             task.cancel()
-        await asyncio.gather(*self._handoffs.values(), return_exceptions=True)
+        await asyncio.gather(*self._handoffs.values(), *self._recoveries, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -349,6 +355,25 @@ class TopicConsumer:
             counters["read"] += 1
             self.run(UpstreamJob(self, queue, message, tracker))
 
+    async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None:
+        """The queue's next entry was not written by the ddmq producer. An entry with an id ``0-<n>``
+        is dead-lettered (its fields kept) and its offset finished, so reading goes on after it. One
+        with a time-based id cannot be stepped over in offset order: it is renumbered to the next
+        offset first (as a producer would on its next send) and read again. The sequence is raised to
+        at least the entry's offset, so producers append after it and committed never passes
+        produced. Raises BrokerError when Redis fails (the reader retries)."""
+        await self.broker.repair_queue(self.topic, qid)
+        if entry.offset is None:
+            self.count("foreign_renumbered")
+            log.error("%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
+                      self.group, self.topic, qid, entry)
+            return
+        log.error("%s/%s#%d: %s; dead-lettering it and reading on", self.group, self.topic, qid, entry)
+        await self.broker.dead_letter(self.group, self.topic, qid, entry.as_message(), 0, str(entry))
+        self.count("foreign_entries")
+        tracker.track(entry.offset)
+        tracker.finish(entry.offset)
+
     # the chain ---------------------------------------------------------------------------------
 
     def run(self, job: UpstreamJob) -> None:
@@ -418,12 +443,60 @@ class TopicConsumer:
             return
         point, version = tracker.commit_point, tracker.version
         finished = tracker.finished_beyond() if self.lease_config.persist_completions else ""
-        if await self.leases.commit(lease, point, finished):
+        mark = read_mark(tracker.next_offset - 1, tracker.last_read)
+        result = await self.leases.commit(lease, point, finished, mark)
+        if result is CommitResult.WRITTEN:
             tracker.committed, tracker.committed_version = point, version
+        elif result is CommitResult.ROLLED_BACK:
+            await self.rolled_back(qid, tracker)
         elif self.held.get(qid) == lease:
             log.warning("%s/%s#%d: commit fenced off (lease term %d taken over); dropping the queue",
                         self.group, self.topic, qid, lease.term)
             await self.drop_queue(qid)
+
+    def on_rollback(self, qid: int, tracker: OffsetTracker) -> None:
+        """A reader found its queue rolled back: handle it in a task (dropping the queue stops the reader)."""
+        task = asyncio.create_task(self.rolled_back(qid, tracker), name=f"rollback:{self.group}/{self.topic}#{qid}")
+        self._recoveries.add(task)
+        task.add_done_callback(self._recoveries.discard)
+
+    async def rolled_back(self, qid: int, tracker: OffsetTracker) -> None:
+        """Redis lost writes this proxy had read (e.g. an AOF with ``appendfsync everysec`` after an OS
+        crash), and producers may be writing new messages under the offsets it had read.
+
+        Drop the queue's state as if the lease were lost: nothing read under it is committed, its
+        jobs are forgotten, and the lease loop opens the queue again from the committed offset that
+        Redis holds (the commit script never writes past a rollback). Before that, raise the sequence
+        to what was read, so messages produced from now on never reuse an offset a client may still
+        ack from before the rollback, and note the rollback where ``ddmq status`` shows it.
+        """
+        if tracker.dropped or self.trackers.get(qid) is not tracker:
+            return  # already handled (the reader and a commit can both notice)
+        tracker.dropped = True
+        self._confirmed_at.pop(qid, None)  # hand out nothing more of it meanwhile
+        read_upto = tracker.next_offset - 1
+        self.rollbacks[qid] += 1
+        await self.drop_queue(qid)  # first: nothing more is read or handed out under the old state
+        try:
+            stream_end = await self.broker.next_produce_offset(self.topic, qid) - 1
+        except DdmqError:
+            stream_end = -1
+        log.error(
+            "%s/%s#%d: Redis rolled back under this queue: it ends at offset %d (or holds other entries there) "
+            "but this proxy read up to %d. Dropping the queue's state and reading again from the committed "
+            "offset in Redis; what Redis lost is lost, what was delivered since the commit is delivered again",
+            self.group, self.topic, qid, stream_end, read_upto,
+        )
+        raised = False
+        try:
+            await self.broker.raise_sequence(self.topic, qid, read_upto)
+            raised = True
+            await self.broker.record_rollback(self.group, self.topic, qid, self.membership.instance_id,
+                                              read_upto, stream_end)
+        except DdmqError as exc:
+            log.warning("%s/%s#%d: after the rollback: %s", self.group, self.topic, qid, exc)
+        if raised:
+            self.gap_until[qid] = read_upto
 
     async def release_leases(self) -> None:
         """Give every held queue up (graceful shutdown, after the final flush)."""

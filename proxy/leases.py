@@ -23,13 +23,14 @@ hold no state another proxy cannot rebuild from Redis.)
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from ddmq.client import keys
-from ddmq.proxy.broker import map_redis_errors
+from ddmq.proxy.broker import STREAM_INTACT_LUA, map_redis_errors, read_mark
 
 # KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
 _ACQUIRE = """
@@ -67,14 +68,23 @@ redis.call('DEL', KEYS[1])
 return 1
 """
 
-# KEYS: lease, term, committed, finished.  ARGV: token, offset, finished ranges ("" = none).
-# 1 = written, 0 = fenced off.
-_COMMIT = _HOLDS + """
+# KEYS: lease, term, committed, finished, stream, sequence.  ARGV: token, offset, finished ranges
+# ("" = none), then the reader's mark (n, ts, sha: see STREAM_INTACT_LUA).
+# 1 = written, 0 = fenced off, 2 = not written: the queue no longer holds what was read (a rollback),
+# so a commit point taken from what was read could skip messages written after the rollback.
+_COMMIT = _HOLDS + STREAM_INTACT_LUA + """
 if not holds() then return 0 end
+if not stream_intact(KEYS[5], KEYS[6], tonumber(ARGV[4]), ARGV[5], ARGV[6]) then return 2 end
 redis.call('SET', KEYS[3], ARGV[2])
 if ARGV[3] == '' then redis.call('DEL', KEYS[4]) else redis.call('SET', KEYS[4], ARGV[3]) end
 return 1
 """
+
+
+class CommitResult(IntEnum):
+    FENCED = 0
+    WRITTEN = 1
+    ROLLED_BACK = 2
 
 
 class Lease(NamedTuple):
@@ -132,14 +142,18 @@ class LeaseStore:
     async def release(self, lease: Lease) -> bool:
         return bool(await self._run(_RELEASE, lease.keys(), [lease.token], f"releasing {lease}"))
 
-    async def commit(self, lease: Lease, offset: int, finished: str = "") -> bool:
+    async def commit(
+        self, lease: Lease, offset: int, finished: str = "", mark: list[str | int] | None = None
+    ) -> CommitResult:
         """Write the committed offset, and the ``finished`` ranges past it, only while ``lease`` still
-        holds; False = fenced off."""
+        holds (else FENCED) and the queue still holds what the reader read (``mark``, from
+        :func:`~ddmq.proxy.broker.read_mark`; else ROLLED_BACK)."""
         group, topic, qid = lease.group, lease.topic, lease.qid
-        return bool(await self._run(
+        return CommitResult(await self._run(
             _COMMIT,
-            [*lease.keys(), keys.committed(group, topic, qid), keys.finished(group, topic, qid)],
-            [lease.token, offset, finished],
+            [*lease.keys(), keys.committed(group, topic, qid), keys.finished(group, topic, qid),
+             keys.stream(topic, qid), keys.sequence(topic, qid)],
+            [lease.token, offset, finished, *(mark or read_mark(0, None))],
             f"committing {lease}",
         ))
 

@@ -81,7 +81,9 @@ _BUFFER_COUNTERS: Final = {
     "timed_out": ("ddmq_messages_timed_out", "Pulled messages not acked within timeout_ms (a failed attempt)."),
     "retried": ("ddmq_messages_retried", "Messages made ready again after a failed attempt (redeliveries)."),
     "dead_lettered": ("ddmq_messages_dead_lettered", "Messages written to the dead-letter stream."),
-    "unknown_acks": ("ddmq_acks_unknown", "Acks for offsets the proxy does not hold (ignored)."),
+    "unknown_acks": (
+        "ddmq_acks_unknown", "Acks for offsets not delivered to a client of the group, or not held (ignored)."
+    ),
     "unknown_fails": ("ddmq_fails_unknown", "Fails for offsets not in flight (ignored)."),
     "late_acks": ("ddmq_acks_late", "Acks that arrived after the message's timeout (they still finish it)."),
 }
@@ -273,6 +275,11 @@ class EngineCollector(Collector):
         lag = GaugeMetricFamily(
             "ddmq_lag_messages", "Produced but not yet finished messages per held queue.", labels=_QUEUE
         )
+        rollbacks = CounterMetricFamily(
+            "ddmq_queue_rollbacks",
+            "Times this proxy found Redis had lost writes it had read under a queue (a rollback).",
+            labels=_QUEUE,
+        )
         age = GaugeMetricFamily(
             "ddmq_lag_seconds",
             "Age of the oldest unfinished message per held queue (now minus its produce time); 0 when caught up.",
@@ -344,6 +351,9 @@ class EngineCollector(Collector):
                         lag.add_metric(labels, max(0, offsets[qid] - tracker.commit_point))
                         oldest = self.oldest_ms.get((name, topic, qid))
                         age.add_metric(labels, max(0, now - oldest) / 1000 if oldest is not None else 0.0)
+                # Every held queue has the series (0 until a rollback), so increase() sees the first one.
+                for qid in sorted(consumer.rollbacks.keys() | consumer.trackers.keys()):
+                    rollbacks.add_metric([name, topic, str(qid)], consumer.rollbacks[qid])
                 self._chains(consumer, [name, topic], keys, waiting, longest, chains)
                 topic_unfinished.add_metric([name, topic], consumer.unfinished)
                 concurrency.add_metric([name, topic], consumer.config.concurrency)
@@ -361,7 +371,7 @@ class EngineCollector(Collector):
             actions.add_metric([group_name, topic, action], histogram.buckets(), histogram.total)
 
         yield from counters.values()
-        yield from (in_flight, ready, retry_wait, unfinished, owned, committed, produce, lag, age)
+        yield from (in_flight, ready, retry_wait, unfinished, owned, committed, produce, lag, age, rollbacks)
         yield from (dead_letters, unowned)
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
         yield actions

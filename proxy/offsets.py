@@ -14,9 +14,13 @@ from __future__ import annotations
 
 from collections import deque
 
+from ddmq.proxy.types import StoredMessage
+
 
 class OffsetTracker:
-    __slots__ = ("_done", "_next", "_pending", "_skip", "committed", "committed_version", "dropped", "version")
+    __slots__ = (
+        "_done", "_next", "_pending", "_skip", "committed", "committed_version", "dropped", "last_read", "version"
+    )
 
     def __init__(self, start: int, skip: set[int] | None = None) -> None:
         #: Offsets read and not yet known to be below the commit point, in read order.
@@ -34,6 +38,9 @@ class OffsetTracker:
         #: Bumped by every finish(); the committer writes when it differs from ``committed_version``.
         self.version = 0
         self.committed_version = 0
+        #: The last entry the reader took from the stream: commits and the reader check that the
+        #: stream still holds it (a Redis that rolled back does not).
+        self.last_read: StoredMessage | None = None
 
     def track(self, offset: int) -> bool:
         """Record a read offset. True when an earlier owner already finished it (skip the message)."""
@@ -47,6 +54,12 @@ class OffsetTracker:
             self.finish(offset)
             return True
         return False
+
+    def skip_to(self, offset: int) -> None:
+        """No entry exists below ``offset`` past what was read (offsets skipped by the producers)."""
+        if offset > self._next:
+            self._next = offset
+            self.version += 1
 
     def finish(self, offset: int) -> None:
         self.version += 1

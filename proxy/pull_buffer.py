@@ -16,8 +16,12 @@ stays the head of its order key through all of this, so its key's order holds. P
 (``AsyncHttp``, ``Redis``) report their failed attempts through :meth:`PullBuffer.retry_later`, so they
 share this schedule and dead-letter path; their retries go back to them (:meth:`route_retries`).
 
-An ack finishes the job whatever state it is in (a late ack after a timeout still counts: the
-message was processed). Acks and fails for offsets the buffer does not hold are counted and ignored.
+An ack counts only for a job that was handed to a client of the group at least once
+(``attempts > 0``); then it finishes the job whatever state it is in now (a late ack after a timeout
+still counts: the message was processed). Any client of the group may send it, not only the one the
+job went to: DDMQ clients resend a batch's results on a new connection after a reconnect. Acks for
+jobs never delivered, and for offsets the buffer does not hold, are counted and ignored, so no
+client can finish a backlog it never pulled. A fail counts only for a job in flight.
 """
 
 from __future__ import annotations
@@ -242,9 +246,10 @@ class PullBuffer:
         stats = self.queue_stats[queue]
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
-            if job is None or job.state is _FINISHED:
+            if job is None or not job.attempts or job.state is _FINISHED:
+                # Never handed out (or not held): finishing it would erase a message nobody processed.
                 stats.unknown_acks += 1
-                log.debug("ignoring ack for unknown offset %s@%s of group %s", queue, offset, self.group)
+                log.debug("ignoring ack for undelivered offset %s@%s of group %s", queue, offset, self.group)
                 continue
             if job.state is _IN_FLIGHT:
                 self._untime(job)

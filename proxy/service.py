@@ -25,7 +25,7 @@ from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.audit import ReadAudit
-from ddmq.proxy.broker import Broker, map_redis_errors
+from ddmq.proxy.broker import Broker, ConnectionCounter, map_redis_errors
 from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
 from ddmq.proxy.errors import (
     BadRequestError,
@@ -118,10 +118,13 @@ class ProxyService:
                 raise UnavailableError(f"cannot start the embedded redis-server: {exc}") from exc
             self.redis_url = self._embedded.url
             log.info("embedded redis-server at %s (data in %s)", self.redis_url, embedded.data_dir)
-        self.redis = aioredis.Redis.from_url(self.redis_url, decode_responses=False)
+        connections = ConnectionCounter()  # lets readers notice a Redis restart (see QueueReader)
+        self.redis = aioredis.Redis.from_url(
+            self.redis_url, decode_responses=False, redis_connect_func=connections.on_connect
+        )
         with map_redis_errors(f"connecting to {self.redis_url}"):
             await self.redis.ping()
-        self.broker = Broker(self.redis)
+        self.broker = Broker(self.redis, connections)
         self._low_level = LowLevelApi(self.broker)
         self.leases = LeaseStore(self.redis, config.instance_id, config.leases.ttl_ms)
         for topic, topic_config in config.topics.items():

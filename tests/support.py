@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from ddmq.client import wire
 from ddmq.client.producer import Producer
 
 
@@ -140,6 +141,18 @@ class OrderChecker:
 
 def body(key: str, seq: int) -> str:
     return json.dumps({"k": key, "seq": seq})
+
+
+def check_and_ack(response: wire.PullResponse, checker: OrderChecker, epoch: int = 0) -> list[wire.ConsumeResult]:
+    """Record a pulled batch of :func:`body` messages in ``checker`` as delivered and acked; returns
+    the results that ack it (to send with the next pull), none for an empty batch."""
+    ok = []
+    for message in response.messages:
+        event = json.loads(message.value)
+        checker.delivered(event["k"], event["seq"], epoch)
+        checker.acked(event["k"], event["seq"], epoch)
+        ok.append(message.offset)
+    return [wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=[])] if ok else []
 
 
 def produce_keyed(

@@ -20,7 +20,7 @@ from ddmq.proxy.service import ProxyService
 from ddmq.proxy.types import QueueResult
 
 from .proxy.conftest import running_proxy
-from .support import OrderChecker, ProxyProcess, produce_keyed
+from .support import OrderChecker, ProxyProcess, check_and_ack, check_single_reader, produce_keyed
 
 QUEUES = 4
 LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}
@@ -30,10 +30,10 @@ GROUP_CONFIG = {"actions": ["Json", "Order", "PullServer"], "order_key": "$.k", 
 produce = functools.partial(produce_keyed, keys=200)
 
 
-def start_process(tmp_path: Path, redis_url: str) -> ProxyProcess:
+def start_process(tmp_path: Path, redis_url: str, **extra: object) -> ProxyProcess:
     return ProxyProcess(
         tmp_path, redis_url, {"g": {"t": GROUP_CONFIG}}, {"t": {"queues": QUEUES}},
-        instance_id="proxy-a", leases=LEASES,
+        instance_id="proxy-a", leases=LEASES, **extra,
     ).start()
 
 
@@ -41,16 +41,8 @@ async def pull_from_process(client: AsyncProxyClient, checker: OrderChecker, epo
                             pending: list[wire.ConsumeResult]) -> int:
     response = await client.pull(wire.PullRequest(
         groupId="g", topic="t", maxBatchSize=64, maxLingerTime=200, result=wire.link_results(pending)))
-    pending.clear()
-    ok = []
-    for message in response.messages:
-        event = json.loads(message.value)
-        checker.delivered(event["k"], event["seq"], epoch)
-        checker.acked(event["k"], event["seq"], epoch)
-        ok.append(message.offset)
-    if ok:
-        pending.append(wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=[]))
-    return len(ok)
+    pending[:] = check_and_ack(response, checker, epoch)
+    return len(response.messages)
 
 
 async def pull_in_process(service: ProxyService, checker: OrderChecker, epoch: int,
@@ -198,6 +190,57 @@ async def test_a_paused_owner_is_fenced_off_when_it_wakes_up(
         assert "dropping the queue" in proxy_a.log()
     finally:
         proxy_a.stop()
+
+
+async def test_a_paused_owner_reads_nothing_under_its_old_terms_after_waking_up(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """SIGSTOP past the lease, a successor drains the queues, SIGCONT: the read audit of both proxies
+    shows one reader per term and no read of the woken proxy under a term the successor replaced."""
+    rng = random.Random(9)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    audit_a, audit_b = tmp_path / "reads-a.jsonl", tmp_path / "reads-b.jsonl"
+    # A small window, so A's readers still have plenty to read when they wake up.
+    proxy_a = start_process(tmp_path, redis_url, audit_log=str(audit_a))
+    try:
+        await wait_for(lambda: _all_leased(redis_url, "proxy-a"), 10)
+        await asyncio.to_thread(produce, redis_url, 3000, produced, rng)
+        async with AsyncProxyClient("127.0.0.1", proxy_a.port) as client:
+            pending: list[wire.ConsumeResult] = []
+            consumed = 0
+            while consumed < 300:
+                consumed += await pull_from_process(client, checker, 1, pending)
+            await client.submit(wire.link_results(pending))
+        assert proxy_a.proc is not None
+        proxy_a.proc.send_signal(signal.SIGSTOP)
+        try:
+            async with running_proxy(redis_url, {**GROUP_CONFIG, "concurrency": 200}, queues=QUEUES,
+                                     instance_id="proxy-b", leases=LEASES, audit_log=str(audit_b)) as proxy_b:
+                await drain_in_process(proxy_b, checker, 2, produced, 30)
+                await asyncio.sleep(0.3)
+                # More for A to read if it (wrongly) read under its old terms after waking up.
+                await asyncio.to_thread(produce, redis_url, 1000, produced, rng)
+                woke_at = time.time()
+                proxy_a.proc.send_signal(signal.SIGCONT)
+                await asyncio.sleep(1.5)
+                assert proxy_a.stop() == 0  # it may have rejoined and taken queues back: B gets all again
+                await drain_in_process(proxy_b, checker, 2, produced, 30)
+        finally:
+            proxy_a.proc.send_signal(signal.SIGCONT)
+    finally:
+        proxy_a.stop()
+    records = [json.loads(line) for path in (audit_a, audit_b) for line in path.read_text().splitlines()]
+    b_terms: dict[int, int] = {}
+    for r in records:
+        if r["owner"] == "proxy-b":
+            b_terms[r["qid"]] = min(r["term"], b_terms.get(r["qid"], r["term"]))
+    stale = [r for r in records
+             if r["owner"] == "proxy-a" and r["t"] >= woke_at and r["term"] < b_terms.get(r["qid"], 0)]
+    assert stale == [], f"{len(stale)} reads under replaced terms after SIGCONT, e.g. {stale[:3]}"
+    check_single_reader(records)
+    assert checker.violations == [], checker.violations[:5]
+    assert not checker.missing(produced)
 
 
 async def test_without_persisted_completions_the_next_owner_redelivers_past_the_commit_point(

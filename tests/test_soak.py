@@ -61,11 +61,6 @@ def test_one_reader_per_queue_and_term_besides_a_continued_proxys_reads(soak: So
     assert soak.figures["single_reader_besides_stale_reads"] == "ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 (smaller items): after SIGCONT a fenced proxy still reads its old queues under its "
-    "old term a few times before dropping them; it delivers nothing, but the audit shows two readers",
-)
 def test_a_proxy_continued_after_its_lease_reads_nothing(soak: SoakResult) -> None:
     stop = next(fault for fault in soak.faults if fault["kind"] == "proxy-stop")
     assert stop["stale_reads"] == 0

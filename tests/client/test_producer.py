@@ -197,20 +197,33 @@ def test_lost_sequence_continues_after_the_stream(producer: Producer, client: re
 
 def test_failed_call_leaves_no_gap(producer: Producer, client: redis.Redis) -> None:
     producer.send_batch("rides", [{"value": v, "qid": 0} for v in "abc"])
-    client.set(keys.sequence("rides", 0), 1)  # behind the stream, which ends at 0-3
+    stream = keys.stream("rides", 0)
+    client.rename(stream, "aside")
+    client.set(stream, "not a stream")  # every XADD into queue 0 fails now
     with pytest.raises(ProduceError, match="queue 0") as info:
         producer.send_batch("rides", [{"value": "d", "qid": 0}, {"value": "e", "qid": 0}])
     assert isinstance(info.value.__cause__, redis.ResponseError)
-    assert client.get(keys.sequence("rides", 0)) == b"1"  # the sequence did not move
-    assert client.xlen(keys.stream("rides", 0)) == 3
-    client.set(keys.sequence("rides", 0), 3)
+    assert client.get(keys.sequence("rides", 0)) == b"3"  # the sequence did not move
+    client.delete(stream)
+    client.rename("aside", stream)
+    assert client.xlen(stream) == 3
     assert producer.send("rides", "d", qid=0).offset == 4
 
 
-def test_foreign_entries_are_refused(producer: Producer, client: redis.Redis) -> None:
-    client.xadd(keys.stream("rides", 0), {"v": "foreign"}, id="5-0")
-    with pytest.raises(ProduceError, match="not written by the ddmq producer"):
-        producer.send("rides", "b", qid=0)
+def test_foreign_entries_are_renumbered_and_producers_go_on(producer: Producer, client: redis.Redis) -> None:
+    stream = keys.stream("rides", 0)
+    producer.send("rides", "a", qid=0)
+    client.xadd(stream, {"v": "foreign"}, id="5-0")  # a time-based id, as XADD * makes
+    assert producer.send("rides", "b", qid=0).offset == 3
+    assert [(i, f) for i, f in client.xrange(stream)][1:] == [
+        (b"0-2", {b"v": b"foreign"}),  # renumbered in place, fields unchanged (the proxy dead-letters it)
+        (b"0-3", client.xrange(stream, "0-3", "0-3")[0][1]),
+    ]
+    client.xadd(stream, {"x": "y"}, id="0-4")  # the next id, without the producer's fields
+    assert producer.send("rides", "c", qid=0).offset == 5
+    client.xadd(stream, {"x": "y"}, id="0-9")  # a gap
+    assert producer.send("rides", "d", qid=0).offset == 10
+    assert client.get(keys.sequence("rides", 0)) == b"10"
 
 
 def test_maxlen_trims_approximately(redis_url: str, client: redis.Redis) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.asyncio as aioredis
 
+from ddmq.client import keys
 from ddmq.client.producer import AsyncProducer, OutgoingMessage
 from ddmq.client.thrift_client import AsyncProxyClient, RemoteApplicationError
 from ddmq.client.wire import AckResult, ConsumeStatsRequest, FetchRequest, FetchResponse
@@ -188,3 +190,30 @@ async def test_consume_stats_name_each_queue_owner_and_lease(redis_url: str) -> 
         assert set(stats.leaseTtlMs) == qids
         assert all(0 < ttl <= service.config.leases.ttl_ms for ttl in stats.leaseTtlMs.values())
         assert sum(stats.produceOffsets.values()) == 20 + QUEUES  # next offsets; each queue starts at 1
+
+
+async def test_fetch_leaves_foreign_entries_out_and_moves_past_them(redis_url: str) -> None:
+    """Entries written around the producer (next id without its fields, a gap, an automatic id) are
+    not returned, and ``nextRequestOffset`` moves past them: a fetch never sticks on one."""
+    async with running_proxy(redis_url, queues=1) as service:
+        assert service.thrift_port is not None
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [OutgoingMessage(f"a{i}", qid=0) for i in range(3)])
+            client = aioredis.Redis.from_url(redis_url)
+            await client.xadd(keys.stream("t", 0), {"x": "next id"}, id="0-4")
+            await client.xadd(keys.stream("t", 0), {"x": "gap"}, id="0-9")
+            await client.xadd(keys.stream("t", 0), {"x": "auto id"})
+            await client.aclose()
+            await producer.send_batch("t", [OutgoingMessage(f"b{i}", qid=0) for i in range(3)])
+        values: list[bytes] = []
+        position = 1
+        async with AsyncProxyClient("127.0.0.1", service.thrift_port) as proxy:
+            for _ in range(10):
+                response = await proxy.fetch(request({"t": {"0": position}}, batch=2))
+                (page,) = response.results
+                values += [m.value for m in page.messages]
+                if page.nextRequestOffset == position:
+                    break
+                position = page.nextRequestOffset
+        assert values == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
+        assert position == 14  # after 0-10, the renumbered automatic id, and b0..b2 at 0-11..0-13
