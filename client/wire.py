@@ -137,6 +137,7 @@ if TYPE_CHECKING:
         leaseId: str | None
         leaseIndex: int | None
         leaseTimeoutMs: int | None
+        maxPerKey: int | None
 
         def __init__(
             self,
@@ -149,13 +150,17 @@ if TYPE_CHECKING:
             leaseId: str | None = None,
             leaseIndex: int | None = None,
             leaseTimeoutMs: int | None = None,
+            maxPerKey: int | None = None,
         ) -> None: ...
 
     class PullResponse(TPayload):
         context: Context | None
         messages: list[Message] | None
+        runs: list[int] | None
 
-        def __init__(self, context: Context | None = None, messages: list[Message] | None = None) -> None: ...
+        def __init__(
+            self, context: Context | None = None, messages: list[Message] | None = None, runs: list[int] | None = None
+        ) -> None: ...
 
     class ConsumeStatsRequest(TPayload):
         group: str | None

@@ -22,6 +22,7 @@ class ConsumeService(Protocol):
         linger_ms: int | None,
         results: list[QueueResult],
         lease: PullLease | None = None,
+        max_per_key: int | None = None,
     ) -> PullBatch:
         """Apply the piggy-backed ``results`` first (at most :data:`MAX_RESULT_OFFSETS` offsets),
         then return ready messages of one queue,

@@ -4,6 +4,8 @@ Jobs arrive in queue order. A job whose key has no unfinished job becomes its ke
 the *main* queue; otherwise it is linked behind the key's tail and waits. When a head finishes, its
 successor moves to the *reactivation* queue, which is served before the main queue so a key that
 was waiting does not wait again behind newer keys. Jobs without an order key are always runnable.
+A successor handed to a client in its head's ordered run (``PullBuffer``, ``maxPerKey``) is in flight
+already when the head finishes: it becomes the head without being run again.
 
 Keys are compared exactly (dict lookup on the key itself), so two keys never serialise each other by
 a hash collision. Every operation is O(1).
@@ -59,9 +61,12 @@ class UpstreamJobBlockingQueue:
             return None
         job.next = None
         self._heads[key] = successor
-        successor.state = _RUNNABLE
-        self._reactivated.append(successor)
-        self._nonempty.set()
+        if successor.state is _WAITING:
+            successor.state = _RUNNABLE
+            self._reactivated.append(successor)
+            self._nonempty.set()
+        # Otherwise the successor went out in the same ordered run as ``job`` and is in flight already
+        # (see ``PullBuffer``): it is the key's head now, with nothing to run.
         return successor
 
     def pop(self) -> UpstreamJob | None:
@@ -72,6 +77,11 @@ class UpstreamJobBlockingQueue:
             return self._main.popleft()
         self._nonempty.clear()
         return None
+
+    def is_head(self, job: UpstreamJob) -> bool:
+        """Whether ``job`` is the head of its key (every job without a key is)."""
+        key = job.order_key
+        return key is None or self._heads.get(key) is job
 
     async def wait(self) -> None:
         """Wait until a job may be runnable."""

@@ -22,6 +22,19 @@ still counts: the message was processed). Any client of the group may send it, n
 job went to: DDMQ clients resend a batch's results on a new connection after a reconnect. Acks for
 jobs never delivered, and for offsets the buffer does not hold, are counted and ignored, so no
 client can finish a backlog it never pulled. A fail counts only for a job in flight.
+
+Ordered runs (``max_per_key`` > 1): after a pull has taken the ready heads of one queue, the room left
+in the reply goes, round-robin over those heads, to the successors waiting behind each head in its
+key's chain (same queue, nothing left to run but PullServer), at most ``max_per_key`` messages per key;
+a head out again after a failed attempt goes alone.
+A reply's messages of a key are consecutive, in key order. Such *run members* go in flight with their
+head but stay in the key's chain; they are kept apart from the heads (``_runs``), so acks and fails of
+clients without runs pay nothing for them. When the message ahead of a member finishes, the member is
+its key's head and is finished by its own ack like any other job. When the message ahead fails or
+times out, every later member still in flight goes back to waiting in the chain, its attempt not
+counted, and is delivered again once the failed message is finished. An ack for a member whose
+predecessor is unfinished is ignored (counted with the unknown acks): finishing it could not be
+undone if the predecessor then fails.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ _EMPTY = PullBatch(None, [])
 # Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
 _READY = JobState.READY
 _IN_FLIGHT = JobState.IN_FLIGHT
+_WAITING = JobState.WAITING
 _FINISHED = JobState.FINISHED
 
 
@@ -71,6 +85,7 @@ class _Waiter:
     max_batch: int
     future: asyncio.Future[PullBatch] = field(repr=False)
     timeout_ms: int | None = None
+    max_per_key: int = 1
 
 
 class PullBuffer:
@@ -82,6 +97,7 @@ class PullBuffer:
         self._ready_order: deque[QueueId] = deque()  # queues with ready jobs, round-robin
         self._ready_count = 0
         self._jobs: dict[QueueId, dict[int, UpstreamJob]] = {}
+        self._runs: dict[QueueId, dict[int, UpstreamJob]] = {}  # run members in flight behind their heads
         self._waiters: deque[_Waiter] = deque()
         self._wake_scheduled = False
         self._wheel: dict[int, set[UpstreamJob]] = {}  # tick number -> jobs in flight due then
@@ -148,18 +164,24 @@ class PullBuffer:
     # pulls -------------------------------------------------------------------------------------
 
     async def pull(
-        self, topic: str | None, max_batch: int, linger_ms: int, timeout_ms: int | None = None
+        self,
+        topic: str | None,
+        max_batch: int,
+        linger_ms: int,
+        timeout_ms: int | None = None,
+        max_per_key: int = 1,
     ) -> PullBatch:
         """Ready messages of one queue, waiting up to ``linger_ms`` for some. They stay in flight for
-        ``timeout_ms`` (None: the topic's ``timeout_ms``) unless acked or failed first."""
+        ``timeout_ms`` (None: the topic's ``timeout_ms``) unless acked or failed first. With
+        ``max_per_key`` > 1 the reply may carry ordered runs of up to that many messages per key."""
         if not self._closed:
-            batch = self._take(topic, max_batch, timeout_ms)
+            batch = self._take(topic, max_batch, timeout_ms, max_per_key)
             if batch.messages or linger_ms <= 0:
                 return batch
         if self._closed:
             return _EMPTY
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(topic, max_batch, loop.create_future(), timeout_ms)
+        waiter = _Waiter(topic, max_batch, loop.create_future(), timeout_ms, max_per_key)
         self._waiters.append(waiter)
         expiry = loop.call_later(linger_ms / 1000, _resolve, waiter.future, _EMPTY)
         try:
@@ -177,7 +199,7 @@ class PullBuffer:
             waiter = waiters.popleft()
             if waiter.future.done():
                 continue
-            batch = self._take(waiter.topic, waiter.max_batch, waiter.timeout_ms)
+            batch = self._take(waiter.topic, waiter.max_batch, waiter.timeout_ms, waiter.max_per_key)
             if batch.messages:
                 waiter.future.set_result(batch)
             else:
@@ -189,7 +211,9 @@ class PullBuffer:
         while self._waiters:
             _resolve(self._waiters.popleft().future, _EMPTY)
 
-    def _take(self, topic: str | None, max_batch: int, timeout_ms: int | None = None) -> PullBatch:
+    def _take(
+        self, topic: str | None, max_batch: int, timeout_ms: int | None = None, max_per_key: int = 1
+    ) -> PullBatch:
         order = self._ready_order
         for _ in range(len(order)):
             queue = order.popleft()
@@ -209,9 +233,48 @@ class PullBuffer:
             if ready:
                 order.append(queue)
             if batch:
+                runs = None
+                if max_per_key > 1 and len(batch) < max_batch:
+                    batch, runs = self._with_runs(queue, batch, max_batch, max_per_key)
                 self._deliver(batch, timeout_ms)
-                return PullBatch(queue, [job.message for job in batch])
+                return PullBatch(queue, [job.message for job in batch], runs)
         return _EMPTY
+
+    def _with_runs(
+        self, queue: QueueId, heads: list[UpstreamJob], max_batch: int, max_per_key: int
+    ) -> tuple[list[UpstreamJob], list[int] | None]:
+        """``heads`` with their keys' waiting successors behind them: one more per key per round, while
+        the reply has room, so no key's run crowds out the others'. Also returns the runs' sizes (None
+        when no successor joined)."""
+        runs = [[head] for head in heads]
+        # A head out again after a failed attempt goes alone: its key's later messages wait until it is
+        # finished, not sent along again and again with a message that keeps failing.
+        growing = [run for run in runs if run[0].next is not None and run[0].attempts == 0]
+        room = max_batch - len(heads)
+        while room and growing:
+            still = []
+            for run in growing:
+                successor = run[-1].next
+                if successor is None or not _may_join(successor, queue):
+                    continue
+                run.append(successor)
+                room -= 1
+                if not room:
+                    break
+                if len(run) < max_per_key:
+                    still.append(run)
+            growing = still
+        if len(runs) + room == max_batch:  # no successor joined
+            return heads, None
+        members = self._runs.get(queue)
+        if members is None:
+            members = self._runs[queue] = {}
+        batch: list[UpstreamJob] = []
+        for run in runs:
+            batch += run
+            for member in run[1:]:
+                members[member.offset] = member
+        return batch, [len(run) for run in runs]
 
     def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
         assert self._loop is not None
@@ -228,6 +291,13 @@ class PullBuffer:
             job.deadline = tick
             slot.add(job)
         self.queue_stats[batch[0].queue].delivered += len(batch)
+
+    def _time(self, job: UpstreamJob, tick: int) -> None:
+        slot = self._wheel.get(tick)
+        if slot is None:
+            slot = self._wheel[tick] = set()
+        job.deadline = tick
+        slot.add(job)
 
     def _untime(self, job: UpstreamJob) -> None:
         """``job`` leaves the in-flight state: take it off the wheel."""
@@ -246,6 +316,8 @@ class PullBuffer:
         stats = self.queue_stats[queue]
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
+            if job is None and queue in self._runs:
+                job = self._run_head(queue, offset)
             if job is None or not job.attempts or job.state is _FINISHED:
                 # Never handed out (or not held): finishing it would erase a message nobody processed.
                 stats.unknown_acks += 1
@@ -263,13 +335,65 @@ class PullBuffer:
         stats = self.queue_stats[queue]
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
+            if job is None and queue in self._runs:
+                job = self._run_head(queue, offset)
+                if job is None and (member := self._runs[queue].get(offset)) is not None:
+                    # Failed ahead of its turn (the client broke its run's order): it waits again
+                    # behind the run's unfinished messages, this attempt counted.
+                    stats.failed += 1
+                    member.last_error = reason
+                    self._put_back(member)
+                    member.attempts += 1
+                    continue
             if job is None or job.state is not JobState.IN_FLIGHT:
                 stats.unknown_fails += 1
                 log.debug("ignoring fail for offset %s@%s not in flight (group %s)", queue, offset, self.group)
                 continue
             stats.failed += 1
             self._untime(job)
+            self._return_run(job)
             self._failed_attempt(job, reason)
+
+    def _run_head(self, queue: QueueId, offset: int) -> UpstreamJob | None:
+        """The run member at ``offset`` when it is its key's head now (moved to the heads), else None."""
+        members = self._runs[queue]
+        job = members.get(offset)
+        if job is None or not job.consumer.blocking_queue.is_head(job):
+            return None
+        self._promote(job)
+        return job
+
+    def _promote(self, job: UpstreamJob) -> None:
+        """Run member ``job`` became its key's head: keep it with the heads from now on."""
+        queue = job.queue
+        members = self._runs[queue]
+        del members[job.offset]
+        if not members:
+            del self._runs[queue]
+        jobs = self._jobs.get(queue)
+        if jobs is None:
+            jobs = self._jobs[queue] = {}
+        jobs[job.offset] = job
+
+    def _return_run(self, job: UpstreamJob) -> None:
+        """``job`` failed or timed out: the rest of its run, still in flight, waits again in its key's
+        chain (attempts not counted) and goes out once ``job`` is finished."""
+        successor = job.next
+        if successor is not None and successor.state is _IN_FLIGHT:
+            self._put_back(successor)
+
+    def _put_back(self, member: UpstreamJob) -> None:
+        """Run member ``member`` and the in-flight members behind it wait in their key's chain again."""
+        members = self._runs[member.queue]
+        job: UpstreamJob | None = member
+        while job is not None and job.state is _IN_FLIGHT:
+            self._untime(job)
+            job.state = _WAITING
+            job.attempts -= 1
+            del members[job.offset]
+            job = job.next
+        if not members:
+            del self._runs[member.queue]
 
     def route_retries(self, topic: str, requeue: Callable[[UpstreamJob], None]) -> None:
         """Jobs of ``topic`` are pushed, not pulled: when a retry is due, hand the job to ``requeue``."""
@@ -328,8 +452,9 @@ class PullBuffer:
 
     def drop_queue(self, queue: QueueId) -> list[UpstreamJob]:
         """Forget every job of ``queue`` (the queue moved away); returns them."""
-        jobs = self._jobs.pop(queue, {})
-        for job in jobs.values():
+        # Heads first, then run members in their chains' order: the caller releases them in this order.
+        dropped = [*self._jobs.pop(queue, {}).values(), *self._runs.pop(queue, {}).values()]
+        for job in dropped:
             if job.state is JobState.IN_FLIGHT:
                 self._untime(job)
             job.state = JobState.FINISHED
@@ -340,7 +465,7 @@ class PullBuffer:
                 self._ready_order.remove(queue)
             except ValueError:
                 pass
-        return list(jobs.values())
+        return dropped
 
     # timers ------------------------------------------------------------------------------------
 
@@ -360,10 +485,20 @@ class PullBuffer:
             slot = wheel.pop(tick, None)
             if not slot:
                 continue
+            behind: list[UpstreamJob] = []
             for job in slot:
                 if job.state is JobState.IN_FLIGHT:
+                    if job.queue in self._runs and job.offset in self._runs[job.queue]:
+                        if not job.consumer.blocking_queue.is_head(job):
+                            behind.append(job)  # its run's unfinished head, due with it, returns it
+                            continue
+                        self._promote(job)
                     self.queue_stats[job.queue].timed_out += 1
+                    self._return_run(job)
                     self._failed_attempt(job, f"not acked within {job.consumer.config.timeout_ms} ms")
+            for job in behind:
+                if job.state is _IN_FLIGHT:  # not returned by its head: must not stay in flight untimed
+                    self._time(job, current + 1)
         self._wheel_cursor = current + 1
         retries = self._retries
         while retries and retries[0][0] <= now:
@@ -381,7 +516,10 @@ class PullBuffer:
     def job(self, queue: QueueId, offset: int) -> UpstreamJob | None:
         """The unfinished job of ``queue`` at ``offset``, if the buffer holds it."""
         jobs = self._jobs.get(queue)
-        return jobs.get(offset) if jobs is not None else None
+        job = jobs.get(offset) if jobs is not None else None
+        if job is None and queue in self._runs:
+            job = self._runs[queue].get(offset)
+        return job
 
     @property
     def stats(self) -> BufferStats:
@@ -396,6 +534,8 @@ class PullBuffer:
         """Every unfinished job the buffer holds (ready, in flight, waiting for a retry)."""
         for jobs in self._jobs.values():
             yield from jobs.values()
+        for members in self._runs.values():
+            yield from members.values()
 
     @property
     def ready(self) -> int:
@@ -403,19 +543,16 @@ class PullBuffer:
 
     @property
     def in_flight(self) -> int:
-        return sum(1 for jobs in self._jobs.values() for j in jobs.values() if j.state is JobState.IN_FLIGHT)
+        return sum(1 for job in self.jobs() if job.state is JobState.IN_FLIGHT)
 
     def in_flight_of(self, topic: str) -> int:
         """Jobs of ``topic`` handed to clients and not acked or failed yet."""
-        return sum(
-            1 for queue, jobs in self._jobs.items() if queue.topic == topic
-            for job in jobs.values() if job.state is JobState.IN_FLIGHT
-        )
+        return sum(1 for job in self.jobs() if job.queue.topic == topic and job.state is JobState.IN_FLIGHT)
 
     @property
     def held(self) -> int:
         """Unfinished jobs in the buffer (ready, in flight, or waiting for a retry)."""
-        return sum(len(jobs) for jobs in self._jobs.values())
+        return sum(len(jobs) for jobs in self._jobs.values()) + sum(len(m) for m in self._runs.values())
 
     @property
     def timed(self) -> int:
@@ -430,6 +567,16 @@ class PullBuffer:
     @property
     def parked(self) -> int:
         return sum(1 for w in self._waiters if not w.future.done())
+
+
+def _may_join(successor: UpstreamJob, queue: QueueId) -> bool:
+    """Whether ``successor`` may go out in its head's run: waiting, of the reply's queue, and with
+    nothing left to run but PullServer (a chain with actions after Order runs them on the head only)."""
+    return (
+        successor.state is _WAITING
+        and successor.queue == queue
+        and successor.index == len(successor.consumer.chain) - 1
+    )
 
 
 def _finished(job: UpstreamJob) -> bool:

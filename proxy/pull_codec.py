@@ -41,6 +41,11 @@ _STRING_PAIR: Final = b"\x88"  # map<string, string>: key and value type BINARY
 _STRUCT_LIST_MANY: Final = 0xFC  # list<struct> of 15 or more: 0xF0 | STRUCT, then the size
 _STRUCT_ELEMENT: Final = 0x0C
 _SUCCESS_FIELD: Final = b"\x0c\x00"  # field 0 (delta 0 needs the long form): STRUCT, zigzag(0)
+# PullResponse.runs: field 80 is 78 past field 2, beyond a one-byte header's delta: type LIST, then
+# the field id as a zigzag varint (160). Its list<i32> header: size << 4 | I32, or 0xF5 and the size.
+_RUNS_FIELD: Final = b"\x09\xa0\x01"
+_I32_ELEMENT: Final = 0x05
+_I32_LIST_MANY: Final = 0xF5
 _REPLY_HEADER: Final = bytes((0x82, 0x01 | (TMessageType.REPLY << 5)))
 _PULL_NAME: Final = b"\x04pull"
 # Message: key (1), value (2), tag (3) as BINARY, offset (4) I64, properties (5) MAP, then produceTime
@@ -82,8 +87,16 @@ def _encode_properties(properties: dict[str, str]) -> bytes:
     return b"".join(parts)
 
 
-def encode_pull_reply(seqid: int, group: str, topic: str, qid: str, messages: Sequence[StoredMessage]) -> bytes:
-    """The complete frame (length header included) answering pull call ``seqid``."""
+def encode_pull_reply(
+    seqid: int,
+    group: str,
+    topic: str,
+    qid: str,
+    messages: Sequence[StoredMessage],
+    runs: Sequence[int] | None = None,
+) -> bytes:
+    """The complete frame (length header included) answering pull call ``seqid``; ``runs`` is
+    ``PullResponse.runs`` (left out when None)."""
     if not 0 <= seqid <= 0xFFFFFFFF:
         raise ValueError(f"seqid {seqid} is outside the unsigned 32-bit range")
     raw_group = group.encode("utf-8")
@@ -111,9 +124,17 @@ def encode_pull_reply(seqid: int, group: str, topic: str, qid: str, messages: Se
         list_header,
     ]
     parts += map(encode_message, messages)
+    if runs is not None:
+        parts.append(_encode_runs(runs))
     parts += (_STOP, _STOP)  # end of PullResponse, end of pull_result
     payload = b"".join(parts)
     return _FRAME_HEADER.pack(len(payload)) + payload
+
+
+def _encode_runs(runs: Sequence[int]) -> bytes:
+    size = len(runs)
+    header = bytes((size << 4 | _I32_ELEMENT,)) if size <= 14 else bytes((_I32_LIST_MANY,)) + varint(size)
+    return b"".join((_RUNS_FIELD, header, *(varint((n << 1) ^ (n >> 31)) for n in runs)))
 
 
 def _shape(spec: dict[int, Any]) -> list[tuple[Any, ...]]:
@@ -135,7 +156,11 @@ def _idl_matches() -> bool:
         and _shape(Context.thrift_spec)
         == [(1, TType.STRING, "groupId", None), (2, TType.STRING, "topic", None), (3, TType.STRING, "qid", None)]
         and _shape(PullResponse.thrift_spec)
-        == [(1, TType.STRUCT, "context", Context), (2, TType.LIST, "messages", (TType.STRUCT, Message))]
+        == [
+            (1, TType.STRUCT, "context", Context),
+            (2, TType.LIST, "messages", (TType.STRUCT, Message)),
+            (80, TType.LIST, "runs", TType.I32),
+        ]
         and [field[:2] for _, field in sorted(ConsumerService.pull_result.thrift_spec.items())]
         == [(TType.STRUCT, "success"), (TType.STRUCT, "error")]
     )

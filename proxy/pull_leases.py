@@ -10,7 +10,8 @@ first read stopped.
 Why: a Spark task may read its partition several times (each action of ``foreachBatch``, task
 retries, a restart from the checkpoint), and Spark acks only after the micro-batch committed. With
 replay, every read of a partition sees the same rows, and the messages stay in flight (holding their
-keys' gates) until the batch is committed.
+keys' gates) until the batch is committed. A pull asking for ordered runs (``maxPerKey``) replays the
+same runs: the batch is remembered, not re-taken.
 
 A lease is only replayed while every message in it is still in flight *under this lease* (same
 attempt). Once one of them timed out and moved on (redelivered, dead-lettered, or its queue moved to
@@ -85,6 +86,7 @@ class PullLeases:
         topic: str | None,
         max_batch: int,
         linger_ms: int,
+        max_per_key: int = 1,
     ) -> PullBatch:
         """The ``index``-th pull of lease ``lease_id``: a replay when it was served before."""
         _check(lease_id, index, timeout_ms)
@@ -119,7 +121,7 @@ class PullLeases:
         future = loop.create_future()
         lease.batches.append(future)
         try:
-            batch = await self._buffer.pull(topic, max_batch, linger_ms, timeout_ms)
+            batch = await self._buffer.pull(topic, max_batch, linger_ms, timeout_ms, max_per_key)
         except BaseException:
             # Nothing was handed out: forget this index so a retry takes a fresh batch.
             if lease.batches and lease.batches[-1] is future:

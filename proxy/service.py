@@ -295,7 +295,10 @@ class ProxyService:
         linger_ms: int | None,
         results: list[QueueResult],
         lease: PullLease | None = None,
+        max_per_key: int | None = None,
     ) -> PullBatch:
+        """Serve one pull: apply ``results``, then answer ready messages of one queue. ``max_per_key``
+        (None or 1: one per key) lets the reply carry ordered runs of a key (see ``PullBuffer``)."""
         if results:  # first: acks count even when the group was just removed
             await self._apply(results)
         consumer_group = self._group(group)
@@ -311,6 +314,9 @@ class ProxyService:
         if max_batch is not None and max_batch < 0:
             raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
         batch = min(max_batch, cap) if max_batch else cap
+        if max_per_key is not None and max_per_key < 0:
+            raise BadRequestError(f"maxPerKey must not be negative, got {max_per_key}")
+        per_key = max_per_key or 1
         buffer = consumer_group.buffer
         started = perf_counter()
         if results and not buffer.ready:
@@ -323,10 +329,10 @@ class ProxyService:
             if timeout_ms is None:
                 timeout_ms = max(c.config.timeout_ms for c in consumers)
             answer = await self._pull_leases(consumer_group).pull(
-                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, self._linger(linger_ms)
+                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, self._linger(linger_ms), per_key
             )
         else:
-            answer = await buffer.pull(topic, batch, self._linger(linger_ms))
+            answer = await buffer.pull(topic, batch, self._linger(linger_ms), None, per_key)
         self.metrics.observe_pull(group, answer, perf_counter() - started)
         return answer
 

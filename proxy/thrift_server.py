@@ -398,6 +398,7 @@ class ThriftServer:
             linger_ms,
             queue_results(request.result, default_group=request.groupId),
             lease,
+            max_per_key=request.maxPerKey,
         )
         return _PullReply(request.groupId, request.topic, batch)
 
@@ -501,6 +502,7 @@ def pull_response(group: str, topic: str | None, batch: PullBatch) -> PullRespon
     return PullResponse(
         context=Context(groupId=group, topic=batch.queue.topic, qid=str(batch.queue.qid)),
         messages=[_message(m) for m in batch.messages],
+        runs=batch.runs,
     )
 
 
@@ -524,7 +526,8 @@ def _encode_pull_reply(seqid: int, reply: _PullReply, peer: str) -> bytes:
     try:
         if queue is None:
             return encode_pull_reply(seqid, reply.group, reply.topic or "", "", ())
-        return encode_pull_reply(seqid, reply.group, queue.topic, str(queue.qid), reply.batch.messages)
+        batch = reply.batch
+        return encode_pull_reply(seqid, reply.group, queue.topic, str(queue.qid), batch.messages, batch.runs)
     except Exception:
         log.exception("could not encode the pull reply for %s", peer)
         return _application_error(

@@ -44,6 +44,9 @@ class PullBatch(NamedTuple):
 
     queue: QueueId | None
     messages: list[StoredMessage]
+    #: Sizes of the batch's ordered runs (consecutive messages of one key), in order; None when every
+    #: message is the only one of its key in the batch.
+    runs: list[int] | None = None
 
 
 class PullLease(NamedTuple):

@@ -70,12 +70,28 @@ struct PullRequest {
     70: optional string leaseId;
     71: optional i32 leaseIndex;
     72: optional i32 leaseTimeoutMs;
+    /*
+     * ddmq extension: ordered runs. The most successive messages of one order key (with QID order:
+     * of one queue) this reply may carry; absent, 0 or 1: one message per key. A reply's messages of a
+     * key are consecutive, in the key's order; the client processes them in that order and stops at
+     * the first failure: it acks the processed prefix and fails the message that failed. The
+     * unacked messages after a failed (or timed-out) one are delivered again, in order, once it is
+     * finished; an ack for a message whose predecessors in the reply are unfinished is ignored.
+     */
+    80: optional i32 maxPerKey;
 }
 
 /* Messages of the single (topic, qid) named by context; empty when none arrived in time. */
 struct PullResponse {
     1: Context context;
     2: list<Message> messages;
+    /*
+     * ddmq extension, set only when the request asked for ordered runs (maxPerKey) and the reply
+     * carries some: the sizes of the reply's consecutive groups of one order key, in message order
+     * (they add up to the number of messages). A client processes each group in order and stops a
+     * group at its first failure; different groups may be processed in parallel.
+     */
+    80: optional list<i32> runs;
 }
 
 struct ConsumeStatsRequest {

@@ -50,6 +50,7 @@ class PullIn(JsonBody):
     topic: Annotated[str, Field(max_length=200)] | None = None
     max_batch: Annotated[int, Field(ge=0, le=10_000)] | None = None
     linger_ms: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    max_per_key: Annotated[int, Field(ge=0, le=10_000)] | None = None
     results: Annotated[list[ResultIn], Field(max_length=10_000)] = []
 
 
@@ -91,12 +92,15 @@ def message_json(message: StoredMessage) -> dict[str, Any]:
 
 def pull_json(group: str, topic: str | None, batch: PullBatch) -> dict[str, Any]:
     queue = batch.queue
-    return {
+    answer: dict[str, Any] = {
         "group": group,
         "topic": queue.topic if queue is not None else topic,
         "qid": queue.qid if queue is not None else None,
         "messages": [message_json(m) for m in batch.messages],
     }
+    if batch.runs is not None:
+        answer["runs"] = batch.runs
+    return answer
 
 
 class PullApi:
@@ -115,7 +119,12 @@ class PullApi:
         body = parse(PullIn, await self._read_body(request))
         linger_ms = min(body.linger_ms, self._max_linger_ms) if body.linger_ms is not None else None
         batch = await self._service.pull(
-            body.group, body.topic, body.max_batch, linger_ms, queue_results(body.group, body.results)
+            body.group,
+            body.topic,
+            body.max_batch,
+            linger_ms,
+            queue_results(body.group, body.results),
+            max_per_key=body.max_per_key,
         )
         return web.json_response(pull_json(body.group, body.topic or None, batch))
 

@@ -81,6 +81,21 @@ def test_encoder_matches_thriftpy2_byte_for_byte(seed: int) -> None:
     assert ours == _thriftpy2_reply(seqid, group, topic, qid, messages)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_runs_match_thriftpy2_byte_for_byte(seed: int) -> None:
+    rng = random.Random(500 + seed)
+    messages = [_message(rng) for _ in range(rng.choice([1, 14, 15, 40]))]
+    runs: list[int] = []
+    left = len(messages)
+    while left:
+        runs.append(rng.randint(1, left))
+        left -= runs[-1]
+    batch = PullBatch(QueueId("t", 3), messages, runs)
+    expected = _thriftpy2_frame(7, ConsumerService.pull_result(success=pull_response("g", "t", batch)))
+    assert encode_pull_reply(7, "g", "t", "3", messages, runs) == expected
+    assert _thriftpy2_read(expected[4:]).runs == runs
+
+
 def test_empty_reply_matches_thriftpy2() -> None:
     expected = _thriftpy2_frame(9, ConsumerService.pull_result(success=pull_response("g", "t", PullBatch(None, []))))
     assert encode_pull_reply(9, "g", "t", "", ()) == expected

@@ -103,6 +103,7 @@ class FakeService:
         linger_ms: int | None,
         results: list[QueueResult],
         lease: PullLease | None = None,
+        max_per_key: int | None = None,
     ) -> PullBatch:
         self.pulls.append(PullCall(group, topic, max_batch, linger_ms, results))
         if self.errors:
@@ -484,10 +485,10 @@ async def test_stock_thriftpy2_client(server: ThriftServer, service: FakeService
     service.stats = [ConsumeStatsRow("g", "t", {"2": 40}, {"2": 42})]
     original_pull = service.pull
 
-    async def pull(group: str, *args: Any) -> PullBatch:
+    async def pull(group: str, *args: Any, **kwargs: Any) -> PullBatch:
         if group == "nope":
             raise UnknownGroupError("unknown group 'nope'")
-        return await original_pull(group, *args)
+        return await original_pull(group, *args, **kwargs)
 
     async def ack(group: str, offsets: dict[str, dict[str, int]]) -> None:
         if group == "nope":
@@ -726,11 +727,11 @@ async def test_results_survive_a_failed_pull_after_a_batch(server: ThriftServer,
     recorder.on_last = consumer.stop
     original_pull = service.pull
 
-    async def failing_second_pull(*args: Any) -> PullBatch:
+    async def failing_second_pull(*args: Any, **kwargs: Any) -> PullBatch:
         if len(service.pulls) == 1:
             service.pulls.append(PullCall(*args[:5]))
             raise BrokerError("redis down")
-        return await original_pull(*args)
+        return await original_pull(*args, **kwargs)
 
     service.pull = failing_second_pull  # type: ignore[method-assign]
     await consumer.start()
