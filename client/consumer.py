@@ -18,6 +18,13 @@ end of a ``with`` block raise it.
 ...     return True  # False (or an exception) fails the message: it is retried later
 >>> consumer = PullConsumer("proxy-1:9713,proxy-2:9713", "rides", process, threads=4)
 >>> consumer.run()  # until consumer.stop() (from a processor, another thread) or Ctrl-C; raises a fatal error
+
+With ``max_per_key=N`` (N > 1) a pull may carry *ordered runs*: up to N successive messages of one order
+key (with QID order, of one queue). The consumer processes a run in order and stops it at its first
+failure: the processed prefix is acked, the failed message failed, and the rest of the run is left
+unreported; the proxy delivers it again, in order, once the failed message is finished. Different runs
+are different keys: :class:`AsyncPullConsumer` processes the runs of one pull concurrently,
+:class:`PullConsumer` one after another in the puller thread (other pullers serve other keys).
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ class ConsumerStats:
     failed: int = 0
     errors: int = 0
     unreported: int = 0
+    """Left unreported: :class:`NotProcessed`, or the rest of an ordered run after its first failure."""
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -227,6 +235,23 @@ class _Backoff:
         self._next_ms = self._initial_ms
 
 
+def _runs(response: PullResponse, messages: list[ConsumedMessage]) -> list[list[ConsumedMessage]]:
+    """The reply's ordered runs (``PullResponse.runs``); each message alone when it has none. A ``runs``
+    list that does not match the messages makes the whole reply one run: in order is always safe."""
+    sizes = response.runs
+    if not sizes:
+        return [[message] for message in messages]
+    if sum(sizes) != len(messages) or min(sizes) < 1:
+        log.warning("pull reply with runs %s for %d messages: processing them as one run", sizes, len(messages))
+        return [messages]
+    runs = []
+    start = 0
+    for size in sizes:
+        runs.append(messages[start:start + size])
+        start += size
+    return runs
+
+
 def _consumed_messages(response: PullResponse) -> list[ConsumedMessage]:
     context = response.context if response.context is not None else Context()
     topic, qid = context.topic or "", context.qid or ""
@@ -264,9 +289,12 @@ class _PullerSettings:
         retry_sleep_ms: int,
         max_backoff_ms: int,
         timeout_s: float,
+        max_per_key: int = 1,
     ) -> None:
         if not group:
             raise ValueError("group is required")
+        if max_per_key < 1:
+            raise ValueError(f"max_per_key must be positive, got {max_per_key}")
         if pullers < 1:
             raise ValueError(f"at least one puller is needed, got {pullers}")
         if batch_size < 1:
@@ -282,6 +310,7 @@ class _PullerSettings:
         self.retry_sleep_ms = retry_sleep_ms
         self.max_backoff_ms = max_backoff_ms
         self.timeout_s = timeout_s
+        self.max_per_key = max_per_key
 
     def server_for(self, index: int) -> tuple[str, int]:
         return self.servers[index % len(self.servers)]
@@ -293,6 +322,7 @@ class _PullerSettings:
             maxBatchSize=self.batch_size,
             maxLingerTime=self.linger_ms,
             result=pending.to_wire(),
+            maxPerKey=self.max_per_key if self.max_per_key > 1 else None,
         )
 
     def returned_early(self, elapsed_s: float) -> bool:
@@ -328,9 +358,11 @@ class PullConsumer:
         max_backoff_ms: int = DEFAULT_MAX_BACKOFF_MS,
         timeout_s: float = 10.0,
         on_error: Callable[[ProxyClientError], None] | None = None,
+        max_per_key: int = 1,
     ) -> None:
         self._settings = _PullerSettings(
-            servers, group, topic, threads, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s
+            servers, group, topic, threads, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
+            max_per_key,
         )
         self._processor = processor
         self._counters = _Counters()
@@ -439,10 +471,8 @@ class PullConsumer:
                         self._stopping.wait(settings.retry_sleep_ms / 1000)
                     continue
                 self._counters.add(pulled=len(messages))
-                for message in messages:
-                    ok = self._process(message)
-                    if ok is not None:
-                        pending.record(message, ok)
+                for run in _runs(response, messages):
+                    self._process_run(run, pending)
             if pending:
                 try:
                     client.submit(pending.to_wire())
@@ -455,6 +485,16 @@ class PullConsumer:
                         port,
                         exc,
                     )
+
+    def _process_run(self, run: list[ConsumedMessage], pending: _PendingResults) -> None:
+        """A key's run, in order, up to its first message not acked (the rest is left unreported)."""
+        for index, message in enumerate(run):
+            ok = self._process(message)
+            if ok is not None:
+                pending.record(message, ok)
+            if not ok:
+                self._counters.add(unreported=len(run) - index - 1)
+                return
 
     def _process(self, message: ConsumedMessage) -> bool | None:
         try:
@@ -491,9 +531,11 @@ class AsyncPullConsumer:
         max_backoff_ms: int = DEFAULT_MAX_BACKOFF_MS,
         timeout_s: float = 10.0,
         on_error: Callable[[ProxyClientError], None] | None = None,
+        max_per_key: int = 1,
     ) -> None:
         self._settings = _PullerSettings(
-            servers, group, topic, concurrency, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s
+            servers, group, topic, concurrency, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
+            max_per_key,
         )
         self._processor = processor
         self._counters = _Counters()
@@ -600,10 +642,14 @@ class AsyncPullConsumer:
                         await self._pause(settings.retry_sleep_ms / 1000)
                     continue
                 self._counters.add(pulled=len(messages))
-                for message in messages:
-                    ok = await self._process(message)
-                    if ok is not None:
-                        pending.record(message, ok)
+                runs = _runs(response, messages)
+                if len(runs) == len(messages):  # one message per key: no task per run needed
+                    for message in messages:
+                        ok = await self._process(message)
+                        if ok is not None:
+                            pending.record(message, ok)
+                else:
+                    await asyncio.gather(*(self._process_run(run, pending) for run in runs))
             if pending:
                 try:
                     await client.submit(pending.to_wire())
@@ -616,6 +662,16 @@ class AsyncPullConsumer:
                         port,
                         exc,
                     )
+
+    async def _process_run(self, run: list[ConsumedMessage], pending: _PendingResults) -> None:
+        """A key's run, in order, up to its first message not acked (the rest is left unreported)."""
+        for index, message in enumerate(run):
+            ok = await self._process(message)
+            if ok is not None:
+                pending.record(message, ok)
+            if not ok:
+                self._counters.add(unreported=len(run) - index - 1)
+                return
 
     async def _process(self, message: ConsumedMessage) -> bool | None:
         try:
@@ -656,6 +712,12 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--threads", type=int, default=1, help="puller threads (default 1)")
     parser.add_argument("--batch-size", type=int, default=32, help="max messages per pull (default 32)")
     parser.add_argument("--linger-ms", type=int, default=1000, help="long-poll wait per pull (default 1000)")
+    parser.add_argument(
+        "--max-per-key",
+        type=int,
+        default=1,
+        help="ordered runs: up to this many successive messages of one key per pull, printed in order (default 1)",
+    )
     parser.set_defaults(func=_consume_command)
 
 
@@ -726,6 +788,7 @@ def _consume_command(args: argparse.Namespace) -> int:
             batch_size=batch_size,
             linger_ms=args.linger_ms,
             on_error=lambda exc: None,  # the command reports it once, raised from wait() below
+            max_per_key=args.max_per_key,
         )
     except ValueError as exc:
         raise clitools.CliError(str(exc), clitools.USAGE_ERROR) from exc
