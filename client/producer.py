@@ -50,6 +50,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from ddmq.client import keys
+from ddmq.client.connection import AsyncRedis, SyncRedis, async_redis, sync_redis
 from ddmq.client.hashing import queue_for_key
 
 __all__ = [
@@ -308,17 +309,18 @@ def _pipeline_outcome(
 class Producer:
     """Synchronous producer on a redis-py client.
 
-    ``url_or_client`` is a URL (the producer owns and closes that client) or an existing ``redis.Redis``
-    (left open by :meth:`close`). ``default_queues`` is used only when the topic does not exist yet;
-    ``maxlen`` trims each queue approximately (``MAXLEN ~``) to that many entries.
+    ``url_or_client`` is a URL (the producer owns and closes that client; ``?cluster=true`` for a Redis
+    Cluster, see :mod:`ddmq.client.connection`) or an existing ``redis.Redis`` or
+    ``redis.cluster.RedisCluster`` (left open by :meth:`close`). ``default_queues`` is used only when the
+    topic does not exist yet; ``maxlen`` trims each queue approximately (``MAXLEN ~``) to that many entries.
     """
 
     def __init__(
-        self, url_or_client: str | redis.Redis, /, *, default_queues: int = 8, maxlen: int | None = None
+        self, url_or_client: str | SyncRedis, /, *, default_queues: int = 8, maxlen: int | None = None
     ) -> None:
         self._planner = _Planner(default_queues, maxlen)
         if isinstance(url_or_client, str):
-            self._redis: redis.Redis = redis.Redis.from_url(url_or_client)
+            self._redis: SyncRedis = sync_redis(url_or_client)
             self._owned = True
         else:
             self._redis = url_or_client
@@ -415,7 +417,7 @@ class AsyncProducer:
 
     def __init__(
         self,
-        url_or_client: str | redis.asyncio.Redis,
+        url_or_client: str | AsyncRedis,
         /,
         *,
         default_queues: int = 8,
@@ -423,7 +425,7 @@ class AsyncProducer:
     ) -> None:
         self._planner = _Planner(default_queues, maxlen)
         if isinstance(url_or_client, str):
-            self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_url(url_or_client)
+            self._redis: AsyncRedis = async_redis(url_or_client)
             self._owned = True
         else:
             self._redis = url_or_client
@@ -495,7 +497,7 @@ class AsyncProducer:
         return _Planner.results(topic, len(batch), calls, [firsts[i] for i in range(len(calls))])
 
 
-async def _topic_queues(client: redis.asyncio.Redis, topic: str, queues: int) -> int:
+async def _topic_queues(client: AsyncRedis, topic: str, queues: int) -> int:
     with _redis_errors(topic):
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.topic_meta(topic), "queues", queues)
@@ -505,7 +507,7 @@ async def _topic_queues(client: redis.asyncio.Redis, topic: str, queues: int) ->
     return _parse_queues(topic, raw)
 
 
-async def ensure_topic(client: redis.asyncio.Redis, topic: str, queues: int) -> int:
+async def ensure_topic(client: AsyncRedis, topic: str, queues: int) -> int:
     """Create ``topic`` with ``queues`` queues if it is missing; otherwise check the stored number.
 
     Returns the number of queues. Raises :class:`TopicMismatchError` when the topic exists with a
@@ -531,7 +533,9 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "any other JSON value as its compact JSON text. Bad lines are reported and skipped."
         ),
     )
-    parser.add_argument("--redis", required=True, help="redis:// URL of the broker")
+    parser.add_argument(
+        "--redis", required=True, help="redis:// URL of the broker (add ?cluster=true for a Redis Cluster)"
+    )
     parser.add_argument("--topic", required=True)
     parser.add_argument(
         "--queues", type=int, default=None,

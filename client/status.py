@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from ddmq.client import keys
+from ddmq.client.connection import SyncRedis, sync_redis
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class GroupStatus:
     queues: list[QueueStatus]
 
 
-def group_status(client: redis.Redis, group: str, topics: list[str] | None = None) -> GroupStatus:
+def group_status(client: SyncRedis, group: str, topics: list[str] | None = None) -> GroupStatus:
     now = int(time.time() * 1000)
     heartbeats = client.zrange(keys.members(group), 0, -1, withscores=True)
     members = {member.decode(): now - int(score) for member, score in heartbeats}
@@ -93,7 +94,10 @@ def format_status(status: GroupStatus) -> str:
 
 def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("status", help="owners, lease expiry, committed and produced offsets, lag")
-    parser.add_argument("--redis", required=True, help="the broker's URL, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--redis", required=True,
+        help="the broker's URL, e.g. redis://127.0.0.1:6379/0 (add ?cluster=true for a Redis Cluster)",
+    )
     parser.add_argument("--group", required=True)
     parser.add_argument("--topic", action="append", help="only this topic (repeatable)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -102,9 +106,9 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _status_command(args: argparse.Namespace) -> int:
     try:
-        with redis.Redis.from_url(args.redis) as client:
+        with sync_redis(args.redis) as client:
             status = group_status(client, args.group, args.topic)
-    except redis.RedisError as exc:
+    except (redis.RedisError, ValueError) as exc:
         print(f"ddmq status: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))

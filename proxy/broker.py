@@ -8,10 +8,15 @@ Queue reads are the proxy's busiest Redis call. redis-py's XREAD callback turns 
 list into a dict before we look at it; :class:`Broker` wraps that callback on its client so that its
 own reads (and only those, marked with an option) get the server's reply as it is, and
 :func:`decode_fields` builds each message straight from the flat field list.
+
+On a Redis Cluster (:mod:`ddmq.client.connection`) every command here names keys of one slot, except
+the reads over many queues and the multi-key reads of offsets: those are split per slot
+(:meth:`Broker.read_many`, :meth:`Broker.get_many`) and sent to the masters concurrently.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import time
@@ -19,11 +24,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from ddmq.client import keys
+from ddmq.client.connection import AsyncRedis
 from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
 
@@ -92,8 +98,9 @@ def _xread_callback(parse: Callable[..., Any]) -> Callable[..., Any]:
 class Broker:
     """The proxy's view of Redis. ``redis`` must return bytes (``decode_responses=False``)."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: AsyncRedis) -> None:
         self.redis = redis
+        self.cluster = isinstance(redis, RedisCluster)
         self._raw_reads = redis.get_connection_kwargs().get("protocol") in (None, 2, "2")
         if self._raw_reads:
             parse = redis.response_callbacks["XREAD"]
@@ -130,9 +137,22 @@ class Broker:
     async def read_many(
         self, streams: dict[str, str], count: int, block_ms: int | None
     ) -> dict[str, list[StoredMessage]]:
-        """Up to ``count`` messages per stream after each given id, in one XREAD (one slot per stream)."""
+        """Up to ``count`` messages per stream after each given id (one slot per stream).
+
+        One XREAD on a single server. On a cluster, where one XREAD may only name keys of one slot,
+        one XREAD per stream: pipelined per master when not blocking; when blocking, all at once and
+        answered as soon as one of them has messages (the others are cancelled).
+        """
         with map_redis_errors(f"reading {len(streams)} queue(s)"):
-            reply: Any = await self.redis.xread(streams, count=count, block=block_ms)
+            if not self.cluster or len(streams) == 1:
+                reply: Any = await self.redis.xread(streams, count=count, block=block_ms)
+            elif block_ms is None:
+                pipe = self.redis.pipeline(transaction=False)
+                for stream, after in streams.items():
+                    pipe.xread({stream: after}, count=count)
+                reply = [page for answer in await pipe.execute() for page in answer or ()]
+            else:
+                reply = await self._first_answer(streams, count, block_ms)
         pages: dict[str, list[StoredMessage]] = {}
         for raw_stream, entries in reply or ():
             stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
@@ -145,6 +165,32 @@ class Broker:
                         break
                     raise BrokerError(f"{stream}: entry {entry_id!r} cannot be read: {exc}") from exc
         return pages
+
+    async def _first_answer(self, streams: dict[str, str], count: int, block_ms: int) -> list[Any]:
+        reads = {
+            asyncio.ensure_future(self.redis.xread({stream: after}, count=count, block=block_ms))
+            for stream, after in streams.items()
+        }
+        pages: list[Any] = []
+        try:
+            while reads and not pages:
+                done, reads = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+                for read in done:
+                    pages.extend(read.result() or ())
+        finally:
+            for read in reads:
+                read.cancel()
+            if reads:
+                await asyncio.wait(reads)
+        return pages
+
+    async def get_many(self, names: list[str]) -> list[bytes | None]:
+        """GET of many string keys: one MGET on a single server, one MGET per slot on a cluster."""
+        if not names:
+            return []
+        if isinstance(self.redis, RedisCluster):
+            return list(await self.redis.mget_nonatomic(names))
+        return list(await self.redis.mget(names))
 
     async def committed_offset(self, group: str, topic: str, qid: int) -> int | None:
         with map_redis_errors(f"reading the offset of {group}/{topic}#{qid}"):
@@ -165,7 +211,7 @@ class Broker:
     async def produce_offsets(self, topic: str, queues: int) -> list[int]:
         """Next offset to be produced, per qid."""
         with map_redis_errors(f"reading produce offsets of {topic}"):
-            raws = await self.redis.mget([keys.sequence(topic, qid) for qid in range(queues)])
+            raws = await self.get_many([keys.sequence(topic, qid) for qid in range(queues)])
         return [int(raw) + 1 if raw is not None else 1 for raw in raws]
 
     async def init_offset(self, group: str, topic: str, qid: int, offset: int) -> int:

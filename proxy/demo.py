@@ -20,9 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from ddmq.client import keys
+from ddmq.client.connection import sync_redis
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
 from ddmq.client.producer import Producer
 
@@ -216,7 +215,7 @@ def _run(
         consumer.close()
     elapsed = time.monotonic() - started
     producer.join(timeout=30)
-    client = redis.Redis.from_url(redis_url)
+    client = sync_redis(redis_url)
     deadline = time.monotonic() + 5
     while (dead := client.xlen(keys.dead_letters(GROUP, TOPIC))) < len(checker.poison):
         if time.monotonic() > deadline:
@@ -240,7 +239,9 @@ def _run(
 
 
 def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0 (?cluster=true for a Redis Cluster)"
+    )
     parser.add_argument("--riders", type=int, default=3000, help="riders per round, 3 events each (default 3000)")
     parser.add_argument("--topic", default=TOPIC, help=f"topic (default {TOPIC})")
     parser.add_argument("--queues", type=int, default=8, help="queues of the topic if it is new (default 8)")

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from ddmq.client import keys
+from ddmq.client.connection import AsyncRedis
 from ddmq.proxy.broker import map_redis_errors
 
 # KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
@@ -101,7 +101,7 @@ class LeaseHolder(NamedTuple):
 class LeaseStore:
     """Lease operations for one proxy instance (``owner``)."""
 
-    def __init__(self, redis: aioredis.Redis, owner: str, ttl_ms: int) -> None:
+    def __init__(self, redis: AsyncRedis, owner: str, ttl_ms: int) -> None:
         if " " in owner:
             raise ValueError(f"instance id {owner!r} must not contain spaces")
         self.redis = redis

@@ -17,8 +17,7 @@ from collections import Counter
 from time import perf_counter
 from types import TracebackType
 
-import redis.asyncio as aioredis
-
+from ddmq.client.connection import AsyncRedis, async_redis
 from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
 from ddmq.proxy.audit import ReadAudit
@@ -56,7 +55,7 @@ class ProxyService:
         self.counters: Counter[str] = Counter()
         self.groups: dict[str, ConsumerGroup] = {}
         self.redis_url = config.redis
-        self.redis: aioredis.Redis | None = None
+        self.redis: AsyncRedis | None = None
         self.broker: Broker | None = None
         self.leases: LeaseStore | None = None
         self.membership: Membership | None = None
@@ -99,7 +98,7 @@ class ProxyService:
                 raise UnavailableError(f"cannot start the embedded redis-server: {exc}") from exc
             self.redis_url = self._embedded.url
             log.info("embedded redis-server at %s (data in %s)", self.redis_url, embedded.data_dir)
-        self.redis = aioredis.Redis.from_url(self.redis_url, decode_responses=False)
+        self.redis = async_redis(self.redis_url, decode_responses=False)
         with map_redis_errors(f"connecting to {self.redis_url}"):
             await self.redis.ping()
         self.broker = Broker(self.redis)

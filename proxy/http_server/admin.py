@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ddmq.client.connection import sync_redis
 from ddmq.client.status import GroupStatus, group_status
 from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
@@ -194,7 +195,7 @@ class OperatorApi:
     def _owners(self, group: str, topics: list[str]) -> GroupStatus:
         """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection)."""
         try:
-            with redis.Redis.from_url(self._service.redis_url, socket_timeout=5) as client:
+            with sync_redis(self._service.redis_url, socket_timeout=5) as client:
                 return group_status(client, group, topics)
         except (redis.RedisError, OSError) as exc:
             raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
