@@ -24,7 +24,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import RedisClusterException
 
-__all__ = ["AsyncRedis", "SyncRedis", "async_redis", "is_cluster_url", "sync_redis"]
+__all__ = ["AsyncRedis", "SyncRedis", "async_redis", "check_url", "is_cluster_url", "sync_redis"]
 
 #: A client of one server or of a cluster; everything the project calls exists on both.
 AsyncRedis: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
@@ -66,6 +66,13 @@ def is_cluster_url(url: str) -> bool:
                 return False
             raise ValueError(f"Redis URL {url!r}: cluster={value!r} is neither true nor false")
     return False
+
+
+def check_url(url: str) -> str:
+    """``url`` if its cluster part makes sense (seeds as ``host:port``, database 0), else ValueError."""
+    if is_cluster_url(url):
+        _ClusterUrl(url)
+    return url
 
 
 def async_redis(url: str, **kwargs: Any) -> AsyncRedis:

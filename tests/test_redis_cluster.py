@@ -1,0 +1,218 @@
+"""The product on a real Redis Cluster (3 masters, 1 replica each; ``redis_cluster`` in conftest.py).
+
+- two proxies share a topic whose queues live on all three masters; Thrift clients pull: per-key order,
+  nothing lost, committed = produced;
+- ``fetch``/``ack`` over queues of different shards (one read per slot, gathered), blocking too;
+- dead letters and their replay; ``ddmq status``;
+- a master is killed with SIGKILL mid-stream: its replica is promoted and delivery resumes by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddmq.client import keys, wire
+from ddmq.client.connection import sync_redis
+from ddmq.client.producer import Producer
+from ddmq.client.thrift_client import ProxyClient
+from ddmq.proxy.embedded_cluster import EmbeddedCluster
+
+from .support import (
+    Delivery,
+    ProxyFleet,
+    ProxyProcess,
+    acked_prefixes,
+    body,
+    check_order_by_term,
+    check_single_reader,
+    free_port,
+    produce_keyed,
+    puller,
+)
+
+QUEUES = 8
+LEASES = {"ttl_ms": 1500, "renew_ms": 400, "claim_interval_ms": 100, "handoff_drain_ms": 1000}
+GROUP = {"order_key": "KEY", "timeout_ms": 3000, "max_retry": 50, "retry_intervals_ms": [20, 100]}
+
+
+def masters_of(cluster: EmbeddedCluster, topic: str, queues: int) -> dict[int, int]:
+    """qid -> port of the master serving its stream."""
+    return {qid: cluster.master_of(keys.stream(topic, qid)).port for qid in range(queues)}
+
+
+def queue_tails(url: str, topic: str, queues: int) -> tuple[list[int], list[int]]:
+    """(next produce offset, committed offset of group g) per qid, read through the cluster client."""
+    with sync_redis(url) as client:
+        produced = [int(client.get(keys.sequence(topic, q)) or 0) + 1 for q in range(queues)]
+        committed = [int(client.get(keys.committed("g", topic, q)) or 0) for q in range(queues)]
+    return produced, committed
+
+
+async def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+async def test_two_proxies_on_a_cluster_deliver_every_key_in_order(
+    redis_cluster: EmbeddedCluster, cluster_url: str, tmp_path: Path
+) -> None:
+    rng = random.Random(14)
+    produced: dict[str, int] = {}
+    await asyncio.to_thread(produce_keyed, cluster_url, 4000, produced, rng, keys=400, topic="t", queues=QUEUES)
+    placement = masters_of(redis_cluster, "t", QUEUES)
+    assert len(set(placement.values())) == 3, f"the 8 queues should span all 3 masters: {placement}"
+
+    fleet = ProxyFleet(tmp_path, cluster_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, LEASES)
+    log: list[Delivery] = []
+    stop = asyncio.Event()
+    tasks = []
+    try:
+        for name in ("proxy-1", "proxy-2"):
+            port = (await asyncio.to_thread(fleet.start, name)).port
+            for i in range(2):
+                tasks.append(asyncio.create_task(puller(name, port, log, stop, random.Random(f"{name}{i}"),
+                                                        fail_rate=0.01)))
+        # more arrives while they consume
+        await asyncio.to_thread(produce_keyed, cluster_url, 4000, produced, rng, keys=400, topic="t", pause_s=0.05)
+        await wait_for(lambda: acked_prefixes(log) == produced, 60, "every message acked")
+        stop.set()
+        await asyncio.gather(*tasks)
+        for proxy in fleet.proxies.values():
+            assert await asyncio.to_thread(proxy.stop) == 0, proxy.log()
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for proxy in fleet.proxies.values():
+            proxy.stop()
+
+    produce_next, committed = queue_tails(cluster_url, "t", QUEUES)
+    assert committed == produce_next and sum(produce_next) == 8000 + QUEUES
+    records = fleet.reads()
+    check_single_reader(records)
+    assert {r["owner"] for r in records} == {"proxy-1", "proxy-2"}, "both proxies should have read"
+    checker = check_order_by_term(records, log)
+    assert checker.violations == [], checker.violations[:5]
+    assert checker.missing(produced) == {}
+
+
+@pytest.fixture
+def single_proxy(tmp_path: Path, cluster_url: str) -> Any:
+    proxy = ProxyProcess(
+        tmp_path, cluster_url,
+        groups={"g": {"t": {"order_key": "KEY", "max_retry": 0, "timeout_ms": 2000}}},
+        topics={"t": {"queues": QUEUES}}, http={"enabled": True, "port": free_port()}, shutdown_grace_ms=0,
+    ).start()
+    try:
+        yield proxy
+    finally:
+        assert proxy.stop() == 0, proxy.log()
+
+
+def fetch(client: ProxyClient, offsets: dict[str, int] | None, batch: int = 1000, linger_ms: int = 0) -> Any:
+    return client.fetch(wire.FetchRequest(
+        consumerId="c", groupId="g", cluster="local", fetchOffset={"t": offsets} if offsets else None,
+        maxBatchSize=batch, maxLingerTime=linger_ms))
+
+
+@pytest.mark.timeout(60)
+def test_fetch_and_ack_across_queues_on_different_shards(
+    redis_cluster: EmbeddedCluster, single_proxy: ProxyProcess, cluster_url: str
+) -> None:
+    with Producer(cluster_url) as producer:
+        producer.send_batch("t", [{"value": f"m{i}", "qid": i % QUEUES} for i in range(80)])
+    assert len(set(masters_of(redis_cluster, "t", QUEUES).values())) == 3
+    with ProxyClient("127.0.0.1", single_proxy.port) as client:
+        response = fetch(client, {str(q): 1 for q in range(QUEUES)})
+        pages = {int(page.qid): page for page in response.results}
+        assert sorted(pages) == list(range(QUEUES))
+        for qid, page in pages.items():
+            assert [m.offset for m in page.messages] == list(range(1, 11))
+            assert [m.value for m in page.messages] == [f"m{qid + QUEUES * i}".encode() for i in range(10)]
+            assert page.nextRequestOffset == 11
+        # ack positions on every shard, then read "from the stored position"
+        client.ack(wire.AckResult(consumerId="c", groupId="g", cluster="local",
+                                  offsets={"t": {str(q): 5 + q for q in range(QUEUES)}}))
+        stored = {int(p.qid): p for p in fetch(client, None).results}
+        firsts = {q: p.messages[0].offset if p.messages else None for q, p in stored.items()}
+        assert firsts == {q: 5 + q if 5 + q <= 10 else None for q in range(QUEUES)}
+        # a blocking fetch over every queue answers as soon as one shard has a message
+        ends = {str(q): 11 for q in range(QUEUES)}
+        timer = threading.Timer(0.3, lambda: Producer(cluster_url).send("t", "late", qid=5))
+        timer.start()
+        started = time.monotonic()
+        late = fetch(client, ends, linger_ms=5000)
+        waited = time.monotonic() - started
+        timer.join()
+    got = {int(p.qid): [m.value for m in p.messages] for p in late.results}
+    assert got[5] == [b"late"] and all(not v for q, v in got.items() if q != 5)
+    assert waited < 3, f"the fetch lingered {waited:.1f}s although a message arrived after 0.3s"
+
+
+def admin(proxy: ProxyProcess, path: str, payload: dict[str, Any] | None = None) -> Any:
+    """GET (or POST ``payload`` to) the proxy's admin API."""
+    config = yaml.safe_load(proxy.config_path.read_text())
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{config['http']['port']}/admin/{path}",
+        data=None if payload is None else json.dumps(payload).encode(), method="GET" if payload is None else "POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def pull_all(client: ProxyClient, count: int, fail: set[str]) -> list[str]:
+    """Pull until ``count`` messages came; fail (once) those whose key is in ``fail``, ack the rest."""
+    delivered: list[str] = []
+    pending: list[wire.ConsumeResult] = []
+    deadline = time.monotonic() + 30
+    while len(delivered) < count:
+        assert time.monotonic() < deadline, f"only {delivered} were delivered"
+        response = client.pull(wire.PullRequest(groupId="g", topic="t", maxBatchSize=64, maxLingerTime=200,
+                                                result=wire.link_results(pending)))
+        ok, bad = [], []
+        for message in response.messages:
+            key = json.loads(message.value)["k"]
+            delivered.append(key)
+            (bad if key in fail else ok).append(message.offset)
+        fail -= set(delivered)
+        pending = [wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=bad)]
+    client.submit(wire.link_results(pending))
+    return delivered
+
+
+@pytest.mark.timeout(90)
+def test_dead_letters_replay_and_status_on_a_cluster(single_proxy: ProxyProcess, cluster_url: str) -> None:
+    with Producer(cluster_url) as producer:
+        producer.send_batch("t", [{"key": f"k{i}", "value": body(f"k{i}", 0)} for i in range(20)])
+    poison = {"k1", "k2", "k3", "k4", "k5"}  # spread over several queues, so several shards
+    with ProxyClient("127.0.0.1", single_proxy.port) as client:
+        assert sorted(pull_all(client, 20, set(poison))) == sorted(f"k{i}" for i in range(20))
+        deadline = time.monotonic() + 10
+        while admin(single_proxy, "groups/g/topics/t/dead-letters")["total"] < 5:  # max_retry 0: at once
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert admin(single_proxy, "groups/g/topics/t/dead-letters/replay", {"all": True})["replayed"] == 5
+        assert sorted(pull_all(client, 5, set())) == sorted(poison)
+    assert admin(single_proxy, "groups/g/topics/t/dead-letters")["total"] == 0
+
+    status = subprocess.run(
+        [sys.executable, "-m", "ddmq.client.cli", "status", "--redis", cluster_url, "--group", "g", "--json"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    rows = json.loads(status.stdout)["queues"]
+    assert [row["qid"] for row in rows] == list(range(QUEUES))
+    assert {row["owner"] for row in rows} == {"e2e-proxy"}
+    assert sum(row["produced"] - 1 for row in rows) == 25
