@@ -391,19 +391,20 @@ class Producer:
         firsts: dict[int, int] = {}
         pending = list(range(len(calls)))
         with _redis_errors(topic):
-            for _ in range(2):
+            for command, script in (("EVALSHA", self._script.sha), ("EVAL", self._script.script)):
                 pipe = self._redis.pipeline(transaction=False)
                 for index in pending:
                     # the raw command: redis-py's cluster pipelines refuse evalsha(), yet route this one by its keys
-                    pipe.execute_command("EVALSHA", self._script.sha, 2, *calls[index].keys, *calls[index].args)
+                    pipe.execute_command(command, script, 2, *calls[index].keys, *calls[index].args)
                 replies = pipe.execute(raise_on_error=False)
                 done, retry = _pipeline_outcome(topic, [calls[i] for i in pending], replies)
                 firsts.update({pending[i]: first for i, first in done.items()})
                 pending = [pending[i] for i in retry]
                 if not pending:
                     break
-                logger.debug("produce script not cached on the server; loading it")
-                self._script.sha = self._redis.script_load(self._script.script)
+                # A restarted server, or a replica just promoted, has an empty script cache: EVAL sends the
+                # script itself (and caches it there); SCRIPT LOAD would only reach the masters redis-py knew.
+                logger.debug("produce script not cached on the server; sending it")
             else:
                 raise ProduceError(f"producing to topic {topic!r} failed: the script could not be loaded")
         return _Planner.results(topic, len(batch), calls, [firsts[i] for i in range(len(calls))])
@@ -481,19 +482,20 @@ class AsyncProducer:
         firsts: dict[int, int] = {}
         pending = list(range(len(calls)))
         with _redis_errors(topic):
-            for _ in range(2):
+            for command, script in (("EVALSHA", self._script.sha), ("EVAL", self._script.script)):
                 pipe = self._redis.pipeline(transaction=False)
                 for index in pending:
                     # the raw command: redis-py's cluster pipelines refuse evalsha(), yet route this one by its keys
-                    pipe.execute_command("EVALSHA", self._script.sha, 2, *calls[index].keys, *calls[index].args)
+                    pipe.execute_command(command, script, 2, *calls[index].keys, *calls[index].args)
                 replies = await pipe.execute(raise_on_error=False)
                 done, retry = _pipeline_outcome(topic, [calls[i] for i in pending], replies)
                 firsts.update({pending[i]: first for i, first in done.items()})
                 pending = [pending[i] for i in retry]
                 if not pending:
                     break
-                logger.debug("produce script not cached on the server; loading it")
-                self._script.sha = await self._redis.script_load(self._script.script)
+                # A restarted server, or a replica just promoted, has an empty script cache: EVAL sends the
+                # script itself (and caches it there); SCRIPT LOAD would only reach the masters redis-py knew.
+                logger.debug("produce script not cached on the server; sending it")
             else:
                 raise ProduceError(f"producing to topic {topic!r} failed: the script could not be loaded")
         return _Planner.results(topic, len(batch), calls, [firsts[i] for i in range(len(calls))])

@@ -23,6 +23,7 @@ hold no state another proxy cannot rebuild from Redis.)
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, NamedTuple
 
 from redis.exceptions import NoScriptError
@@ -112,13 +113,14 @@ class LeaseStore:
     async def _run(self, script: str, keys_: list[str], args: list[Any], what: str) -> int:
         with map_redis_errors(what):
             sha = self._sha.get(script)
-            if sha is not None:
-                try:
-                    return int(await self.redis.evalsha(sha, len(keys_), *keys_, *args))
-                except NoScriptError:
-                    pass  # Redis restarted and lost its script cache
-            self._sha[script] = await self.redis.script_load(script)
-            return int(await self.redis.evalsha(self._sha[script], len(keys_), *keys_, *args))
+            if sha is None:
+                sha = self._sha[script] = hashlib.sha1(script.encode()).hexdigest()
+            try:
+                return int(await self.redis.evalsha(sha, len(keys_), *keys_, *args))
+            except NoScriptError:
+                # A restarted server, or a replica just promoted to master, has an empty script cache:
+                # EVAL sends the script itself to the node that owns the keys (and caches it there).
+                return int(await self.redis.eval(script, len(keys_), *keys_, *args))
 
     async def acquire(self, group: str, topic: str, qid: int) -> Lease | None:
         """Take the lease if it is free or already ours (restart); None when someone else holds it."""
