@@ -352,3 +352,18 @@ async def test_a_killed_master_fails_over_and_delivery_resumes_in_order(
           f"delivered {len({(d.key, d.seq) for d in log})} distinct ({len(log)} deliveries, "
           f"{checker.duplicates} redelivered); promoted after {promoted_s:.1f}s, delivery from that shard "
           f"resumed after {resumed_s:.1f}s; {producer.failures} producer batch(es) retried")
+
+
+@pytest.mark.parametrize(("queues", "fewest"), [(8, 2), (64, 20)])
+def test_a_topics_queues_spread_over_every_master(redis_cluster: EmbeddedCluster, queues: int, fewest: int) -> None:
+    """Each queue's hash tag ``{rides:<qid>}`` picks its slot (CRC16 mod 16384); redis-cli gave each
+    master a third of the slots. The README quotes these figures."""
+    with redis_cluster.master_nodes()[0].client() as client:
+        ranges = {(start, end): int(master[1]) for start, end, master, *_ in client.execute_command("CLUSTER", "SLOTS")}
+        slots = [int(client.execute_command("CLUSTER", "KEYSLOT", keys.stream("rides", q))) for q in range(queues)]
+    per_master = {port: 0 for port in ranges.values()}
+    for slot in slots:
+        per_master[next(port for (start, end), port in ranges.items() if start <= slot <= end)] += 1
+    spread = sorted(per_master.values(), reverse=True)
+    print(f"\n{queues} queues of 'rides' over 3 masters: {spread}")
+    assert len(spread) == 3 and min(spread) >= fewest and sum(spread) == queues
