@@ -11,6 +11,9 @@ every master directly, following ``MOVED``/``ASK`` and reloading the map after a
 query parameters and the credentials are redis-py's (``redis.from_url``) and apply to every node. A
 cluster has database 0 only. Without ``cluster`` (or with ``cluster=false``) the URL is passed to
 redis-py unchanged.
+
+redis-py raises ``RedisClusterException`` (not a ``RedisError``) when a command cannot be routed or
+no node answers at all: :data:`REDIS_ERRORS` names both for ``except`` clauses at the edges.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import RedisClusterException
 
-__all__ = ["AsyncRedis", "SyncRedis", "async_redis", "check_url", "is_cluster_url", "sync_redis"]
+__all__ = ["REDIS_ERRORS", "AsyncRedis", "SyncRedis", "async_redis", "check_url", "is_cluster_url", "sync_redis"]
 
 #: A client of one server or of a cluster; everything the project calls exists on both.
 AsyncRedis: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
 SyncRedis: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
+
+#: What a Redis call may raise when Redis is at fault, on one server or on a cluster.
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off", ""})
@@ -81,22 +87,22 @@ def async_redis(url: str, **kwargs: Any) -> AsyncRedis:
         return redis.asyncio.Redis.from_url(url, **kwargs)
     parsed = _ClusterUrl(url)
     seeds = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.others]
-    try:
-        return _AsyncCluster.from_url(parsed.first, startup_nodes=seeds or None, **kwargs)
-    except RedisClusterException as exc:
-        raise ValueError(f"Redis URL {url!r}: {exc}") from exc
+    return _AsyncCluster.from_url(parsed.first, startup_nodes=seeds or None, **kwargs)
 
 
 def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
-    """A blocking client for ``url``; ``kwargs`` go to redis-py."""
+    """A blocking client for ``url``; ``kwargs`` go to redis-py.
+
+    A cluster client reads the slot map here, so an unreachable cluster raises ``redis.ConnectionError``
+    at once (a single-server client connects at its first command)."""
     if not is_cluster_url(url):
         return redis.Redis.from_url(url, **kwargs)
     parsed = _ClusterUrl(url)
     seeds = [redis.cluster.ClusterNode(host, port) for host, port in parsed.others]
     try:
         return redis.cluster.RedisCluster.from_url(parsed.first, startup_nodes=seeds or None, **kwargs)
-    except RedisClusterException as exc:
-        raise ValueError(f"Redis URL {url!r}: {exc}") from exc
+    except RedisClusterException as exc:  # it asks for the slot map at once; none of the seeds answered
+        raise redis.ConnectionError(str(exc)) from exc
 
 
 def _streams_keys(args: tuple[Any, ...]) -> list[Any] | None:

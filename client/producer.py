@@ -44,13 +44,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, Any, NamedTuple
 
-import redis
-import redis.asyncio
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from ddmq.client import keys
-from ddmq.client.connection import AsyncRedis, SyncRedis, async_redis, sync_redis
+from ddmq.client.connection import REDIS_ERRORS, AsyncRedis, SyncRedis, async_redis, sync_redis
 from ddmq.client.hashing import queue_for_key
 
 __all__ = [
@@ -276,7 +274,7 @@ def _redis_errors(topic: str) -> Iterator[None]:
     """Map redis-py errors into :class:`ProduceError` at the edge."""
     try:
         yield
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise ProduceError(f"producing to topic {topic!r} failed: {exc}") from exc
 
 
@@ -320,7 +318,10 @@ class Producer:
     ) -> None:
         self._planner = _Planner(default_queues, maxlen)
         if isinstance(url_or_client, str):
-            self._redis: SyncRedis = sync_redis(url_or_client)
+            try:
+                self._redis: SyncRedis = sync_redis(url_or_client)
+            except REDIS_ERRORS as exc:  # a cluster client reads the slot map at once
+                raise ProduceError(f"cannot reach the Redis Cluster at {url_or_client}: {exc}") from exc
             self._owned = True
         else:
             self._redis = url_or_client

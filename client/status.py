@@ -13,10 +13,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-import redis
-
 from ddmq.client import keys
-from ddmq.client.connection import SyncRedis, sync_redis
+from ddmq.client.connection import REDIS_ERRORS, SyncRedis, sync_redis
 
 
 @dataclass(frozen=True)
@@ -108,8 +106,11 @@ def _status_command(args: argparse.Namespace) -> int:
     try:
         with sync_redis(args.redis) as client:
             status = group_status(client, args.group, args.topic)
-    except (redis.RedisError, ValueError) as exc:
+    except REDIS_ERRORS as exc:
         print(f"ddmq status: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # a malformed URL
+        print(f"ddmq status: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
     return 0

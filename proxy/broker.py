@@ -25,13 +25,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from ddmq.client import keys
-from ddmq.client.connection import AsyncRedis
+from ddmq.client.connection import REDIS_ERRORS, AsyncRedis
 from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
+
+#: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
+_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 _EMPTY_PROPERTIES: dict[str, str] = {}
 #: ``StoredMessage(*fields)`` without the generated ``__new__``'s Python frame (once per message read).
@@ -46,7 +48,7 @@ _RAW_REPLY = "ddmq_raw_reply"
 def map_redis_errors(what: str) -> Iterator[None]:
     try:
         yield
-    except (RedisError, OSError) as exc:
+    except _FAILURES as exc:
         raise BrokerError(f"redis failed while {what}: {exc}") from exc
 
 

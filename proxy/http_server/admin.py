@@ -14,12 +14,11 @@ import logging
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Final
 
-import redis
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ddmq.client.connection import sync_redis
+from ddmq.client.connection import REDIS_ERRORS, sync_redis
 from ddmq.client.status import GroupStatus, group_status
 from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
@@ -35,6 +34,9 @@ from ddmq.proxy.http_server.errors import Handler
 from ddmq.proxy.http_server.pull_api import JsonBody, message_json, parse
 from ddmq.proxy.types import StoredMessage
 from ddmq.proxy.views import blocked_keys, group_view, in_flight
+
+#: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
+_REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 if TYPE_CHECKING:
     from ddmq.proxy.service import ProxyService
@@ -160,7 +162,7 @@ class OperatorApi:
         if running and service.redis is not None:
             try:
                 redis_ok = bool(await asyncio.wait_for(service.redis.ping(), READY_PING_S))
-            except (redis.RedisError, OSError, TimeoutError) as exc:
+            except _REDIS_FAILURES as exc:  # TimeoutError is an OSError
                 log.info("readyz: redis does not answer: %s", exc)
         ready = running and redis_ok
         return web.json_response(
@@ -197,7 +199,7 @@ class OperatorApi:
         try:
             with sync_redis(self._service.redis_url, socket_timeout=5) as client:
                 return group_status(client, group, topics)
-        except (redis.RedisError, OSError) as exc:
+        except _REDIS_FAILURES as exc:
             raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
 
     async def in_flight(self, request: web.Request) -> web.Response:
