@@ -18,6 +18,8 @@ no node answers at all: :data:`REDIS_ERRORS` names both for ``except`` clauses a
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -27,7 +29,18 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import RedisClusterException
 
-__all__ = ["REDIS_ERRORS", "AsyncRedis", "SyncRedis", "async_redis", "check_url", "is_cluster_url", "sync_redis"]
+__all__ = [
+    "REDIS_ERRORS",
+    "AsyncRedis",
+    "SyncRedis",
+    "async_redis",
+    "check_url",
+    "is_cluster_url",
+    "quiet_dropped_cluster_nodes",
+    "sync_redis",
+]
+
+logger = logging.getLogger(__name__)
 
 #: A client of one server or of a cluster; everything the project calls exists on both.
 AsyncRedis: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
@@ -131,3 +144,24 @@ class _AsyncCluster(redis.asyncio.cluster.RedisCluster):  # type: ignore[misc]  
                     raise RedisClusterException(f"{command} - all keys must map to the same key slot")
                 return int(slots.pop())
         return int(await super()._determine_slot(command, *args))
+
+
+def quiet_dropped_cluster_nodes(loop: asyncio.AbstractEventLoop) -> None:
+    """Log redis-py's "Unclosed ClusterNode object" reports at DEBUG instead of asyncio's ERROR.
+
+    When the slot map changes (failover, resharding) redis-py's cluster client replaces its node
+    objects; a replaced node whose connection was busy at that moment reports itself through the
+    loop's exception handler when it is garbage-collected, and its sockets close with it. Nothing is
+    wrong and nothing can be closed from here, so the report is kept out of the error log."""
+    previous = loop.get_exception_handler()
+    message = redis.asyncio.cluster.ClusterNode._DEL_MESSAGE
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") == message:
+            logger.debug("redis-py dropped a cluster node object after a slot map change: %s", context.get("client"))
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

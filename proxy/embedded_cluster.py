@@ -219,6 +219,32 @@ class EmbeddedCluster:
                     return next(node for node in self.nodes if node.port == port)
         raise EmbeddedRedisError(f"no master serves the slot of {key!r}")
 
+    def migrate_slot(self, slot: int, target: ClusterNodeProcess, keys_per_step: int = 1, pause_s: float = 0.0) -> int:
+        """Move ``slot`` and its keys to ``target`` the way ``redis-cli --cluster reshard`` does
+        (IMPORTING / MIGRATING, ``MIGRATE`` in steps, then ``SETSLOT NODE`` on every master), pausing
+        ``pause_s`` between steps so clients meet ``ASK`` and ``TRYAGAIN`` on the way. Returns the
+        number of keys moved."""
+        masters = self.master_nodes()
+        with masters[0].client() as client:
+            owner_port = next(int(m[1]) for start, end, m, *_ in client.execute_command("CLUSTER", "SLOTS")
+                               if start <= slot <= end)
+        source = next(node for node in self.nodes if node.port == owner_port)
+        if source is target:
+            return 0
+        with source.client(timeout_s=10) as src, target.client() as dst:
+            source_id, target_id = src.execute_command("CLUSTER", "MYID"), dst.execute_command("CLUSTER", "MYID")
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            moved = 0
+            while names := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, keys_per_step):
+                src.execute_command("MIGRATE", _HOST, target.port, "", 0, 5000, "KEYS", *names)
+                moved += len(names)
+                time.sleep(pause_s)
+        for node in masters:
+            with node.client() as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return moved
+
     def flush(self) -> None:
         """Remove every key (FLUSHALL on each master; replicas follow)."""
         for node in self.master_nodes():

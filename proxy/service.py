@@ -17,7 +17,7 @@ from collections import Counter
 from time import perf_counter
 from types import TracebackType
 
-from ddmq.client.connection import AsyncRedis, async_redis
+from ddmq.client.connection import AsyncRedis, async_redis, is_cluster_url, quiet_dropped_cluster_nodes
 from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
 from ddmq.proxy.audit import ReadAudit
@@ -99,6 +99,8 @@ class ProxyService:
             self.redis_url = self._embedded.url
             log.info("embedded redis-server at %s (data in %s)", self.redis_url, embedded.data_dir)
         self.redis = async_redis(self.redis_url, decode_responses=False)
+        if is_cluster_url(self.redis_url):
+            quiet_dropped_cluster_nodes(asyncio.get_running_loop())
         with map_redis_errors(f"connecting to {self.redis_url}"):
             await self.redis.ping()
         self.broker = Broker(self.redis)

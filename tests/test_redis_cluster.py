@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from redis.crc import key_slot
 
 from ddmq.client import keys, wire
 from ddmq.client.connection import sync_redis
@@ -367,3 +368,62 @@ def test_a_topics_queues_spread_over_every_master(redis_cluster: EmbeddedCluster
     spread = sorted(per_master.values(), reverse=True)
     print(f"\n{queues} queues of 'rides' over 3 masters: {spread}")
     assert len(spread) == 3 and min(spread) >= fewest and sum(spread) == queues
+
+
+@pytest.mark.timeout(120)
+async def test_queues_resharded_to_another_master_mid_stream(
+    redis_cluster: EmbeddedCluster, cluster_url: str, tmp_path: Path
+) -> None:
+    """MOVED and ASK: the slots of one master's queues move, key by key, to another master while a
+    proxy reads, commits and renews leases there and a producer writes; nothing is restarted."""
+    backlog: dict[str, int] = {}
+    await asyncio.to_thread(produce_keyed, cluster_url, 1000, backlog, random.Random(3), keys=200, topic="t",
+                            queues=QUEUES)
+    producer = SteadyProducer(cluster_url, 200, random.Random(5))
+    producer.next_seq.update(backlog)
+    fleet = ProxyFleet(tmp_path, cluster_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, LEASES)
+    log: list[Delivery] = []
+    stop = asyncio.Event()
+    tasks = []
+    placement = masters_of(redis_cluster, "t", QUEUES)
+    source_port = placement[0]
+    target = next(node for node in redis_cluster.master_nodes() if node.port != source_port)
+    moving = sorted(q for q, port in placement.items() if port == source_port)
+    try:
+        proxy = await asyncio.to_thread(fleet.start, "proxy-1")
+        tasks = [asyncio.create_task(puller("proxy-1", proxy.port, log, stop, random.Random(i), fail_rate=0.01))
+                 for i in range(2)]
+        producer.start()
+        await wait_for(lambda: len(log) >= 800, 30, "consumption under way")
+        moved = 0
+        for qid in moving:
+            slot = key_slot(keys.stream("t", qid).encode())
+            moved += await asyncio.to_thread(redis_cluster.migrate_slot, slot, target, 1, 0.05)
+        assert moved >= 3 * len(moving)  # stream, sequence, committed offset, lease, ...
+        assert {masters_of(redis_cluster, "t", QUEUES)[q] for q in moving} == {target.port}
+        await asyncio.sleep(1)  # keep producing and consuming on the new owner for a while
+        producer.stop.set()
+        await asyncio.to_thread(producer.join, 30)
+        stored = await asyncio.to_thread(stored_messages, cluster_url, "t", QUEUES)
+        per_key: dict[str, int] = {}
+        for key, _ in stored.values():
+            per_key[key] = per_key.get(key, 0) + 1
+        await wait_for(lambda: acked_prefixes(by_stream_position(stored, log)) == per_key, 60,
+                       "every stored message acked")
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert proxy.proc is not None and proxy.proc.poll() is None
+        assert await asyncio.to_thread(proxy.stop) == 0, proxy.log()
+    finally:
+        stop.set()
+        producer.stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for each in fleet.proxies.values():
+            each.stop()
+    assert set(producer.acknowledged) <= set(stored.values())
+    produce_next, committed = queue_tails(cluster_url, "t", QUEUES)
+    assert committed == produce_next
+    checker = check_order_by_term(fleet.reads(), by_stream_position(stored, log))
+    assert checker.violations == [], checker.violations[:5]
+    print(f"\nreshard: {len(moving)} queue slot(s), {moved} keys moved to {target.port}; "
+          f"{len(stored)} messages delivered in order; {producer.failures} producer batch(es) retried")
