@@ -28,10 +28,12 @@ class JsonAction:
                 job.data = _decode_text(body.decode("utf-8"))
             except ValueError:  # not UTF-8 or with a BOM: json.loads detects UTF-16/32 and BOMs
                 job.data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             # Not an error of the proxy: the rule for such bodies is the Order action's fallback.
+            # RecursionError: arrays/objects nested deeper than the decoder's stack allows.
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
             job.data = INVALID_JSON
-            job.last_error = f"body is not JSON: {exc}"
+            job.last_error = f"body is not JSON: {reason}"
             self._ctx.count("json_invalid")
             log.debug("%r: %s", job, job.last_error)
         return _CONTINUE

@@ -88,6 +88,18 @@ class ClientProcess:
             self._result = payload
         return self._result
 
+    @property
+    def pid(self) -> int:
+        pid = self._process.pid
+        if pid is None:
+            raise HarnessError(f"client load {self.name} was not started")
+        return pid
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (the soak's consumer fault); :meth:`stop` still cleans up."""
+        self._process.kill()
+        self._process.join(10)
+
     def stop(self) -> None:
         if self._process.is_alive():
             self._process.terminate()

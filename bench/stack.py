@@ -72,11 +72,16 @@ def cpu_seconds(pid: int) -> float:
 
 
 class RedisServer:
-    """An ``EmbeddedRedis`` in a temporary directory that is deleted on :meth:`stop`."""
+    """An ``EmbeddedRedis`` in a temporary directory that is deleted on :meth:`stop`.
 
-    def __init__(self) -> None:
+    :meth:`kill` and :meth:`restart` crash it and bring it back on the same port from its AOF (the
+    soak's Redis fault); ``appendfsync`` is passed on to ``EmbeddedRedis``.
+    """
+
+    def __init__(self, *, appendfsync: str = "everysec") -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="ddmq-bench-redis-"))
-        self._server = EmbeddedRedis(self._dir / "data")
+        self._appendfsync = appendfsync
+        self._server = EmbeddedRedis(self._dir / "data", appendfsync=appendfsync)
 
     @property
     def url(self) -> str:
@@ -96,6 +101,15 @@ class RedisServer:
     def start(self) -> RedisServer:
         self._server.start()
         return self
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        self._server.kill()
+
+    def restart(self) -> None:
+        """Start again on the same port and data dir (after :meth:`kill`): Redis replays its AOF."""
+        port = self._server.port
+        self._server = EmbeddedRedis(self._dir / "data", port=port, appendfsync=self._appendfsync).start()
 
     def stop(self) -> None:
         try:

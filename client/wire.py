@@ -47,6 +47,7 @@ __all__ = [
     "FetchRequest",
     "FetchResponse",
     "FrameDecodeError",
+    "FrameTooLargeError",
     "LeaseAck",
     "Message",
     "PullException",
@@ -269,6 +270,25 @@ class FrameDecodeError(ValueError):
     """A frame payload is not one well-formed compact Thrift message of the expected shape."""
 
 
+class FrameTooLargeError(FrameDecodeError):
+    """A well-formed message so far, but with more container elements than the caller allows.
+
+    Raised as soon as a list, set or map header takes the count past the limit, before its elements
+    are read: a server can answer the call (it knows name and seqid) without decoding the rest.
+    """
+
+    def __init__(self, name: str, mtype: int, seqid: int, limit: int) -> None:
+        super().__init__(f"{name} carries more than {limit} list/map elements")
+        self.name = name
+        self.mtype = mtype
+        self.seqid = seqid
+        self.limit = limit
+
+
+class _TooManyElements(FrameDecodeError):
+    pass
+
+
 class Envelope(NamedTuple):
     """One decoded message. ``body`` is None when the caller had no struct for ``name`` (skipped)."""
 
@@ -441,14 +461,18 @@ def encode(name: str, mtype: int, seqid: int, body: TPayload) -> bytes:
     return _FRAME_HEADER.pack(len(payload)) + payload
 
 
-def decode(payload: bytes, body_for: Callable[[str, int], TPayload | None]) -> Envelope:
+def decode(
+    payload: bytes, body_for: Callable[[str, int], TPayload | None], max_elements: int | None = None
+) -> Envelope:
     """Decode one frame payload (without its length header).
 
     ``body_for(name, message_type)`` returns an empty struct to fill, or None to skip the body (an
     unknown method, say). The payload must hold exactly one message: trailing bytes are an error.
-    Raises :class:`FrameDecodeError` for anything malformed.
+    Raises :class:`FrameDecodeError` for anything malformed, and :class:`FrameTooLargeError` when the
+    elements of all its lists, sets and maps together are more than ``max_elements``.
     """
-    reader = _CompactReader(payload)
+    reader = _CompactReader(payload, max_elements)
+    name, mtype, seqid = "", 0, 0
     try:
         name, mtype, seqid = reader.read_message_begin()
         body = body_for(name, mtype)
@@ -457,6 +481,9 @@ def decode(payload: bytes, body_for: Callable[[str, int], TPayload | None]) -> E
         else:
             reader.read_struct(body)
         reader.expect_end()
+    except _TooManyElements as exc:
+        assert max_elements is not None
+        raise FrameTooLargeError(name, mtype, seqid, max_elements) from exc
     except UnicodeDecodeError as exc:
         raise FrameDecodeError(f"a string field is not valid UTF-8: {exc}") from exc
     except RecursionError as exc:  # a guard behind MAX_NESTING, in case the caller's stack is deep
@@ -578,12 +605,14 @@ _MESSAGE_FAST_PATH: Final = {fid: tuple(field[:2]) for fid, field in Message.thr
 class _CompactReader:
     """Reads one compact-protocol message from bytes, trusting no declared size."""
 
-    __slots__ = ("_data", "_depth", "_pos")
+    __slots__ = ("_data", "_depth", "_elements_left", "_pos")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, max_elements: int | None = None) -> None:
         self._data = data
         self._pos = 0
         self._depth = 0
+        # Checked at each container header: a huge list is refused before its elements are read.
+        self._elements_left = len(data) if max_elements is None else max_elements
 
     # -- primitives ----------------------------------------------------------------------------
 
@@ -968,12 +997,19 @@ class _CompactReader:
         if size and not _CompactType.TRUE <= ctype <= _CompactType.STRUCT:
             # A STOP element type would take zero bytes each: a billion of them must not loop.
             raise FrameDecodeError(f"invalid list element type {ctype}")
+        self._count_elements(size)
         return ctype, size
+
+    def _count_elements(self, size: int) -> None:
+        self._elements_left -= size
+        if self._elements_left < 0:
+            raise _TooManyElements()
 
     def _map_header(self) -> tuple[int, int, int]:
         size = self._size(2)
         if not size:
             return 0, _CompactType.STOP, _CompactType.STOP
+        self._count_elements(size)
         types = self._byte()
         key_ctype, value_ctype = types >> 4, types & 0x0F
         for ctype in (key_ctype, value_ctype):

@@ -28,7 +28,8 @@ ORDER_KEY_NONE = "NONE"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a boolean is never a number (YAML 1.1 reads `yes` as true) and "on" is no boolean.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 class StartFrom(StrEnum):
@@ -46,14 +47,35 @@ class ListenConfig(_Model):
     port: Annotated[int, Field(ge=0, le=65535)] = 9713
 
 
-class ThriftConfig(ListenConfig):
+class ConnectionLimits(_Model):
+    """Limits every server (Thrift, HTTP) puts on its clients; each closes the connection that breaks it."""
+
+    #: Connections open at once; more are accepted and closed at once (logged once per 10 s). Keep
+    #: the Thrift and HTTP maxima together well under the process's descriptor limit (``ulimit -n``).
+    max_connections: Annotated[int, Field(ge=1)] = 1000
+    #: A connection with no request under way for this long is closed (a long poll is not idle).
+    idle_timeout_ms: Annotated[int, Field(ge=10, le=3_600_000)] = 60_000
+    #: A request whose first byte arrived must arrive whole within this (a reply must be taken too).
+    request_timeout_ms: Annotated[int, Field(ge=10, le=600_000)] = 10_000
+    #: Bytes of requests being read or decoded at once, over all connections; a big request waits for
+    #: room (within request_timeout_ms). Must hold one largest request.
+    max_buffered_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+
+
+class ThriftConfig(ListenConfig, ConnectionLimits):
     #: Largest accepted request frame; a bigger one closes that connection (it is logged).
     max_frame_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
     #: Upper bound on a client's ``maxLingerTime`` (long-poll wait).
     max_linger_ms: Annotated[int, Field(ge=0)] = 30_000
 
+    @model_validator(mode="after")
+    def _one_frame_fits(self) -> ThriftConfig:
+        if self.max_buffered_bytes < self.max_frame_bytes:
+            raise ValueError("max_buffered_bytes must be at least max_frame_bytes")
+        return self
 
-class HttpConfig(_Model):
+
+class HttpConfig(ConnectionLimits):
     """The HTTP server: pull API, ``/metrics``, health checks and the admin endpoints."""
 
     enabled: bool = False
@@ -68,6 +90,14 @@ class HttpConfig(_Model):
     max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 1024 * 1024
     #: Upper bound on a pull's ``linger_ms`` (long-poll wait).
     max_linger_ms: Annotated[int, Field(ge=0)] = 30_000
+    #: Connections open at once (see ConnectionLimits; fewer than Thrift: HTTP clients are few).
+    max_connections: Annotated[int, Field(ge=1)] = 256
+
+    @model_validator(mode="after")
+    def _one_body_fits(self) -> HttpConfig:
+        if self.max_buffered_bytes < self.max_body_bytes:
+            raise ValueError("max_buffered_bytes must be at least max_body_bytes")
+        return self
 
 
 class EmbeddedRedisConfig(_Model):
@@ -251,7 +281,7 @@ class TopicGroupConfig(_Model):
     max_pull_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 64
     #: Messages per stream read.
     read_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 256
-    start_from: StartFrom = StartFrom.EARLIEST
+    start_from: Annotated[StartFrom, Field(strict=False)] = StartFrom.EARLIEST
     #: Settings of the ``Transit``, ``Filter``, ``AsyncHttp`` and ``Redis`` actions; each is required
     #: when its action is in ``actions`` and refused when it is not.
     transit: TransitConfig | None = None

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
 from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueResult
+
+#: Most offsets (acks and fails of all its results together) one pull or submit may carry, over
+#: Thrift and HTTP alike. A request over it is refused whole (BadRequestError, 1003): nothing of it
+#: is applied. It bounds the memory and the time one request takes; a client with more acks sends
+#: them in several requests.
+MAX_RESULT_OFFSETS: Final = 100_000
 
 
 class ConsumeService(Protocol):
@@ -17,7 +23,8 @@ class ConsumeService(Protocol):
         results: list[QueueResult],
         lease: PullLease | None = None,
     ) -> PullBatch:
-        """Apply the piggy-backed ``results`` first, then return ready messages of one queue,
+        """Apply the piggy-backed ``results`` first (at most :data:`MAX_RESULT_OFFSETS` offsets),
+        then return ready messages of one queue,
         waiting up to ``linger_ms`` (None = the proxy default) when none are ready. With a ``lease``,
         a repeated pull of the same lease and index answers the same messages (until acked/expired).
 

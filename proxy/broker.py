@@ -97,6 +97,16 @@ def _xread_callback(parse: Callable[..., Any]) -> Callable[..., Any]:
     return callback
 
 
+async def get_many(redis: AsyncRedis, names: list[str]) -> list[bytes | None]:
+    """GET of many string keys: one MGET on a single server, one MGET per slot (pipelined per master)
+    on a cluster, which refuses an MGET across slots."""
+    if not names:
+        return []
+    if isinstance(redis, RedisCluster):
+        return list(await redis.mget_nonatomic(names))
+    return list(await redis.mget(names))
+
+
 class Broker:
     """The proxy's view of Redis. ``redis`` must return bytes (``decode_responses=False``)."""
 
@@ -187,12 +197,8 @@ class Broker:
         return pages
 
     async def get_many(self, names: list[str]) -> list[bytes | None]:
-        """GET of many string keys: one MGET on a single server, one MGET per slot on a cluster."""
-        if not names:
-            return []
-        if isinstance(self.redis, RedisCluster):
-            return list(await self.redis.mget_nonatomic(names))
-        return list(await self.redis.mget(names))
+        """See :func:`get_many`."""
+        return await get_many(self.redis, names)
 
     async def committed_offset(self, group: str, topic: str, qid: int) -> int | None:
         with map_redis_errors(f"reading the offset of {group}/{topic}#{qid}"):

@@ -57,8 +57,11 @@ class ReplayResult(NamedTuple):
 
 
 def check_id(entry_id: str) -> str:
-    if not _ENTRY_ID.match(entry_id):
-        raise BadRequestError(f"invalid dead-letter id {entry_id!r}: expected <ms>-<seq>, e.g. 1763776220123-0")
+    """``entry_id`` if it is a stream entry id (two unsigned 64-bit numbers), else BadRequestError."""
+    if not _ENTRY_ID.match(entry_id) or any(int(part) >= 1 << 64 for part in entry_id.split("-")):
+        raise BadRequestError(
+            f"invalid dead-letter id {entry_id!r}: expected <ms>-<seq>, two numbers below 2^64, e.g. 1763776220123-0"
+        )
     return entry_id
 
 

@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poison-riders", type=int, default=2, help="riders whose payment always fails")
     parser.add_argument("--data-dir", help="keep Redis data and the proxy log here (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
+    parser.add_argument(
+        "--linger", type=float, default=0.0, metavar="SECONDS",
+        help="keep the proxy and its console up this long after the summary (default 0; Ctrl-C ends it early)",
+    )
 
 
 def _free_port() -> int:
@@ -126,12 +130,14 @@ def main(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "redis.url").unlink(missing_ok=True)
     port = _free_port()
+    http_port = _free_port()
     config_path = data_dir / "demo.yaml"
     config_path.write_text(
         f"""instance_id: demo-proxy
 redis: embedded
 embedded_redis: {{data_dir: "{data_dir / 'redis'}"}}
 thrift: {{host: 127.0.0.1, port: {port}}}
+http: {{enabled: true, host: 127.0.0.1, port: {http_port}}}
 topics:
   {TOPIC}: {{queues: 8}}
 groups:
@@ -147,6 +153,7 @@ groups:
     log_path = data_dir / "proxy.log"
     print(f"ddmq demo: {len(riders)} riders x 3 events, 8 queues, {args.workers} consumer threads")
     print(f"  proxy: ddmq-proxy --config {config_path}  (log: {log_path})")
+    print(f"  console: http://127.0.0.1:{http_port}/  (in a browser; --linger SECONDS keeps it up after the run)")
     with log_path.open("wb") as log_file:
         proxy = subprocess.Popen(
             [sys.executable, "-m", "ddmq.proxy", "--config", str(config_path)],
@@ -156,13 +163,28 @@ groups:
         url_file = data_dir / "redis" / "redis.url"
         _wait_for(lambda: _port_open(port), 30, "the proxy to listen", proxy, log_path)
         redis_url = url_file.read_text().strip()
-        return _run(args, riders, checker, redis_url, port, rng)
+        status = _run(args, riders, checker, redis_url, port, rng)
+        _linger(args.linger, http_port, proxy)
+        return status
     finally:
         proxy.terminate()
         try:
             proxy.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proxy.kill()
+
+
+def _linger(seconds: float, http_port: int, proxy: subprocess.Popen[bytes]) -> None:
+    """Keep the proxy (and its console) up for ``seconds`` after the run, so it can be looked at."""
+    if seconds <= 0:
+        return
+    print(f"console: http://127.0.0.1:{http_port}/ stays up for {seconds:g} s (Ctrl-C to end now)", flush=True)
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and proxy.poll() is None:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        print()
 
 
 def produce_rides(redis_url: str, riders: list[str], rng: random.Random, topic: str = TOPIC, queues: int = 8) -> int:
@@ -199,6 +221,7 @@ def _run(
     consumer.start()
     interactive = sys.stdout.isatty()
     last_print = 0.0
+    client = sync_redis(redis_url)
     try:
         while not checker.done() and time.monotonic() - started < args.timeout:
             time.sleep(0.1)
@@ -211,17 +234,17 @@ def _run(
                     f"  order violations {checker.violations}"
                 )
                 print("\r" + line if interactive else line, end="" if interactive else "\n", flush=True)
+        # Every other message is acked; the poison payments may still be between retries, and only
+        # a consumer pulling them again lets them reach the dead-letter stream.
+        while (dead := client.xlen(keys.dead_letters(GROUP, TOPIC))) < len(checker.poison):
+            if time.monotonic() - started > args.timeout:
+                break
+            time.sleep(0.05)
     finally:
         consumer.close()
+        client.close()
     elapsed = time.monotonic() - started
     producer.join(timeout=30)
-    client = sync_redis(redis_url)
-    deadline = time.monotonic() + 5
-    while (dead := client.xlen(keys.dead_letters(GROUP, TOPIC))) < len(checker.poison):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)  # the last dead-letter writes may still be under way
-    client.close()
     expected = len(riders) * 3
     lost = expected - checker.acked - dead
     if interactive:

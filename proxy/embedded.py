@@ -4,9 +4,10 @@
 ...     print(server.url)
 redis://127.0.0.1:40123/0
 
-The server binds 127.0.0.1 only, persists with an append-only file (``appendfsync everysec``, no RDB
-snapshots) in ``data_dir``, and logs to ``data_dir/redis.log``. While it runs, ``data_dir/redis.url``
-holds its URL so other tools (``ddmq produce --redis $(cat ddmq-data/redis.url)``) can find it.
+The server binds 127.0.0.1 only, persists with an append-only file (``appendfsync everysec`` unless
+``appendfsync=`` says otherwise; no RDB snapshots) in ``data_dir``, and logs to ``data_dir/redis.log``.
+While it runs, ``data_dir/redis.url`` holds its URL so other tools (``ddmq produce --redis $(cat
+ddmq-data/redis.url)``) can find it.
 
 Lifecycle: :meth:`start` (once), :meth:`stop` (a clean ``SHUTDOWN``, so the AOF is flushed; then
 SIGTERM, then SIGKILL if it hangs), :meth:`kill` (SIGKILL, for crash tests). The API is synchronous;
@@ -132,6 +133,8 @@ class EmbeddedRedis:
     """A redis-server child process with its data in ``data_dir``.
 
     ``port=0`` picks a free port. ``executable`` overrides the binary (see :func:`find_executable`).
+    ``appendfsync`` is Redis's AOF fsync policy: ``"always"`` makes every acknowledged write survive an
+    OS crash too, at the cost of one fsync per write batch.
     """
 
     def __init__(
@@ -141,7 +144,11 @@ class EmbeddedRedis:
         executable: str | os.PathLike[str] | None = None,
         *,
         start_timeout_s: float = 15.0,
+        appendfsync: str = "everysec",
     ) -> None:
+        if appendfsync not in ("always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
+        self.appendfsync = appendfsync
         self.data_dir = Path(data_dir).resolve()
         self._requested_port = port
         self._executable = executable
@@ -263,7 +270,7 @@ class EmbeddedRedis:
             "--bind", _HOST,
             "--dir", str(self.data_dir),
             "--appendonly", "yes",
-            "--appendfsync", "everysec",
+            "--appendfsync", self.appendfsync,
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.log_path),

@@ -23,9 +23,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from itertools import accumulate
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeHistogramMetricFamily,
@@ -34,9 +34,14 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from redis.asyncio.cluster import RedisCluster
 
+from ddmq.client import keys as key_names
+from ddmq.client.connection import AsyncRedis
+from ddmq.proxy.broker import map_redis_errors
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState
+from ddmq.proxy.lag import now_ms, produce_times
 from ddmq.proxy.pull_buffer import BufferStats
 from ddmq.proxy.types import PullBatch, QueueId
 
@@ -103,6 +108,9 @@ class ProxyMetrics:
         self.action_seconds: dict[tuple[str, str, str], LatencyHistogram] = {}
         self.collector = EngineCollector(service, self.action_seconds)
         self.registry.register(self.collector)
+        # process_* (CPU, memory, open fds, start time) and python_info, as a default registry would have.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self._service = service
         self._pull_children: dict[tuple[str, bool], Callable[[float], None]] = {}
 
@@ -130,20 +138,66 @@ class ProxyMetrics:
         observe(seconds)
 
     async def refresh(self) -> None:
-        """Read what the collector cannot read synchronously (produce offsets, for lag) from Redis."""
+        """Read what the collector cannot read synchronously from Redis: produce offsets and the
+        produce time of each held queue's first unfinished message (lag), dead-letter stream lengths
+        and lease holders."""
         self.instrument(self._service.groups.values())
-        broker = self._service.broker
-        if broker is None:
+        broker, redis = self._service.broker, self._service.redis
+        if broker is None or redis is None:
             return
         produced: dict[str, list[int]] = {}
+        oldest: dict[tuple[str, str, int], int] = {}
+        topics: dict[tuple[str, str], int] = {}
         for group in self._service.groups.values():
             for consumer in group.consumers.values():
-                if consumer.queues and consumer.topic not in produced:
-                    try:
+                if not consumer.queues:
+                    continue
+                topics[group.name, consumer.topic] = consumer.queues
+                try:
+                    if consumer.topic not in produced:
                         produced[consumer.topic] = await broker.produce_offsets(consumer.topic, consumer.queues)
-                    except DdmqError as exc:
-                        log.warning("metrics: %s (lag gauges left out of this scrape)", exc)
+                    offsets = produced[consumer.topic]
+                    behind = {
+                        qid: tracker.commit_point
+                        for qid, tracker in list(consumer.trackers.items())
+                        if qid < len(offsets) and offsets[qid] > tracker.commit_point
+                    }
+                    times = await produce_times(redis, consumer.topic, behind)
+                except DdmqError as exc:
+                    log.warning("metrics: %s (lag gauges left out of this scrape)", exc)
+                    continue
+                oldest.update(((group.name, consumer.topic, qid), ms) for qid, ms in times.items())
         self.collector.produced = produced
+        self.collector.oldest_ms = oldest
+        try:
+            self.collector.topics = await self._topic_figures(redis, topics)
+        except DdmqError as exc:
+            log.warning("metrics: %s (dead-letter and owner gauges left out of this scrape)", exc)
+            self.collector.topics = {}
+
+    @staticmethod
+    async def _topic_figures(
+        redis: AsyncRedis, topics: dict[tuple[str, str], int]
+    ) -> dict[tuple[str, str], TopicFigures]:
+        """(group, topic) -> dead letters in the stream, queues nobody holds the lease of."""
+        if not topics:
+            return {}
+        # A cluster refuses EXISTS across slots, and each queue's lease has its own: one EXISTS each.
+        per_key = isinstance(redis, RedisCluster)
+        with map_redis_errors("reading dead-letter lengths and leases"):
+            async with redis.pipeline(transaction=False) as pipe:
+                for (group, topic), queues in topics.items():
+                    pipe.xlen(key_names.dead_letters(group, topic))
+                    leases = [key_names.lease(group, topic, qid) for qid in range(queues)]
+                    for names in [[lease] for lease in leases] if per_key else [leases]:
+                        pipe.exists(*names)
+                replies = iter(await pipe.execute())
+        figures = {}
+        for key, queues in topics.items():
+            dead = int(next(replies))
+            held = sum(int(next(replies)) for _ in range(queues if per_key else 1))
+            figures[key] = TopicFigures(dead, queues - held)
+        return figures
 
     def render(self) -> bytes:
         """The registry in Prometheus' text format (runs in the event loop: reads engine state)."""
@@ -185,6 +239,11 @@ class LatencyHistogram:
         return pairs
 
 
+class TopicFigures(NamedTuple):
+    dead_letters: int
+    unowned_queues: int
+
+
 class EngineCollector(Collector):
     """Reads the engine's counters and gauges at scrape time; costs nothing between scrapes."""
 
@@ -193,6 +252,10 @@ class EngineCollector(Collector):
         self._actions = actions
         #: topic -> next produce offset per qid, set by :meth:`ProxyMetrics.refresh` before a scrape.
         self.produced: dict[str, list[int]] = {}
+        #: (group, topic, qid) -> produce time of the held queue's first unfinished message, from refresh.
+        self.oldest_ms: dict[tuple[str, str, int], int] = {}
+        #: (group, topic) -> figures read from Redis by refresh.
+        self.topics: dict[tuple[str, str], TopicFigures] = {}
 
     def collect(self) -> Iterator[Metric]:
         service = self._service
@@ -216,6 +279,19 @@ class EngineCollector(Collector):
         produce = GaugeMetricFamily("ddmq_produce_offset", "Next offset to be produced per held queue.", labels=_QUEUE)
         lag = GaugeMetricFamily(
             "ddmq_lag_messages", "Produced but not yet finished messages per held queue.", labels=_QUEUE
+        )
+        age = GaugeMetricFamily(
+            "ddmq_lag_seconds",
+            "Age of the oldest unfinished message per held queue (now minus its produce time); 0 when caught up.",
+            labels=_QUEUE,
+        )
+        dead_letters = GaugeMetricFamily(
+            "ddmq_dead_letters", "Entries in the group's dead-letter stream for the topic now.", labels=_TOPIC
+        )
+        unowned = GaugeMetricFamily(
+            "ddmq_queues_without_owner",
+            "Queues of the topic whose lease nobody holds for the group (read from Redis by every proxy).",
+            labels=_TOPIC,
         )
         keys = GaugeMetricFamily("ddmq_order_keys", "Order keys with an unfinished message.", labels=_TOPIC)
         waiting = GaugeMetricFamily(
@@ -247,6 +323,10 @@ class EngineCollector(Collector):
             labels=["event"],
         )
 
+        now = now_ms()
+        for (name, topic), figures in sorted(self.topics.items()):
+            dead_letters.add_metric([name, topic], figures.dead_letters)
+            unowned.add_metric([name, topic], figures.unowned_queues)
         for name, group in service.groups.items():
             buffer = group.buffer
             for queue, stats in buffer.queue_stats.items():
@@ -269,6 +349,8 @@ class EngineCollector(Collector):
                     if offsets is not None and qid < len(offsets):
                         produce.add_metric(labels, offsets[qid])
                         lag.add_metric(labels, max(0, offsets[qid] - tracker.commit_point))
+                        oldest = self.oldest_ms.get((name, topic, qid))
+                        age.add_metric(labels, max(0, now - oldest) / 1000 if oldest is not None else 0.0)
                 self._chains(consumer, [name, topic], keys, waiting, longest, chains)
                 topic_unfinished.add_metric([name, topic], consumer.unfinished)
                 concurrency.add_metric([name, topic], consumer.config.concurrency)
@@ -286,9 +368,11 @@ class EngineCollector(Collector):
             actions.add_metric([group_name, topic, action], histogram.buckets(), histogram.total)
 
         yield from counters.values()
-        yield from (in_flight, ready, retry_wait, unfinished, owned, committed, produce, lag)
+        yield from (in_flight, ready, retry_wait, unfinished, owned, committed, produce, lag, age)
+        yield from (dead_letters, unowned)
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
         yield actions
+        yield from _server_metrics(service.server_stats())
 
     @staticmethod
     def _chains(
@@ -306,3 +390,28 @@ class EngineCollector(Collector):
         buckets = [(str(float(bound)), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS]
         buckets.append(("+Inf", len(lengths)))
         chains.add_metric(labels, buckets, sum(lengths))
+
+
+#: Server stats that are gauges; the others are counters (see ``ThriftServer.stats``).
+_SERVER_GAUGES: Final = {
+    "open": ("ddmq_server_connections", "Client connections open now."),
+    "buffered_bytes": ("ddmq_server_buffered_bytes", "Request bytes being read or decoded now (max_buffered_bytes)."),
+}
+
+
+def _server_metrics(stats: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    events = CounterMetricFamily(
+        "ddmq_server_events",
+        "Connection events per server: accepted, refused (max_connections), accept_errors (e.g. EMFILE), "
+        "timeouts (idle or request), frames_rejected, decode_errors, too_large (early 413).",
+        labels=["server", "event"],
+    )
+    gauges = {key: GaugeMetricFamily(name, doc, labels=["server"]) for key, (name, doc) in _SERVER_GAUGES.items()}
+    for server, values in sorted(stats.items()):
+        for key, value in sorted(values.items()):
+            if key in gauges:
+                gauges[key].add_metric([server], value)
+            else:
+                events.add_metric([server, key], value)
+    yield events
+    yield from gauges.values()

@@ -20,6 +20,7 @@ from types import TracebackType
 from ddmq.client.connection import AsyncRedis, async_redis, is_cluster_url, quiet_dropped_cluster_nodes
 from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
+from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, map_redis_errors
 from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 
 #: Long-poll wait when a client does not say (``maxLingerTime`` unset).
 DEFAULT_LINGER_MS = 1000
+#: Results with more offsets than this are applied in slices of it, letting other connections'
+#: requests run in between (a slice takes a few milliseconds; bench/edges.py measures the effect).
+APPLY_SLICE_OFFSETS = 4096
 
 
 class ProxyService:
@@ -127,7 +131,17 @@ class ProxyService:
             group.start()
         self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
         thrift = config.thrift
-        self._thrift = ThriftServer(self, thrift.host, thrift.port, thrift.max_frame_bytes, thrift.max_linger_ms)
+        self._thrift = ThriftServer(
+            self,
+            thrift.host,
+            thrift.port,
+            thrift.max_frame_bytes,
+            thrift.max_linger_ms,
+            max_connections=thrift.max_connections,
+            idle_timeout_ms=thrift.idle_timeout_ms,
+            frame_timeout_ms=thrift.request_timeout_ms,
+            max_buffered_bytes=thrift.max_buffered_bytes,
+        )
         await self._thrift.start()
         self.thrift_port = self._thrift.port
         if config.http.enabled:
@@ -188,6 +202,15 @@ class ProxyService:
             await self.redis.aclose()
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
+
+    def server_stats(self) -> dict[str, dict[str, int]]:
+        """Per server ("thrift", "http"): its connection counters and gauges (see ThriftServer.stats)."""
+        stats = {}
+        if self._thrift is not None:
+            stats["thrift"] = self._thrift.stats()
+        if self._http is not None:
+            stats["http"] = self._http.connections.stats()
+        return stats
 
     @property
     def running(self) -> bool:
@@ -254,7 +277,8 @@ class ProxyService:
         results: list[QueueResult],
         lease: PullLease | None = None,
     ) -> PullBatch:
-        self._apply(results)  # first: acks count even when the group was just removed
+        if results:  # first: acks count even when the group was just removed
+            await self._apply(results)
         consumer_group = self._group(group)
         topic = topic or None
         if topic is not None:
@@ -297,7 +321,7 @@ class ProxyService:
         return self._pull_leases(self._group(group)).ack(lease_ids)
 
     async def submit(self, results: list[QueueResult]) -> None:
-        self._apply(results)
+        await self._apply(results)
 
     def _linger(self, linger_ms: int | None) -> int:
         if linger_ms is None:
@@ -322,7 +346,27 @@ class ProxyService:
             raise UnavailableError("the proxy is not started")
         await self._low_level.ack(consumer_group, offsets)
 
-    def _apply(self, results: list[QueueResult]) -> None:
+    async def _apply(self, results: list[QueueResult]) -> None:
+        """Apply acks and fails: all of them, or none when there are more than MAX_RESULT_OFFSETS."""
+        total = sum(len(r.success) + len(r.fail) for r in results)
+        if total > MAX_RESULT_OFFSETS:
+            self.counters["results_refused"] += 1
+            raise BadRequestError(
+                f"a request may carry at most {MAX_RESULT_OFFSETS} offsets (acks and fails together), "
+                f"this one has {total}; split them over several"
+            )
+        if total <= APPLY_SLICE_OFFSETS:
+            self._apply_now(results)
+            return
+        since_yield = 0
+        for piece in _slices(results, APPLY_SLICE_OFFSETS):
+            self._apply_now([piece])
+            since_yield += len(piece.success) + len(piece.fail)
+            if since_yield >= APPLY_SLICE_OFFSETS:
+                since_yield = 0
+                await asyncio.sleep(0)
+
+    def _apply_now(self, results: list[QueueResult]) -> None:
         for result in results:
             group = self.groups.get(result.group)
             consumer = None
@@ -378,3 +422,12 @@ class ProxyService:
             lease_ttl_ms={qid: holder.expires_in_ms for qid, holder in live},
             lease_terms={qid: holder.term for qid, holder in live},
         )
+
+
+def _slices(results: list[QueueResult], size: int) -> list[QueueResult]:
+    """``results`` cut into pieces of at most ``size`` offsets each, in order (a result's acks before its fails)."""
+    pieces = []
+    for r in results:
+        pieces += [r._replace(success=r.success[i : i + size], fail=[]) for i in range(0, len(r.success), size)]
+        pieces += [r._replace(success=[], fail=r.fail[i : i + size]) for i in range(0, len(r.fail), size)]
+    return pieces

@@ -2,12 +2,19 @@
 
 A thin adapter: it reads frames, decodes them with :mod:`ddmq.client.wire`, calls one method of the
 :class:`~ddmq.proxy.api.ConsumeService` and encodes the answer. Ordering, offsets and retries live in
-the engine. Built on :func:`asyncio.start_server` rather than thriftpy2's server so that every frame
-is size-checked before it is buffered and every payload is decoded by the bounded reader.
+the engine. Built on a :class:`~ddmq.proxy.listener.Listener` and asyncio streams rather than
+thriftpy2's server so that every frame is size-checked before it is buffered and every payload is
+decoded by the bounded reader.
 
 Per connection, requests are served one after another (a long-poll ``pull`` holds its connection);
 connections are served concurrently. A frame whose declared length is not in ``1..max_frame_bytes``
-or whose payload does not decode closes that connection only.
+or whose payload does not decode closes that connection only. Limits, each closing the connection
+that breaks it (logged): ``max_connections`` open at once (more are accepted and closed at once);
+``idle_timeout_ms`` without a request (a call being served, a long poll included, is not idle);
+``frame_timeout_ms`` for a frame whose first byte arrived to arrive whole, and for a reply to be
+taken by the client; ``max_buffered_bytes`` for the frames above :data:`INLINE_DECODE_MAX_BYTES`
+being read or decoded at once, over all connections (a frame waits for room within its
+``frame_timeout_ms``).
 
 >>> async with ThriftServer(service, "0.0.0.0", 9713, max_frame_bytes=1 << 20, max_linger_ms=30_000):
 ...     await stop.wait()
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, NamedTuple
@@ -31,6 +39,7 @@ from ddmq.client.wire import (
     Envelope,
     FetchResponse,
     FrameDecodeError,
+    FrameTooLargeError,
     Message,
     PullException,
     PullResponse,
@@ -42,8 +51,10 @@ from ddmq.client.wire import (
     frame_length,
     iter_results,
 )
-from ddmq.proxy.api import ConsumeService
+from ddmq.proxy.api import MAX_RESULT_OFFSETS, ConsumeService
+from ddmq.proxy.byte_budget import ByteBudget
 from ddmq.proxy.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
+from ddmq.proxy.listener import Listener
 from ddmq.proxy.pull_codec import FAST_PULL_REPLY, encode_pull_reply
 from ddmq.proxy.types import PullBatch, PullLease, QueueResult, StoredMessage
 
@@ -51,8 +62,24 @@ log = logging.getLogger(__name__)
 
 #: Upper bound for a client's ``maxLingerTime`` unless the server is told otherwise.
 DEFAULT_MAX_LINGER_MS: Final = 30_000
-#: Payloads above this size are decoded in a worker thread, so one big frame cannot stall the loop.
+#: Payloads above this size are decoded in a worker thread, so one big frame cannot stall the loop, and
+#: count against ``max_buffered_bytes``. A pull is a few hundred bytes: pulls never wait for that budget.
 INLINE_DECODE_MAX_BYTES: Final = 64 * 1024
+DEFAULT_MAX_CONNECTIONS: Final = 1000
+DEFAULT_IDLE_TIMEOUT_MS: Final = 60_000
+DEFAULT_FRAME_TIMEOUT_MS: Final = 10_000
+DEFAULT_MAX_BUFFERED_BYTES: Final = 64 * 1024 * 1024
+
+# What a connection is doing, for the timeout sweep.
+_IDLE: Final = "idle"
+_FRAME: Final = "frame"
+_REPLY: Final = "reply"
+_BUSY: Final = "busy"
+_EXPIRED: Final = {
+    _IDLE: "no request within idle_timeout_ms",
+    _FRAME: "the frame did not arrive whole within frame_timeout_ms",
+    _REPLY: "the reply was not taken within frame_timeout_ms",
+}
 
 _ARGS: Final[dict[str, Any]] = {
     name: getattr(ConsumerService, f"{name}_args") for name in ConsumerService.thrift_services
@@ -62,12 +89,26 @@ _RESULTS: Final[dict[str, Any]] = {
 }
 
 
+class _Connection:
+    """One client connection: its task and the deadline of what it is doing (see ``_sweep``)."""
+
+    __slots__ = ("deadline", "expired", "peer", "phase", "task")
+
+    def __init__(self, task: asyncio.Task[None], peer: str) -> None:
+        self.task = task
+        self.peer = peer
+        self.phase = _IDLE
+        self.deadline = float("inf")
+        self.expired: str | None = None
+
+
 class ThriftServer:
     """Serves ``ConsumerService`` (pull, submit, getConsumeStats, fetch, ack) on one port.
 
     ``port=0`` binds a free port; read it back from :attr:`port` after :meth:`start`. Counters for
     metrics: :attr:`connections` (accepted so far), :attr:`frames_rejected` (bad length),
-    :attr:`decode_errors` (undecodable payload).
+    :attr:`decode_errors` (undecodable payload), :attr:`timeouts` (closed by a timeout),
+    :attr:`connections_refused` and :attr:`accept_errors` (from the listener).
     """
 
     def __init__(
@@ -77,19 +118,35 @@ class ThriftServer:
         port: int,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_linger_ms: int = DEFAULT_MAX_LINGER_MS,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+        frame_timeout_ms: int = DEFAULT_FRAME_TIMEOUT_MS,
+        max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
     ) -> None:
         if max_frame_bytes < 1:
             raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
         if max_linger_ms < 0:
             raise ValueError(f"max_linger_ms must not be negative, got {max_linger_ms}")
+        if idle_timeout_ms < 1 or frame_timeout_ms < 1:
+            raise ValueError("idle_timeout_ms and frame_timeout_ms must be positive")
+        if max_buffered_bytes < max_frame_bytes:
+            raise ValueError(f"max_buffered_bytes ({max_buffered_bytes}) must hold one frame of max_frame_bytes")
         self._service = service
-        self._host = host
-        self._requested_port = port
         self._max_frame_bytes = max_frame_bytes
         self._max_linger_ms = max_linger_ms
-        self._server: asyncio.Server | None = None
+        self._idle_s = idle_timeout_ms / 1000
+        self._frame_s = frame_timeout_ms / 1000
+        self._host = host
+        self._budget = ByteBudget(max_buffered_bytes)
+        # One big frame decoded at a time: each decoding thread takes the GIL from the loop, so
+        # several at once would slow every other connection's requests that many times over.
+        self._decoding = asyncio.Semaphore(1)
+        self._listener = Listener("thrift", host, port, max_connections, self._accepted)
         self._started = False
-        self._connection_tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self._handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
             "pull": self._pull,
             "submit": self._submit,
@@ -101,6 +158,7 @@ class ThriftServer:
         self.connections = 0
         self.frames_rejected = 0
         self.decode_errors = 0
+        self.timeouts = 0
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -108,33 +166,59 @@ class ThriftServer:
         if self._started:
             raise RuntimeError("ThriftServer.start() called twice")
         self._started = True
-        self._server = await asyncio.start_server(self._serve_connection, self._host, self._requested_port)
+        await self._listener.start()
+        self._sweeper = asyncio.create_task(self._sweep(), name="thrift-timeouts")
         log.info("thrift server listening on %s:%d", self._host, self.port)
 
     async def close(self) -> None:
         """Stop listening and drop every connection (an in-flight call is cancelled)."""
-        server, self._server = self._server, None
-        if server is None:
+        if not self._started or self._closing:
             return
-        server.close()
-        tasks = list(self._connection_tasks)
+        self._closing = True
+        await self._listener.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        tasks = [*self._connections, *([self._sweeper] if self._sweeper else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await server.wait_closed()
-        log.info("thrift server on %s closed", self._host)
+        log.info("thrift server closed")
 
     @property
     def port(self) -> int:
         """The bound port (the chosen one when constructed with port 0)."""
-        if self._server is None or not self._server.sockets:
-            raise RuntimeError("ThriftServer is not listening")
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        return self._listener.port
 
     @property
     def active_connections(self) -> int:
-        return len(self._connection_tasks)
+        return len(self._connections)
+
+    @property
+    def connections_refused(self) -> int:
+        return self._listener.refused
+
+    @property
+    def accept_errors(self) -> int:
+        return self._listener.accept_errors
+
+    def stats(self) -> dict[str, int]:
+        """Counters (accepted, refused, accept_errors, timeouts, frames_rejected, decode_errors) and
+        gauges (open, buffered_bytes), for metrics."""
+        return {
+            "open": self.active_connections,
+            "accepted": self._listener.accepted,
+            "refused": self._listener.refused,
+            "accept_errors": self._listener.accept_errors,
+            "timeouts": self.timeouts,
+            "frames_rejected": self.frames_rejected,
+            "decode_errors": self.decode_errors,
+            "buffered_bytes": self._budget.used,
+        }
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of big frames being read or decoded now (bounded by ``max_buffered_bytes``)."""
+        return self._budget.used
 
     async def __aenter__(self) -> ThriftServer:
         await self.start()
@@ -147,34 +231,68 @@ class ThriftServer:
 
     # connections -------------------------------------------------------------------------------
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accepted(self, sock: socket.socket) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve_connection(sock))
+        self._connections[task] = _Connection(task, _peer_name(sock))
+
+    async def _serve_connection(self, sock: socket.socket) -> None:
         task = asyncio.current_task()
-        if task is not None:
-            self._connection_tasks.add(task)
+        assert task is not None
+        connection = self._connections[task]
+        peer = connection.peer
         self.connections += 1
-        peer = _peer_name(writer)
-        log.debug("thrift connection from %s", peer)
+        writer = None
         try:
-            await self._serve_frames(reader, writer, peer)
+            reader, writer = await asyncio.open_connection(sock=sock)
+            log.debug("thrift connection from %s", peer)
+            await self._serve_frames(reader, writer, connection)
+        except asyncio.CancelledError:
+            if connection.expired is None or self._closing:
+                raise
+            self.timeouts += 1
+            log.info("closing thrift connection from %s: %s", peer, connection.expired)
         except (ConnectionError, TimeoutError) as exc:
             log.debug("thrift connection from %s lost: %s", peer, exc)
         except Exception:
             log.exception("thrift connection from %s failed", peer)
         finally:
-            if task is not None:
-                self._connection_tasks.discard(task)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (ConnectionError, TimeoutError):
-                pass
+            del self._connections[task]
+            self._listener.closed()
+            if writer is None:
+                sock.close()
+            else:
+                writer.close()
+                try:
+                    await writer.wait_closed()
+                except (ConnectionError, TimeoutError):
+                    pass
 
-    async def _serve_frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _sweep(self) -> None:
+        """Cancel the connections past their deadline, a few times per shortest timeout."""
+        loop = asyncio.get_running_loop()
+        period = min(max(min(self._idle_s, self._frame_s) / 4, 0.01), 1.0)
         while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for connection in list(self._connections.values()):
+                if now > connection.deadline and connection.expired is None:
+                    connection.expired = _EXPIRED[connection.phase]
+                    connection.task.cancel()
+
+    async def _serve_frames(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        peer = connection.peer
+        while True:
+            connection.phase, connection.deadline = _IDLE, loop.time() + self._idle_s
             try:
-                header = await reader.readexactly(FRAME_HEADER_BYTES)
+                # The first byte alone: from it on, the frame has frame_timeout_ms to arrive whole.
+                first = await reader.readexactly(1)
+                connection.phase, connection.deadline = _FRAME, loop.time() + self._frame_s
+                header = first + await reader.readexactly(FRAME_HEADER_BYTES - 1)
             except asyncio.IncompleteReadError as exc:
-                if exc.partial:
+                if exc.partial or connection.phase == _FRAME:
                     log.debug("%s closed the connection inside a frame header", peer)
                 return
             length = frame_length(header)
@@ -188,23 +306,36 @@ class ThriftServer:
                 )
                 return
             try:
-                payload = await reader.readexactly(length)
+                if length > INLINE_DECODE_MAX_BYTES:
+                    envelope = await self._read_big_frame(reader, length, connection)
+                else:
+                    payload = await reader.readexactly(length)
+                    connection.phase, connection.deadline = _BUSY, float("inf")
+                    envelope = decode(payload, _args_for, MAX_RESULT_OFFSETS)
             except asyncio.IncompleteReadError as exc:
                 log.info("%s closed the connection after %d of %d frame bytes", peer, len(exc.partial), length)
                 return
-            try:
-                if length > INLINE_DECODE_MAX_BYTES:
-                    envelope = await asyncio.to_thread(decode, payload, _args_for)
-                else:
-                    envelope = decode(payload, _args_for)
+            except FrameTooLargeError as exc:
+                reply = self._too_large(exc, peer)
             except FrameDecodeError as exc:
                 self.decode_errors += 1
                 log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)
                 return
-            reply = await self._dispatch(envelope, peer)
+            else:
+                reply = await self._dispatch(envelope, peer)
             if reply is not None:
+                connection.phase, connection.deadline = _REPLY, loop.time() + self._frame_s
                 writer.write(reply)
                 await writer.drain()
+
+    async def _read_big_frame(self, reader: asyncio.StreamReader, length: int, connection: _Connection) -> Envelope:
+        """Read and decode a frame above INLINE_DECODE_MAX_BYTES within the byte budget; its payload is
+        gone when this returns (a method of its own so that no local outlives the reservation)."""
+        async with self._budget.reserve(length):
+            payload = await _read_big(reader, length)
+            connection.phase, connection.deadline = _BUSY, float("inf")
+            async with self._decoding:
+                return await asyncio.to_thread(decode, payload, _args_for, MAX_RESULT_OFFSETS)
 
     async def _dispatch(self, envelope: Envelope, peer: str) -> bytes | None:
         name, mtype, seqid, args = envelope
@@ -225,17 +356,8 @@ class ThriftServer:
                 success = pull_response(*success)
             result.success = success
         except Exception as exc:
-            error = _pull_exception(exc, name, peer)
-            if "error" in (field[1] for field in result.thrift_spec.values()):
-                result.error = error
-            else:
-                # fetch/ack declare no exception: a standard client sees a TApplicationException.
-                kind = (
-                    TApplicationException.UNKNOWN_METHOD
-                    if error.code == NotSupportedError.code
-                    else TApplicationException.INTERNAL_ERROR
-                )
-                return _application_error(name, seqid, kind, f"{error.code}: {error.message}")
+            reply = _error_reply(name, seqid, exc, peer)
+            return None if mtype == TMessageType.ONEWAY else reply
         if mtype == TMessageType.ONEWAY:
             return None
         try:
@@ -245,6 +367,19 @@ class ThriftServer:
             return _application_error(
                 name, seqid, TApplicationException.INTERNAL_ERROR, "internal error: the reply could not be encoded"
             )
+
+    def _too_large(self, exc: FrameTooLargeError, peer: str) -> bytes | None:
+        """The answer to a call with too many offsets: a 1003 error, and nothing of it applied."""
+        if exc.mtype == TMessageType.ONEWAY:
+            return None
+        if exc.name not in self._handlers:
+            return _application_error(
+                exc.name, exc.seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {exc.name!r}"
+            )
+        error = BadRequestError(
+            f"a request may carry at most {exc.limit} offsets (acks and fails together); split them over several"
+        )
+        return _error_reply(exc.name, exc.seqid, error, peer)
 
     # handlers: decode the request, call the service once, encode the answer --------------------
 
@@ -325,6 +460,20 @@ class ThriftServer:
         return True
 
 
+async def _read_big(reader: asyncio.StreamReader, length: int) -> bytes:
+    """``readexactly(length)`` in pieces: the stream's own buffer stays small. (After one big
+    readexactly, its bytearray keeps the frame's capacity for as long as the connection lives.)"""
+    chunks: list[bytes] = []
+    left = length
+    while left:
+        chunk = await reader.read(min(left, INLINE_DECODE_MAX_BYTES))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"".join(chunks), length)
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def queue_results(head: ConsumeResult | None, default_group: str) -> list[QueueResult]:
     """The ``nextResult`` list as engine values, one per node; a node without groupId gets ``default_group``.
 
@@ -383,6 +532,23 @@ def _encode_pull_reply(seqid: int, reply: _PullReply, peer: str) -> bytes:
         )
 
 
+def _error_reply(name: str, seqid: int, exc: Exception, peer: str) -> bytes:
+    """The reply frame for a call of ``name`` that raised ``exc``: its declared error field, else a
+    TApplicationException."""
+    result = _RESULTS[name]()
+    error = _pull_exception(exc, name, peer)
+    if "error" not in (field[1] for field in result.thrift_spec.values()):
+        # fetch/ack declare no exception: a standard client sees a TApplicationException.
+        kind = (
+            TApplicationException.UNKNOWN_METHOD
+            if error.code == NotSupportedError.code
+            else TApplicationException.INTERNAL_ERROR
+        )
+        return _application_error(name, seqid, kind, f"{error.code}: {error.message}")
+    result.error = error
+    return encode(name, TMessageType.REPLY, seqid, result)
+
+
 def _pull_exception(exc: Exception, method: str, peer: str) -> PullException:
     """Map an error raised while serving ``method`` to what goes on the wire."""
     if isinstance(exc, DdmqError):
@@ -402,8 +568,11 @@ def _application_error(name: str, seqid: int, kind: int, message: str) -> bytes:
     return encode(name, TMessageType.EXCEPTION, seqid, TApplicationException(kind, message))
 
 
-def _peer_name(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
+def _peer_name(sock: socket.socket) -> str:
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return "?"
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return str(peer)

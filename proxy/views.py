@@ -115,16 +115,19 @@ def in_flight(group: ConsumerGroup, topic: str | None, limit: int) -> tuple[int,
     return len(jobs), [job_view(job) for job in top]
 
 
-def blocked_keys(group: ConsumerGroup, topic: str | None, limit: int, now_ms: int | None = None) -> list[BlockedKey]:
-    """The ``limit`` order keys whose head is oldest (by produce time; then the longest chains)."""
+def blocked_keys(
+    group: ConsumerGroup, topic: str | None, limit: int, offset: int = 0, now_ms: int | None = None
+) -> tuple[int, list[BlockedKey]]:
+    """How many order keys have an unfinished message, and ``limit`` of them from position ``offset``
+    in order of their head's age (oldest produce time first; then the longest chains)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     heads: list[tuple[int, str, Hashable, UpstreamJob]] = []
     for name, consumer in group.consumers.items():
         if topic is None or name == topic:
             queue = consumer.blocking_queue
             heads.extend((queue.chain_length(key), name, key, head) for key, head in queue.heads())
-    oldest = heapq.nsmallest(limit, heads, key=lambda item: (item[3].message.produce_ms, -item[0]))
-    return [
+    oldest = heapq.nsmallest(offset + limit, heads, key=lambda item: (item[3].message.produce_ms, -item[0]))
+    return len(heads), [
         BlockedKey(
             topic=name,
             order_key=order_key_text(key) or "",
@@ -132,5 +135,28 @@ def blocked_keys(group: ConsumerGroup, topic: str | None, limit: int, now_ms: in
             head_age_ms=max(0, now_ms - head.message.produce_ms) if head.message.produce_ms else 0,
             head=job_view(head),
         )
-        for length, name, key, head in oldest
+        for length, name, key, head in oldest[offset:]
     ]
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    in_flight: int
+    ready: int
+    retry_wait: int
+
+
+_COUNTED = (JobState.IN_FLIGHT, JobState.READY, JobState.RETRY_WAIT)  # QueueCounts' fields, in order
+
+
+def queue_counts(group: ConsumerGroup) -> dict[tuple[str, int], QueueCounts]:
+    """(topic, qid) -> this proxy's jobs by state, for every queue it holds."""
+    states: Counter[tuple[str, int, JobState]] = Counter(
+        (job.queue.topic, job.qid, job.state) for job in group.buffer.jobs()
+    )
+    return {
+        (topic, qid): QueueCounts(*(states[topic, qid, state] for state in _COUNTED))
+        for topic, consumer in group.consumers.items()
+        for qid in consumer.held
+    }
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import resource
 import signal
 import socket
 import subprocess
@@ -51,12 +52,18 @@ class ProxyProcess:
         #: Counts starts: connections opened after a start talk to that incarnation.
         self.incarnation = 0
 
-    def start(self, timeout_s: float = 30) -> ProxyProcess:
+    def start(self, timeout_s: float = 30, max_open_files: int | None = None) -> ProxyProcess:
+        """Start and wait until it listens; ``max_open_files`` lowers its descriptor limit (RLIMIT_NOFILE)."""
         self.incarnation += 1
+
+        def limit_files() -> None:
+            if max_open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ddmq.proxy", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT,
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_files,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -179,6 +186,9 @@ class Delivery:
     key: str
     seq: int
     acked: bool
+    #: When the client received it (``time.time()``, the clock of the audit's ``t``), if known: a proxy
+    #: restarted under the same instance id may read that offset again later, under a newer term.
+    t: float | None = None
 
 
 class ProxyFleet:
@@ -249,9 +259,12 @@ def acked_prefixes(log: list[Delivery]) -> dict[str, int]:
 
 
 def term_of(reads: dict[tuple[str, int], list[dict[str, Any]]], delivery: Delivery) -> int:
-    """The lease term under which ``delivery``'s owner read that offset (its latest read covering it)."""
+    """The lease term under which ``delivery``'s owner read that offset: its latest read covering it (that
+    happened before the delivery, when its time is known). ``reads`` lists each owner's reads in time order."""
     term = None
     for record in reads[(delivery.owner, delivery.qid)]:
+        if delivery.t is not None and record["t"] > delivery.t:
+            break
         if record["first"] <= delivery.offset <= record["last"]:
             term = record["term"]
     assert term is not None, f"{delivery} was delivered without a recorded read"

@@ -96,6 +96,8 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
     assert not any(n.split("/")[0] in GENERIC_NAMES for n in names)
     assert "ddmq/proxy/__init__.py" in files
     assert "ddmq/proxy/http_server/openapi.yaml" in files  # served at /openapi.json
+    for name in ("index.html", "console.js", "console.css", "favicon.svg"):  # the console
+        assert f"ddmq/proxy/http_server/static/{name}" in files
     assert "ddmq/client/keys.py" in files and "ddmq/client/py.typed" in files
     for thrift in sorted((REPO / "client" / "idl").glob("*.thrift")):
         assert f"ddmq/client/idl/{thrift.name}" in files

@@ -165,14 +165,19 @@ def test_fetch_and_ack_across_queues_on_different_shards(
     assert waited < 3, f"the fetch lingered {waited:.1f}s although a message arrived after 0.3s"
 
 
-def admin(proxy: ProxyProcess, path: str, payload: dict[str, Any] | None = None) -> Any:
-    """GET (or POST ``payload`` to) the proxy's admin API."""
+def http(proxy: ProxyProcess, path: str, payload: dict[str, Any] | None = None) -> bytes:
+    """GET (or POST ``payload`` to) the proxy's HTTP server."""
     config = yaml.safe_load(proxy.config_path.read_text())
     request = urllib.request.Request(
-        f"http://127.0.0.1:{config['http']['port']}/admin/{path}",
+        f"http://127.0.0.1:{config['http']['port']}/{path}",
         data=None if payload is None else json.dumps(payload).encode(), method="GET" if payload is None else "POST")
     with urllib.request.urlopen(request, timeout=10) as answer:
-        return json.loads(answer.read())
+        body: bytes = answer.read()
+        return body
+
+
+def admin(proxy: ProxyProcess, path: str, payload: dict[str, Any] | None = None) -> Any:
+    return json.loads(http(proxy, f"admin/{path}", payload))
 
 
 def pull_all(client: ProxyClient, count: int, fail: set[str]) -> list[str]:
@@ -209,6 +214,13 @@ def test_dead_letters_replay_and_status_on_a_cluster(single_proxy: ProxyProcess,
         assert admin(single_proxy, "groups/g/topics/t/dead-letters/replay", {"all": True})["replayed"] == 5
         assert sorted(pull_all(client, 5, set())) == sorted(poison)
     assert admin(single_proxy, "groups/g/topics/t/dead-letters")["total"] == 0
+    # what /metrics and the console read from Redis: per-slot reads of offsets, leases, lag
+    metrics = http(single_proxy, "metrics").decode()
+    for line in ('ddmq_dead_letters{group="g",topic="t"} 0.0', 'ddmq_queues_without_owner{group="g",topic="t"} 0.0',
+                 'ddmq_lag_messages{group="g",qid="7",topic="t"}'):
+        assert line in metrics, metrics[-3000:]
+    assert admin(single_proxy, "groups/g/lag-history")["topics"]["t"], "the console's lag sampler read nothing"
+    assert "metrics:" not in single_proxy.log() and "lag history" not in single_proxy.log(), single_proxy.log()
 
     status = subprocess.run(
         [sys.executable, "-m", "ddmq.client.cli", "status", "--redis", cluster_url, "--group", "g", "--json"],

@@ -13,13 +13,14 @@ import ipaddress
 import logging
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ddmq.client.connection import REDIS_ERRORS, sync_redis
-from ddmq.client.status import GroupStatus, group_status
+from ddmq.client.status import GroupStatus, QueueStatus, group_status
 from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
     BadRequestError,
@@ -31,9 +32,10 @@ from ddmq.proxy.errors import (
 )
 from ddmq.proxy.group import ConsumerGroup
 from ddmq.proxy.http_server.errors import Handler
-from ddmq.proxy.http_server.pull_api import JsonBody, message_json, parse
+from ddmq.proxy.http_server.pull_api import BodyReader, JsonBody, message_json, parse
+from ddmq.proxy.lag import now_ms, produce_times
 from ddmq.proxy.types import StoredMessage
-from ddmq.proxy.views import blocked_keys, group_view, in_flight
+from ddmq.proxy.views import blocked_keys, group_view, in_flight, queue_counts
 
 #: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
 _REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
@@ -44,6 +46,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ADMIN_PREFIX: Final = "/admin/"
+#: The console's page and files; ``/`` serves the page too.
+CONSOLE_PREFIX: Final = "/console"
+#: Largest ``offset`` of a paged view (far beyond any group's ``concurrency``).
+MAX_OFFSET: Final = 10_000_000
 #: How long /readyz waits for Redis to answer a PING.
 READY_PING_S: Final = 1.0
 
@@ -57,7 +63,8 @@ def admin_guard(token: str | None) -> Middleware:
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         # Decided by the route that matched, not by the raw path, so no spelling of a URL slips by.
         resource = request.match_info.route.resource
-        if resource is not None and resource.canonical.startswith(ADMIN_PREFIX):
+        path = resource.canonical if resource is not None else ""
+        if path.startswith(ADMIN_PREFIX):
             if expected is not None:
                 given = request.headers.get("Authorization", "").encode()
                 if not hmac.compare_digest(given, expected):
@@ -66,9 +73,27 @@ def admin_guard(token: str | None) -> Middleware:
                 raise ForbiddenError(
                     "admin endpoints answer loopback clients only; set http.admin_token to reach them from elsewhere"
                 )
+            if request.method not in ("GET", "HEAD"):
+                _same_origin(request)
+        elif expected is None and _is_console(path) and not _is_loopback(request.remote):
+            # The page holds no data, but without a token it would invite calls that answer 403 anyway.
+            raise ForbiddenError("the console answers loopback clients only; set http.admin_token to open it elsewhere")
         return await handler(request)
 
     return guard
+
+
+def _is_console(path: str) -> bool:
+    return path in ("/", CONSOLE_PREFIX) or path.startswith(CONSOLE_PREFIX + "/")
+
+
+def _same_origin(request: web.Request) -> None:
+    """A browser names the page that made a request in ``Origin``: a changing admin call made by
+    another site's page (which a loopback-only proxy would otherwise accept from the operator's
+    browser) is refused. Clients that are not browsers send no ``Origin``."""
+    origin = request.headers.get("Origin")
+    if origin is not None and urlsplit(origin).netloc != request.host:
+        raise ForbiddenError(f"admin calls from a page of another origin ({origin!r}) are refused")
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -80,6 +105,13 @@ def _is_loopback(remote: str | None) -> bool:
         return False
     mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack socket
     return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _offset(request: web.Request) -> int:
+    raw = request.query.get("offset", "0")
+    if not raw.isdigit() or int(raw) > MAX_OFFSET:
+        raise BadRequestError(f"offset must be an integer 0..{MAX_OFFSET}, got {raw!r}")
+    return int(raw)
 
 
 def _limit(request: web.Request, default: int, most: int = MAX_PAGE) -> int:
@@ -128,8 +160,9 @@ def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
 
 
 class OperatorApi:
-    def __init__(self, service: ProxyService) -> None:
+    def __init__(self, service: ProxyService, read_body: BodyReader) -> None:
         self._service = service
+        self._read_body = read_body
 
     def add_routes(self, app: web.Application) -> None:
         router = app.router
@@ -192,7 +225,41 @@ class OperatorApi:
         group = self._group(request)
         view = asdict(group_view(group))
         status = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
-        return web.json_response({**view, "members": status.members, "queues": [asdict(q) for q in status.queues]})
+        return web.json_response(
+            {
+                **view,
+                "members": status.members,
+                "member_ttl_ms": self._service.config.leases.ttl_ms,
+                "queues": await self._queue_rows(group, status.queues),
+            }
+        )
+
+    async def _queue_rows(self, group: ConsumerGroup, queues: list[QueueStatus]) -> list[dict[str, Any]]:
+        """``ddmq status``'s rows plus the time lag, and this proxy's job counts for queues it holds."""
+        assert self._service.redis is not None
+        oldest: dict[tuple[str, int], int] = {}
+        for topic in sorted({row.topic for row in queues}):
+            behind = {row.qid: row.committed or 1 for row in queues if row.topic == topic and row.lag > 0}
+            times = await produce_times(self._service.redis, topic, behind)
+            oldest.update(((topic, qid), ms) for qid, ms in times.items())
+        counts = queue_counts(group)
+        now = now_ms()
+        rows = []
+        for row in queues:
+            produced_ms = oldest.get((row.topic, row.qid)) if row.lag > 0 else None
+            lag_ms: int | None = 0
+            if row.lag > 0:  # unknown (None) when the entry is gone from the stream
+                lag_ms = max(0, now - produced_ms) if produced_ms is not None else None
+            held = counts.get((row.topic, row.qid))
+            rows.append(
+                {
+                    **asdict(row),
+                    "oldest_unfinished_ms": produced_ms,
+                    "lag_ms": lag_ms,
+                    **(asdict(held) if held else {"in_flight": None, "ready": None, "retry_wait": None}),
+                }
+            )
+        return rows
 
     def _owners(self, group: str, topics: list[str]) -> GroupStatus:
         """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection)."""
@@ -211,8 +278,11 @@ class OperatorApi:
     async def blocked_keys(self, request: web.Request) -> web.Response:
         group = self._group(request)
         topic = self._topic(group, request.query.get("topic"))
-        keys = blocked_keys(group, topic, _limit(request, 20))
-        return web.json_response({"group": group.name, "keys": [asdict(key) for key in keys]})
+        offset = _offset(request)
+        total, keys = blocked_keys(group, topic, _limit(request, 20), offset)
+        return web.json_response(
+            {"group": group.name, "total": total, "offset": offset, "keys": [asdict(key) for key in keys]}
+        )
 
     # dead letters ----------------------------------------------------------------------------
 
@@ -238,12 +308,12 @@ class OperatorApi:
 
     async def replay(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        result = await letters.replay(_selection(await request.read()))
+        result = await letters.replay(_selection(await self._read_body(request)))
         log.info("replayed %d dead letters of %s/%s", result.replayed, letters.group, letters.topic)
         return web.json_response({"replayed": result.replayed, "missing": result.missing})
 
     async def purge(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        purged = await letters.purge(_selection(await request.read()))
+        purged = await letters.purge(_selection(await self._read_body(request)))
         log.info("purged %d dead letters of %s/%s", purged, letters.group, letters.topic)
         return web.json_response({"purged": purged})

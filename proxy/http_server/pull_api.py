@@ -9,11 +9,13 @@ below (unknown fields, wrong types and offsets < 1 are a 400 naming the field).
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.errors import BadRequestError, UnknownGroupError
 from ddmq.proxy.http_server.errors import validation_message
 from ddmq.proxy.types import PullBatch, QueueResult, StoredMessage
@@ -23,8 +25,8 @@ if TYPE_CHECKING:
 
 #: Offsets are dense per queue, from 1; the wire type is i64.
 Offset = Annotated[int, Field(ge=1, le=2**63 - 1)]
-#: Most offsets a single request may report (acks and fails of all its results together).
-MAX_OFFSETS: Final = 100_000
+#: Reads a request's body within the server's limits (``HttpConnections.read_body``).
+BodyReader = Callable[[web.Request], Awaitable[bytes]]
 
 
 class JsonBody(BaseModel):
@@ -39,8 +41,8 @@ class ResultIn(JsonBody):
     group: str | None = None
     topic: Annotated[str, Field(min_length=1, max_length=200)]
     qid: Annotated[int, Field(ge=0, le=65535)] | Annotated[str, Field(max_length=20)]
-    success: Annotated[list[Offset], Field(max_length=MAX_OFFSETS)] = []
-    fail: Annotated[list[Offset], Field(max_length=MAX_OFFSETS)] = []
+    success: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
+    fail: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
 
 
 class PullIn(JsonBody):
@@ -67,8 +69,7 @@ def parse(model: type[_M], raw: bytes) -> _M:
 
 
 def queue_results(group: str, results: list[ResultIn]) -> list[QueueResult]:
-    if sum(len(r.success) + len(r.fail) for r in results) > MAX_OFFSETS:
-        raise BadRequestError(f"a request may report at most {MAX_OFFSETS} offsets")
+    """As engine values; the service refuses more than MAX_RESULT_OFFSETS offsets in all."""
     return [QueueResult(r.group or group, r.topic, str(r.qid), list(r.success), list(r.fail)) for r in results]
 
 
@@ -101,16 +102,17 @@ def pull_json(group: str, topic: str | None, batch: PullBatch) -> dict[str, Any]
 class PullApi:
     """The two routes, bound to one service."""
 
-    def __init__(self, service: ProxyService, max_linger_ms: int) -> None:
+    def __init__(self, service: ProxyService, max_linger_ms: int, read_body: BodyReader) -> None:
         self._service = service
         self._max_linger_ms = max_linger_ms
+        self._read_body = read_body
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/pull", self.pull)
         app.router.add_post("/v1/ack", self.ack)
 
     async def pull(self, request: web.Request) -> web.Response:
-        body = parse(PullIn, await request.read())
+        body = parse(PullIn, await self._read_body(request))
         linger_ms = min(body.linger_ms, self._max_linger_ms) if body.linger_ms is not None else None
         batch = await self._service.pull(
             body.group, body.topic, body.max_batch, linger_ms, queue_results(body.group, body.results)
@@ -118,7 +120,7 @@ class PullApi:
         return web.json_response(pull_json(body.group, body.topic or None, batch))
 
     async def ack(self, request: web.Request) -> web.Response:
-        body = parse(AckIn, await request.read())
+        body = parse(AckIn, await self._read_body(request))
         if body.group not in self._service.groups:
             raise UnknownGroupError(f"unknown group {body.group!r}; this proxy serves {sorted(self._service.groups)}")
         await self._service.submit(queue_results(body.group, body.results))

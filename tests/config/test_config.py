@@ -68,6 +68,16 @@ def test_the_documented_shape_loads_with_defaults(tmp_path: Path) -> None:
         ("thrift: {port: 70000}", "thrift.port"),
         ("- just\n- a list", "top level must be a mapping"),
         ("groups: {g: [unclosed", "not valid YAML"),
+        # YAML 1.1 booleans are not numbers, and only true/false are booleans
+        ("groups: {g: {t: {timeout_ms: yes}}}", "groups.g.t.timeout_ms: Input should be a valid integer"),
+        ("groups: {g: {t: {max_retry: on}}}", "groups.g.t.max_retry: Input should be a valid integer"),
+        ("groups: {g: {t: {max_retry: true}}}", "groups.g.t.max_retry: Input should be a valid integer"),
+        ("http: {enabled: yes}", "http.enabled: Input should be a valid boolean"),
+        ("groups:\n  g: {t: {}}\n  g: {t: {timeout_ms: 5}}\n", "duplicate key 'g' (first on line 2)"),
+        ("groups: {g: {t: {timeout_ms: 5, timeout_ms: 6}}}", "duplicate key 'timeout_ms'"),
+        ("", "the file is empty"),
+        ("# only a comment\n", "the file is empty"),
+        ("thrift: {max_frame_bytes: 2048, max_buffered_bytes: 1024}", "at least max_frame_bytes"),
     ],
 )
 def test_broken_files_name_the_problem(tmp_path: Path, text: str, expected: str) -> None:
@@ -84,7 +94,7 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
         load(tmp_path / "nope.yaml")
 
 
-def test_empty_file_gives_defaults() -> None:
+def test_no_data_gives_defaults() -> None:
     config = parse(None)
     assert config.redis == "embedded" and config.thrift.port == 9713
 
@@ -97,6 +107,16 @@ def test_proxy_refuses_a_broken_file_at_start_up(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "groups.g.t.max_retry" in proc.stderr
+
+
+def test_check_flag_refuses_an_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    command = [sys.executable, "-m", "ddmq.proxy", "--config", str(path), "--check"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"ddmq-proxy: {path}: the file is empty; a config needs at least its groups " \
+        "(see config/examples/)"
 
 
 def test_check_flag_validates_without_starting() -> None:

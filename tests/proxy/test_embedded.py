@@ -68,6 +68,15 @@ def test_explicit_port(tmp_path: Path) -> None:
         assert server.url == f"redis://127.0.0.1:{port}/0"
 
 
+def test_appendfsync_policy(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path / "default") as server, _client(server) as client:
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+    with EmbeddedRedis(tmp_path / "always", appendfsync="always") as server, _client(server) as client:
+        assert client.config_get("appendfsync") == {"appendfsync": "always"}
+    with pytest.raises(ValueError, match="appendfsync"):
+        EmbeddedRedis(tmp_path / "bad", appendfsync="sometimes")
+
+
 def test_data_survives_a_clean_restart(tmp_path: Path) -> None:
     with EmbeddedRedis(tmp_path) as server, _client(server) as client:
         client.set("k", "v")

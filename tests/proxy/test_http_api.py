@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -280,10 +281,33 @@ async def test_admin_views_show_groups_owners_in_flight_and_blocked_keys(redis_u
         ]
 
         status, blocked = await api.call("GET", "/admin/groups/g/blocked-keys", params={"limit": "1"})
-        assert status == 200
+        assert status == 200 and (blocked["total"], blocked["offset"]) == (2, 0)
         (key,) = blocked["keys"]
         assert (key["order_key"], key["chain_length"], key["head"]["state"]) == ("a", 3, "in_flight")
         assert key["head"]["attempts"] == 1 and key["head_age_ms"] >= 0
+        status, second = await api.call("GET", "/admin/groups/g/blocked-keys", params={"limit": "1", "offset": "1"})
+        assert status == 200 and [k["order_key"] for k in second["keys"]] == ["b"] and second["total"] == 2
+        status, past = await api.call("GET", "/admin/groups/g/blocked-keys", params={"offset": "2"})
+        assert status == 200 and (past["keys"], past["total"]) == ([], 2)
+        status, error = await api.call("GET", "/admin/groups/g/blocked-keys", params={"offset": "-1"})
+        assert (status, error["code"]) == (400, 1003)
+
+
+async def test_group_detail_has_time_lag_job_counts_and_the_member_ttl(redis_url: str) -> None:
+    async with http_proxy(redis_url, {"order_key": "KEY", "timeout_ms": 60_000}, queues=2) as (service, api):
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": f"k{i}", "value": f"v{i}", "qid": 0} for i in range(3)])
+        produced_at = int(time.time() * 1000)
+        held = await pull(api, max_batch=1)
+        assert len(held["messages"]) == 1
+        await asyncio.sleep(0.2)
+        status, detail = await api.call("GET", "/admin/groups/g")
+        assert status == 200 and detail["member_ttl_ms"] == service.config.leases.ttl_ms
+        first, second = detail["queues"]
+        assert (first["qid"], first["lag"], first["in_flight"], first["ready"], first["retry_wait"]) == (0, 3, 1, 2, 0)
+        assert first["oldest_unfinished_ms"] == held["messages"][0]["produce_ms"] <= produced_at
+        assert 200 <= first["lag_ms"] <= int(time.time() * 1000) - first["oldest_unfinished_ms"]
+        assert (second["lag"], second["lag_ms"], second["oldest_unfinished_ms"], second["in_flight"]) == (0, 0, None, 0)
 
 
 async def test_admin_token_guards_admin_endpoints_only(redis_url: str) -> None:
@@ -293,9 +317,35 @@ async def test_admin_token_guards_admin_endpoints_only(redis_url: str) -> None:
             assert (status, body["code"]) == (401, 1007)
         status, body = await api.call("GET", "/admin/groups", headers={"Authorization": f"Bearer {TOKEN}"})
         assert status == 200 and body["groups"][0]["group"] == "g"
-        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/console", "/console/console.css"):
             assert (await api.call("GET", path))[0] == 200
         assert (await pull(api, linger_ms=0))["messages"] == []
+
+
+async def test_the_console_files_carry_a_policy_that_runs_only_their_own_script(redis_url: str) -> None:
+    async with http_proxy(redis_url) as (_, api):
+        for path in ("/", "/console", "/console/console.js", "/console/console.css"):
+            async with api.session.get(api.base + path) as response:
+                assert response.status == 200
+                policy = response.headers["Content-Security-Policy"]
+                assert "script-src 'self'" in policy and "default-src 'none'" in policy
+                assert response.headers["X-Content-Type-Options"] == "nosniff"
+        for path in ("/console/index.html", "/console/nope.js", "/console/..%2Fopenapi.yaml"):
+            status, body = await api.call("GET", path)
+            assert (status, body["code"]) == (404, 1003), path
+
+
+async def test_changing_admin_calls_from_another_origin_are_refused(redis_url: str) -> None:
+    async with http_proxy(redis_url) as (_, api):
+        purge = "/admin/groups/g/topics/t/dead-letters/purge"
+        status, body = await api.call("POST", purge, json={"all": True}, headers={"Origin": "http://evil.example"})
+        assert (status, body["code"]) == (403, 1008)
+        same = api.base.removeprefix("http://")
+        status, body = await api.call("POST", purge, json={"all": True}, headers={"Origin": f"http://{same}"})
+        assert (status, body) == (200, {"purged": 0})
+        assert (await api.call("POST", purge, json={"all": True}))[0] == 200  # curl sends no Origin
+        status, _ = await api.call("GET", "/admin/groups", headers={"Origin": "http://evil.example"})
+        assert status == 200  # a read: the browser keeps its answer from the other page
 
 
 def _non_loopback_address() -> str | None:
@@ -320,6 +370,10 @@ async def test_without_a_token_admin_answers_loopback_peers_only(redis_url: str)
         remote = ApiClient(api.session, f"http://{address}:{service.http_port}", api.checker)
         status, body = await remote.call("GET", "/admin/groups")
         assert (status, body["code"]) == (403, 1008)
+        for path in ("/", "/console", "/console/console.js"):
+            status, body = await remote.call("GET", path)
+            assert (status, body["code"]) == (403, 1008), path
+            assert (await api.call("GET", path))[0] == 200
         assert (await remote.call("GET", "/healthz"))[0] == 200
         assert (await remote.call("POST", "/v1/pull", json={"group": "g", "linger_ms": 0}))[0] == 200
 

@@ -88,7 +88,8 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
             assert status == 200 and page["total"] == 1 and page["entries"][0]["tag"] == "x"
             assert (await api.call("POST", letters + "/replay", json={"ids": [page["entries"][0]["id"]]}))[0] == 200
             assert (await api.call("POST", letters + "/purge", json={"all": True}))[0] == 200
-            for path in ("/healthz", "/readyz", "/metrics"):
+            for path in ("/healthz", "/readyz", "/metrics", "/", "/console", "/console/console.js",
+                         "/console/console.css", "/admin/groups/g/lag-history"):
                 assert (await api.call("GET", path))[0] == 200
             status, document = await api.call("GET", "/openapi.json")
             assert status == 200 and document == json.loads(json.dumps(load_openapi()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -169,4 +170,44 @@ async def test_the_readme_lists_every_exported_metric(redis_url: str) -> None:
         assert (await api.call("GET", "/metrics"))[0] == 200
         exported = {family.name for family in service.metrics.registry.collect()}
     documented = {name.removesuffix("_total") for name in _documented_metrics()}
-    assert exported == documented, (sorted(exported - documented), sorted(documented - exported))
+    ours = {name for name in exported if name.startswith("ddmq_")}
+    assert ours == documented, (sorted(ours - documented), sorted(documented - ours))
+    # prometheus-client's process and platform collectors, on the service's own registry
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "process_start_time_seconds"} <= exported
+    assert exported - ours <= {name for name in exported if name.startswith(("process_", "python_"))}
+
+
+async def test_time_lag_dead_letter_length_and_unowned_queues(redis_url: str) -> None:
+    config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 0}
+    async with http_proxy(redis_url, config, queues=2) as (service, api):
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": "k", "value": f"v{i}", "qid": 0} for i in range(3)])
+        produced_at = int(time.time() * 1000)
+        samples = await until(api, "ddmq_lag_messages", 3, **QUEUE)
+        assert value(samples, "ddmq_lag_seconds", group="g", topic="t", qid="1") == 0  # nothing produced there
+        await asyncio.sleep(0.3)
+        samples = await scrape(api)
+        age = value(samples, "ddmq_lag_seconds", **QUEUE)
+        assert 0.3 <= age <= (time.time() * 1000 - produced_at) / 1000 + 1, age
+        assert value(samples, "ddmq_queues_without_owner", group="g", topic="t") == 0
+        assert value(samples, "ddmq_dead_letters", group="g", topic="t") == 0
+
+        head = await pull(api, max_batch=10)
+        assert [m["value_text"] for m in head["messages"]] == ["v0"]
+        await ack(api, fail=[head["messages"][0]["offset"]])  # max_retry 0: dead-lettered at once
+        await until(api, "ddmq_dead_letters", 1, group="g", topic="t")
+        second = await pull(api, max_batch=10)
+        assert [m["value_text"] for m in second["messages"]] == ["v1"]
+        await ack(api, success=[second["messages"][0]["offset"]])
+        await ack(api, success=[(await pull(api, max_batch=10))["messages"][0]["offset"]])
+        samples = await until(api, "ddmq_lag_seconds", 0, **QUEUE)
+        assert value(samples, "ddmq_lag_messages", **QUEUE) == 0
+        # The counter keeps counting; the gauge follows the stream, also after a purge.
+        status, _ = await api.call("POST", "/admin/groups/g/topics/t/dead-letters/purge", json={"all": True})
+        assert status == 200
+        samples = await until(api, "ddmq_dead_letters", 0, group="g", topic="t")
+        assert value(samples, "ddmq_messages_dead_lettered_total", **QUEUE) == 1
+
+        await service.groups["g"].stop_reading()  # as on shutdown: no claim loop takes the queues back
+        await service.groups["g"].release_leases()
+        samples = await until(api, "ddmq_queues_without_owner", 2, group="g", topic="t")

@@ -1,0 +1,422 @@
+// ddmq-proxy ops console: reads the /admin JSON endpoints every few seconds and draws tables.
+// Everything shown is put into the page as text (textContent, createTextNode, SVG attributes holding
+// numbers), never parsed as HTML: keys, bodies and errors come from producers and must not run.
+"use strict";
+(() => {
+  const REFRESH_MS = 3000;
+  const PAGE = 20;
+  const TOKEN_KEY = "ddmq-admin-token";
+  const SVG_NS = "http://www.w3.org/2000/svg";
+
+  const state = {
+    group: null,
+    blockedOffset: 0,
+    blockedTotal: 0,
+    deadTopic: null,
+    deadCursors: [null], // `after` of each page seen, to step back
+    deadPage: 0,
+    deadNext: null,
+    refreshing: false,
+  };
+  const $ = (id) => document.getElementById(id);
+
+  class AuthError extends Error {}
+
+  // --- DOM helpers: text only -------------------------------------------------------------------
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(props || {})) {
+      if (name === "className") node.className = value;
+      else if (name === "dataset") Object.assign(node.dataset, value);
+      else if (name === "title") node.title = value;
+      else if (name === "onclick") node.addEventListener("click", value);
+      else node.setAttribute(name, value);
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function cell(value, className) {
+    return el("td", className ? { className } : {}, value === null || value === undefined ? "–" : value);
+  }
+
+  function num(value) {
+    return value === null || value === undefined ? "–" : Number(value).toLocaleString("en-US");
+  }
+
+  function age(ms) {
+    if (ms === null || ms === undefined) return "?";
+    if (ms === 0) return "0";
+    if (ms < 1000) return `${Math.round(ms)} ms`;
+    const s = ms / 1000;
+    if (s < 60) return `${s.toFixed(1)} s`;
+    const m = Math.floor(s / 60);
+    if (m < 60) return `${m} m ${String(Math.floor(s % 60)).padStart(2, "0")} s`;
+    return `${Math.floor(m / 60)} h ${String(m % 60).padStart(2, "0")} m`;
+  }
+
+  function clock(ms) {
+    return ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 19) : "–";
+  }
+
+  function preview(letter) {
+    if (letter.value_text === null) return `(binary, ${atob(letter.value_base64).length} bytes)`;
+    return letter.value_text.length > 200 ? letter.value_text.slice(0, 200) + "…" : letter.value_text;
+  }
+
+  // --- API --------------------------------------------------------------------------------------
+
+  async function api(path, body) {
+    const headers = { Accept: "application/json" };
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const options = { headers, cache: "no-store" };
+    if (body !== undefined) {
+      options.method = "POST";
+      headers["Content-Type"] = "application/json";
+      options.body = JSON.stringify(body);
+    }
+    const response = await fetch(path, options);
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (_) {
+      data = null;
+    }
+    if (response.status === 401) throw new AuthError(data ? data.message : "admin token needed");
+    if (!response.ok) throw new Error(data && data.message ? data.message : `HTTP ${response.status} for ${path}`);
+    return data;
+  }
+
+  const enc = encodeURIComponent;
+
+  // --- rendering --------------------------------------------------------------------------------
+
+  function renderGroups(groups) {
+    const select = $("group");
+    const names = groups.map((g) => g.group);
+    if (!names.includes(state.group)) state.group = names.length ? names[0] : null;
+    if (select.options.length !== names.length || names.some((n, i) => select.options[i].value !== n)) {
+      select.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
+    }
+    select.value = state.group || "";
+  }
+
+  function spark(samples) {
+    const width = 240, height = 40, pad = 2;
+    const svg = document.createElementNS(SVG_NS, "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    svg.setAttribute("preserveAspectRatio", "none");
+    if (samples.length > 1) {
+      const t0 = samples[0][0], t1 = samples[samples.length - 1][0];
+      const x = (t) => pad + ((t - t0) / Math.max(1, t1 - t0)) * (width - 2 * pad);
+      for (const [index, className] of [[2, "age"], [1, "msgs"]]) {
+        const top = Math.max(1, ...samples.map((s) => s[index]));
+        const y = (v) => height - pad - (v / top) * (height - 2 * pad);
+        const line = document.createElementNS(SVG_NS, "polyline");
+        line.setAttribute("class", className);
+        line.setAttribute("points", samples.map((s) => `${x(s[0]).toFixed(1)},${y(s[index]).toFixed(1)}`).join(" "));
+        svg.append(line);
+      }
+    }
+    const last = samples.length ? samples[samples.length - 1] : null;
+    const title = document.createElementNS(SVG_NS, "title");
+    const peak = Math.max(0, ...samples.map((s) => s[1]));
+    title.textContent = last ? `now ${num(last[1])} msgs, ${age(last[2])}; peak ${num(peak)} msgs` : "no samples yet";
+    svg.append(title);
+    return svg;
+  }
+
+  function chartCell(samples, intervalMs) {
+    const td = el("td", { className: "chart" }, spark(samples));
+    if (samples.length < 2) td.append(el("span", { className: "muted small" }, `collecting, one sample every ${intervalMs / 1000} s`));
+    return td;
+  }
+
+  function renderTopics(detail, history) {
+    const rows = detail.topics.map((t) => {
+      const queues = detail.queues.filter((q) => q.topic === t.topic);
+      const lag = queues.reduce((sum, q) => sum + q.lag, 0);
+      const ages = queues.map((q) => q.lag_ms).filter((v) => v !== null);
+      const timeLag = ages.length ? Math.max(...ages) : null;
+      return el(
+        "tr",
+        { dataset: { topic: t.topic } },
+        cell(t.topic),
+        cell(num(t.queues), "num"),
+        cell(num(lag), "num lag" + (lag > 0 ? " behind" : "")),
+        cell(age(timeLag), "num age"),
+        cell(num(t.in_flight), "num"),
+        cell(num(t.ready), "num"),
+        cell(num(t.retry_wait), "num"),
+        cell(t.held.length ? `${t.held.length} of ${t.queues}` : "none", "num"),
+        chartCell(history.topics[t.topic] || [], history.interval_ms),
+      );
+    });
+    $("topics").tBodies[0].replaceChildren(...rows);
+  }
+
+  function renderQueues(detail) {
+    const rows = detail.queues.map((q) =>
+      el(
+        "tr",
+        { dataset: { topic: q.topic, qid: String(q.qid) } },
+        cell(q.topic),
+        cell(q.qid, "num"),
+        cell(q.owner === null ? "no owner" : q.owner, q.owner === null ? "bad" : ""),
+        cell(q.term, "num"),
+        cell(q.lease_expires_in_ms === null ? null : age(q.lease_expires_in_ms), "num"),
+        cell(num(q.committed), "num committed"),
+        cell(num(q.produced), "num produced"),
+        cell(num(q.lag), "num lag" + (q.lag > 0 ? " behind" : "")),
+        cell(age(q.lag_ms), "num age" + (q.lag_ms > 60000 ? " old" : q.lag_ms > 0 ? " behind" : "")),
+        cell(num(q.in_flight), "num"),
+        cell(num(q.ready), "num"),
+        cell(num(q.retry_wait), "num"),
+      ),
+    );
+    $("queues").tBodies[0].replaceChildren(...rows);
+  }
+
+  function renderMembers(detail) {
+    const rows = Object.entries(detail.members)
+      .sort()
+      .map(([instance, ms]) => {
+        const expired = ms > detail.member_ttl_ms;
+        return el(
+          "tr",
+          { dataset: { member: instance } },
+          cell(instance),
+          cell(`${age(ms)} ago`, "num"),
+          el("td", {}, el("span", { className: "badge " + (expired ? "expired" : "live") }, expired ? "expired" : "live")),
+        );
+      });
+    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "3", className: "muted" }, "no members")));
+    $("members").tBodies[0].replaceChildren(...rows);
+  }
+
+  function pagerRange(pager, first, count, total) {
+    pager.querySelector(".range").textContent =
+      total === 0 ? "none" : `${num(first + 1)}–${num(first + count)} of ${num(total)}`;
+  }
+
+  function renderBlocked(blocked) {
+    state.blockedTotal = blocked.total;
+    if (blocked.offset > 0 && blocked.offset >= blocked.total) state.blockedOffset = 0; // drained: back to the top
+    const rows = blocked.keys.map((k) =>
+      el(
+        "tr",
+        { dataset: { key: k.order_key } },
+        cell(k.order_key, "mono key"),
+        cell(k.topic),
+        cell(k.head.qid, "num"),
+        cell(num(k.head.offset), "num"),
+        cell(k.head.state.replace("_", " ")),
+        cell(k.head.attempts, "num"),
+        cell(num(k.chain_length), "num"),
+        cell(age(k.head_age_ms), "num"),
+        cell(k.head.last_error || "", "mono"),
+      ),
+    );
+    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "9", className: "muted" }, "no unfinished keys")));
+    $("blocked").tBodies[0].replaceChildren(...rows);
+    const pager = $("blocked-pager");
+    pagerRange(pager, blocked.offset, blocked.keys.length, blocked.total);
+    pager.querySelector('[data-step="-1"]').disabled = blocked.offset === 0;
+    pager.querySelector('[data-step="1"]').disabled = blocked.offset + PAGE >= blocked.total;
+  }
+
+  function renderDead(page) {
+    state.deadNext = page.entries.length === PAGE ? page.next_after : null;
+    const rows = page.entries.map((d) =>
+      el(
+        "tr",
+        { dataset: { id: d.id } },
+        cell(d.id, "mono"),
+        cell(d.qid, "num"),
+        cell(num(d.offset), "num"),
+        cell(d.key, "mono key"),
+        cell(d.attempts, "num"),
+        cell(d.error, "mono"),
+        cell(clock(d.dead_ms)),
+        el("td", { className: "mono body", title: preview(d) }, preview(d)),
+        el(
+          "td",
+          {},
+          el("button", { type: "button", className: "replay", onclick: () => act("replay", { ids: [d.id] }) }, "replay"),
+          " ",
+          el("button", { type: "button", className: "purge danger", onclick: () => purge([d.id]) }, "purge"),
+        ),
+      ),
+    );
+    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "9", className: "muted" }, "no dead letters")));
+    $("dead").tBodies[0].replaceChildren(...rows);
+    const pager = $("dead-pager");
+    pagerRange(pager, state.deadPage * PAGE, page.entries.length, page.total);
+    pager.querySelector('[data-step="-1"]').disabled = state.deadPage === 0;
+    pager.querySelector('[data-step="1"]').disabled = state.deadNext === null;
+    $("replay-all").disabled = $("purge-all").disabled = page.total === 0;
+    $("purge-all").dataset.total = String(page.total);
+  }
+
+  function renderDeadTopics(detail) {
+    const topics = detail.topics.map((t) => t.topic);
+    if (!topics.includes(state.deadTopic)) {
+      state.deadTopic = topics.length ? topics[0] : null;
+      resetDeadPages();
+    }
+    const select = $("dead-topic");
+    if (select.options.length !== topics.length || topics.some((t, i) => select.options[i].value !== t)) {
+      select.replaceChildren(...topics.map((t) => el("option", { value: t }, t)));
+    }
+    select.value = state.deadTopic || "";
+  }
+
+  function resetDeadPages() {
+    state.deadCursors = [null];
+    state.deadPage = 0;
+  }
+
+  // --- actions ----------------------------------------------------------------------------------
+
+  function lettersPath() {
+    return `/admin/groups/${enc(state.group)}/topics/${enc(state.deadTopic)}/dead-letters`;
+  }
+
+  async function act(what, selection) {
+    resetDeadPages();
+    try {
+      const result = await api(`${lettersPath()}/${what}`, selection);
+      $("dead-result").textContent =
+        what === "replay"
+          ? `replayed ${result.replayed}` + (result.missing.length ? `, ${result.missing.length} already gone` : "")
+          : `purged ${result.purged}`;
+    } catch (error) {
+      $("dead-result").textContent = `${what} failed: ${error.message}`;
+    }
+    await refresh();
+  }
+
+  async function purge(ids) {
+    const what = ids ? `${ids.length} dead letter(s)` : `all ${$("purge-all").dataset.total} dead letters`;
+    if (!window.confirm(`Purge ${what} of ${state.group}/${state.deadTopic}? They are deleted for good.`)) return;
+    await act("purge", ids ? { ids } : { all: true });
+  }
+
+  // --- refresh ----------------------------------------------------------------------------------
+
+  function showError(message) {
+    $("error").hidden = !message;
+    $("error").textContent = message || "";
+  }
+
+  async function refresh() {
+    if (state.refreshing) return;
+    state.refreshing = true;
+    try {
+      const groups = await api("/admin/groups");
+      $("auth").hidden = true;
+      $("forget").hidden = !sessionStorage.getItem(TOKEN_KEY);
+      renderGroups(groups.groups);
+      if (state.group === null) {
+        $("main").hidden = true;
+        showError("this proxy serves no group");
+        return;
+      }
+      const g = enc(state.group);
+      const [detail, history, blocked] = await Promise.all([
+        api(`/admin/groups/${g}`),
+        api(`/admin/groups/${g}/lag-history`),
+        api(`/admin/groups/${g}/blocked-keys?limit=${PAGE}&offset=${state.blockedOffset}`),
+      ]);
+      renderDeadTopics(detail);
+      let page = null;
+      if (state.deadTopic !== null) {
+        const after = state.deadCursors[state.deadPage];
+        page = await api(`${lettersPath()}?limit=${PAGE}` + (after ? `&after=${enc(after)}` : ""));
+      }
+      renderTopics(detail, history);
+      renderQueues(detail);
+      renderMembers(detail);
+      renderBlocked(blocked);
+      if (page) renderDead(page);
+      $("main").hidden = false;
+      showError(null);
+      $("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    } catch (error) {
+      if (error instanceof AuthError) {
+        $("main").hidden = true;
+        $("auth").hidden = false;
+        $("auth-error").textContent = sessionStorage.getItem(TOKEN_KEY) ? "that token was refused" : "";
+        $("status").textContent = "admin token needed";
+      } else {
+        showError(`refresh failed: ${error.message}`);
+        $("status").textContent = "refresh failed";
+      }
+    } finally {
+      state.refreshing = false;
+    }
+  }
+
+  // --- wiring -----------------------------------------------------------------------------------
+
+  function init() {
+    fetch("/healthz", { cache: "no-store" })
+      .then((r) => r.json())
+      .then((h) => ($("instance").textContent = h.instance_id))
+      .catch(() => {});
+    $("auth-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(TOKEN_KEY, $("token").value);
+      $("token").value = "";
+      refresh();
+    });
+    $("forget").addEventListener("click", () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      refresh();
+    });
+    $("group").addEventListener("change", () => {
+      state.group = $("group").value;
+      state.blockedOffset = 0;
+      state.deadTopic = null;
+      refresh();
+    });
+    $("dead-topic").addEventListener("change", () => {
+      state.deadTopic = $("dead-topic").value;
+      resetDeadPages();
+      refresh();
+    });
+    $("blocked-pager").addEventListener("click", (event) => {
+      const step = Number(event.target.dataset && event.target.dataset.step);
+      if (!step) return;
+      state.blockedOffset = Math.max(0, Math.min(state.blockedOffset + step * PAGE, state.blockedTotal - 1));
+      state.blockedOffset -= state.blockedOffset % PAGE;
+      refresh();
+    });
+    $("dead-pager").addEventListener("click", (event) => {
+      const step = Number(event.target.dataset && event.target.dataset.step);
+      if (step === 1 && state.deadNext !== null) {
+        state.deadCursors[state.deadPage + 1] = state.deadNext;
+        state.deadPage += 1;
+      } else if (step === -1 && state.deadPage > 0) {
+        state.deadPage -= 1;
+      } else {
+        return;
+      }
+      refresh();
+    });
+    $("replay-all").addEventListener("click", () => act("replay", { all: true }));
+    $("purge-all").addEventListener("click", () => purge(null));
+    setInterval(() => {
+      if ($("auto").checked) refresh();
+    }, REFRESH_MS);
+    refresh();
+  }
+
+  init();
+})();
