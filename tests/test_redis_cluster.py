@@ -219,7 +219,10 @@ def test_dead_letters_replay_and_status_on_a_cluster(single_proxy: ProxyProcess,
     for line in ('ddmq_dead_letters{group="g",topic="t"} 0.0', 'ddmq_queues_without_owner{group="g",topic="t"} 0.0',
                  'ddmq_lag_messages{group="g",qid="7",topic="t"}'):
         assert line in metrics, metrics[-3000:]
-    assert admin(single_proxy, "groups/g/lag-history")["topics"]["t"], "the console's lag sampler read nothing"
+    deadline = time.monotonic() + 12  # the console samples every 5 s; the first may precede the consumer
+    while not admin(single_proxy, "groups/g/lag-history")["topics"].get("t"):
+        assert time.monotonic() < deadline, "the console's lag sampler read nothing"
+        time.sleep(0.2)
     assert "metrics:" not in single_proxy.log() and "lag history" not in single_proxy.log(), single_proxy.log()
 
     status = subprocess.run(
