@@ -220,7 +220,7 @@ class ProxyFleet:
 
 
 async def puller(owner: str, port: int, log: list[Delivery], stop: asyncio.Event, rng: random.Random, *,
-                 fail_rate: float, group: str = "g", topic: str = "t") -> None:
+                 fail_rate: float = 0.01, group: str = "g", topic: str = "t") -> None:
     """Pull from one proxy, ack on the next pull (``fail_rate`` fails); reconnect while the proxy is away."""
     pending: list[wire.ConsumeResult] = []
     async with AsyncProxyClient("127.0.0.1", port, timeout_s=5) as client:
