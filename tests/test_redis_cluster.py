@@ -297,77 +297,125 @@ def by_stream_position(stored: dict[tuple[int, int], tuple[str, int]], log: list
     return [dataclasses.replace(d, seq=place[(d.qid, d.offset)]) for d in log]
 
 
+class ProducingRun:
+    """A backlog, then a proxy with two pullers on topic ``t`` while a :class:`SteadyProducer` writes;
+    :meth:`finish` drains every stored message and checks the proxy rode through whatever happened."""
+
+    def __init__(self, cluster_url: str, tmp_path: Path, leases: dict[str, Any]) -> None:
+        self.url = cluster_url
+        self.fleet = ProxyFleet(tmp_path, cluster_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, leases)
+        self.producer = SteadyProducer(cluster_url, 300, random.Random(7))
+        self.log: list[Delivery] = []
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, backlog: int) -> None:
+        produced: dict[str, int] = {}
+        await asyncio.to_thread(produce_keyed, self.url, backlog, produced, random.Random(1414), keys=300,
+                                topic="t", queues=QUEUES)
+        self.producer.next_seq.update(produced)
+        self.producer.acknowledged.extend((k, s) for k, n in produced.items() for s in range(n))
+        proxy = await asyncio.to_thread(self.fleet.start, "proxy-1")
+        self.tasks = [asyncio.create_task(puller("proxy-1", proxy.port, self.log, self.stop, random.Random(i)))
+                      for i in range(2)]
+        self.producer.start()
+
+    async def finish(self) -> dict[tuple[int, int], tuple[str, int]]:
+        """Stop producing, wait until every stored message was acked, stop; returns what is stored."""
+        await asyncio.sleep(1)  # keep producing and consuming on the new layout for a while
+        self.producer.stop.set()
+        await asyncio.to_thread(self.producer.join, 30)
+        stored = await asyncio.to_thread(stored_messages, self.url, "t", QUEUES)
+        per_key: dict[str, int] = {}
+        for key, _ in stored.values():
+            per_key[key] = per_key.get(key, 0) + 1
+        await wait_for(lambda: acked_prefixes(by_stream_position(stored, self.log)) == per_key, 60,
+                       "every stored message acked")
+        self.stop.set()
+        await asyncio.gather(*self.tasks)
+        proxy = self.fleet.proxies["proxy-1"]
+        assert proxy.proc is not None and proxy.proc.poll() is None, "the proxy must ride through without a restart"
+        assert await asyncio.to_thread(proxy.stop) == 0, proxy.log()
+        produce_next, committed = queue_tails(self.url, "t", QUEUES)
+        assert committed == produce_next
+        checker = check_order_by_term(self.fleet.reads(), by_stream_position(stored, self.log))
+        assert checker.violations == [], checker.violations[:5]
+        assert checker.missing(per_key) == {}
+        self.duplicates = checker.duplicates
+        return stored
+
+    async def close(self) -> None:
+        self.stop.set()
+        self.producer.stop.set()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for proxy in self.fleet.proxies.values():
+            proxy.stop()
+
+
 @pytest.mark.timeout(180)
 async def test_a_killed_master_fails_over_and_delivery_resumes_in_order(
     redis_cluster: EmbeddedCluster, cluster_url: str, tmp_path: Path
 ) -> None:
-    rng = random.Random(1414)
-    backlog: dict[str, int] = {}
-    await asyncio.to_thread(produce_keyed, cluster_url, 2000, backlog, rng, keys=300, topic="t", queues=QUEUES)
-    producer = SteadyProducer(cluster_url, 300, random.Random(7))
-    producer.next_seq.update(backlog)
-    producer.acknowledged.extend((k, s) for k, n in backlog.items() for s in range(n))
-    leases = {**LEASES, "ttl_ms": 3000, "renew_ms": 500}
-    fleet = ProxyFleet(tmp_path, cluster_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, leases)
-    log: list[Delivery] = []
-    stop = asyncio.Event()
-    tasks = []
+    run = ProducingRun(cluster_url, tmp_path, {**LEASES, "ttl_ms": 3000, "renew_ms": 500})
     victim = redis_cluster.master_of(keys.stream("t", 0))
     victim_qids = {q for q, port in masters_of(redis_cluster, "t", QUEUES).items() if port == victim.port}
     try:
-        proxy = await asyncio.to_thread(fleet.start, "proxy-1")
-        tasks = [asyncio.create_task(puller("proxy-1", proxy.port, log, stop, random.Random(i), fail_rate=0.01))
-                 for i in range(2)]
-        producer.start()
-        await wait_for(lambda: sum(d.acked for d in log) >= 2500, 60, "consumption under way")
+        await run.start(backlog=2000)
+        await wait_for(lambda: sum(d.acked for d in run.log) >= 2500, 60, "consumption under way")
         # The producer pauses for 50 ms before the kill, so the replica has every acknowledged write
         # (see the README: writes acknowledged in the last moment before a crash may be lost).
-        producer.hold.set()
-        await asyncio.to_thread(producer.held.wait, 10)
+        run.producer.hold.set()
+        await asyncio.to_thread(run.producer.held.wait, 10)
         await asyncio.sleep(0.05)
         killed_at = time.monotonic()
         victim.kill()
-        producer.hold.clear()
-        deliveries_before = len(log)
+        run.producer.hold.clear()
+        deliveries_before = len(run.log)
         await wait_for(lambda: redis_cluster.master_of(keys.stream("t", 0)).port != victim.port, 30, "promotion")
         promoted_s = time.monotonic() - killed_at
-        await wait_for(lambda: any(d.qid in victim_qids for d in log[deliveries_before:]), 30,
+        await wait_for(lambda: any(d.qid in victim_qids for d in run.log[deliveries_before:]), 30,
                        "deliveries from the failed-over shard")
         resumed_s = time.monotonic() - killed_at
-        await asyncio.sleep(1)  # keep producing on the promoted master for a while
-        producer.stop.set()
-        await asyncio.to_thread(producer.join, 30)
-        stored = await asyncio.to_thread(stored_messages, cluster_url, "t", QUEUES)
-        per_key: dict[str, int] = {}
-        for key, _ in stored.values():
-            per_key[key] = per_key.get(key, 0) + 1
-        await wait_for(lambda: acked_prefixes(by_stream_position(stored, log)) == per_key, 60,
-                       "every stored message acked")
-        stop.set()
-        await asyncio.gather(*tasks)
-        assert proxy.proc is not None and proxy.proc.poll() is None, "the proxy must ride through the failover"
-        assert await asyncio.to_thread(proxy.stop) == 0, proxy.log()
+        stored = await run.finish()
     finally:
-        stop.set()
-        producer.stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for each in fleet.proxies.values():
-            each.stop()
+        await run.close()
 
-    acknowledged = set(producer.acknowledged)
+    acknowledged = set(run.producer.acknowledged)
     present = set(stored.values())
     lost = acknowledged - present
     assert not lost, f"{len(lost)} acknowledged messages are not in Redis after the failover: {sorted(lost)[:5]}"
-    produce_next, committed = queue_tails(cluster_url, "t", QUEUES)
-    assert committed == produce_next
-    checker = check_order_by_term(fleet.reads(), by_stream_position(stored, log))
-    assert checker.violations == [], checker.violations[:5]
-    assert checker.missing(per_key) == {}
     print(f"\nfailover: produced and acknowledged {len(acknowledged)}, in Redis after the failover "
           f"{len(present)} (+{len(stored) - len(present)} stored twice by a retried batch), lost {len(lost)}, "
-          f"delivered {len({(d.key, d.seq) for d in log})} distinct ({len(log)} deliveries, "
-          f"{checker.duplicates} redelivered); promoted after {promoted_s:.1f}s, delivery from that shard "
-          f"resumed after {resumed_s:.1f}s; {producer.failures} producer batch(es) retried")
+          f"delivered {len({(d.key, d.seq) for d in run.log})} distinct ({len(run.log)} deliveries, "
+          f"{run.duplicates} redelivered); promoted after {promoted_s:.1f}s, delivery from that shard "
+          f"resumed after {resumed_s:.1f}s; {run.producer.failures} producer batch(es) retried")
+
+
+@pytest.mark.timeout(120)
+async def test_queues_resharded_to_another_master_mid_stream(
+    redis_cluster: EmbeddedCluster, cluster_url: str, tmp_path: Path
+) -> None:
+    """MOVED and ASK: the slots of one master's queues move, key by key, to another master while a
+    proxy reads, commits and renews leases there and a producer writes; nothing is restarted."""
+    run = ProducingRun(cluster_url, tmp_path, LEASES)
+    placement = masters_of(redis_cluster, "t", QUEUES)
+    target = next(node for node in redis_cluster.master_nodes() if node.port != placement[0])
+    moving = sorted(q for q, port in placement.items() if port == placement[0])
+    try:
+        await run.start(backlog=1000)
+        await wait_for(lambda: len(run.log) >= 800, 30, "consumption under way")
+        moved = 0
+        for qid in moving:
+            slot = key_slot(keys.stream("t", qid).encode())
+            moved += await asyncio.to_thread(redis_cluster.migrate_slot, slot, target, 1, 0.05)
+        assert moved >= 3 * len(moving)  # stream, sequence, committed offset, lease, ...
+        assert {masters_of(redis_cluster, "t", QUEUES)[q] for q in moving} == {target.port}
+        stored = await run.finish()
+    finally:
+        await run.close()
+    assert set(run.producer.acknowledged) <= set(stored.values())
+    print(f"\nreshard: {len(moving)} queue slot(s), {moved} keys moved to {target.port}; "
+          f"{len(stored)} messages delivered in order; {run.producer.failures} producer batch(es) retried")
 
 
 @pytest.mark.parametrize(("queues", "fewest"), [(8, 2), (64, 20)])
@@ -383,62 +431,3 @@ def test_a_topics_queues_spread_over_every_master(redis_cluster: EmbeddedCluster
     spread = sorted(per_master.values(), reverse=True)
     print(f"\n{queues} queues of 'rides' over 3 masters: {spread}")
     assert len(spread) == 3 and min(spread) >= fewest and sum(spread) == queues
-
-
-@pytest.mark.timeout(120)
-async def test_queues_resharded_to_another_master_mid_stream(
-    redis_cluster: EmbeddedCluster, cluster_url: str, tmp_path: Path
-) -> None:
-    """MOVED and ASK: the slots of one master's queues move, key by key, to another master while a
-    proxy reads, commits and renews leases there and a producer writes; nothing is restarted."""
-    backlog: dict[str, int] = {}
-    await asyncio.to_thread(produce_keyed, cluster_url, 1000, backlog, random.Random(3), keys=200, topic="t",
-                            queues=QUEUES)
-    producer = SteadyProducer(cluster_url, 200, random.Random(5))
-    producer.next_seq.update(backlog)
-    fleet = ProxyFleet(tmp_path, cluster_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, LEASES)
-    log: list[Delivery] = []
-    stop = asyncio.Event()
-    tasks = []
-    placement = masters_of(redis_cluster, "t", QUEUES)
-    source_port = placement[0]
-    target = next(node for node in redis_cluster.master_nodes() if node.port != source_port)
-    moving = sorted(q for q, port in placement.items() if port == source_port)
-    try:
-        proxy = await asyncio.to_thread(fleet.start, "proxy-1")
-        tasks = [asyncio.create_task(puller("proxy-1", proxy.port, log, stop, random.Random(i), fail_rate=0.01))
-                 for i in range(2)]
-        producer.start()
-        await wait_for(lambda: len(log) >= 800, 30, "consumption under way")
-        moved = 0
-        for qid in moving:
-            slot = key_slot(keys.stream("t", qid).encode())
-            moved += await asyncio.to_thread(redis_cluster.migrate_slot, slot, target, 1, 0.05)
-        assert moved >= 3 * len(moving)  # stream, sequence, committed offset, lease, ...
-        assert {masters_of(redis_cluster, "t", QUEUES)[q] for q in moving} == {target.port}
-        await asyncio.sleep(1)  # keep producing and consuming on the new owner for a while
-        producer.stop.set()
-        await asyncio.to_thread(producer.join, 30)
-        stored = await asyncio.to_thread(stored_messages, cluster_url, "t", QUEUES)
-        per_key: dict[str, int] = {}
-        for key, _ in stored.values():
-            per_key[key] = per_key.get(key, 0) + 1
-        await wait_for(lambda: acked_prefixes(by_stream_position(stored, log)) == per_key, 60,
-                       "every stored message acked")
-        stop.set()
-        await asyncio.gather(*tasks)
-        assert proxy.proc is not None and proxy.proc.poll() is None
-        assert await asyncio.to_thread(proxy.stop) == 0, proxy.log()
-    finally:
-        stop.set()
-        producer.stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for each in fleet.proxies.values():
-            each.stop()
-    assert set(producer.acknowledged) <= set(stored.values())
-    produce_next, committed = queue_tails(cluster_url, "t", QUEUES)
-    assert committed == produce_next
-    checker = check_order_by_term(fleet.reads(), by_stream_position(stored, log))
-    assert checker.violations == [], checker.violations[:5]
-    print(f"\nreshard: {len(moving)} queue slot(s), {moved} keys moved to {target.port}; "
-          f"{len(stored)} messages delivered in order; {producer.failures} producer batch(es) retried")
