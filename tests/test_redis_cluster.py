@@ -3,8 +3,10 @@
 - two proxies share a topic whose queues live on all three masters; Thrift clients pull: per-key order,
   nothing lost, committed = produced;
 - ``fetch``/``ack`` over queues of different shards (one read per slot, gathered), blocking too;
-- dead letters and their replay; ``ddmq status``;
-- a master is killed with SIGKILL mid-stream: its replica is promoted and delivery resumes by itself.
+- dead letters and their replay; ``/metrics`` and the console's lag; ``ddmq produce`` and ``ddmq status``;
+- a master is killed with SIGKILL mid-stream: its replica is promoted and delivery resumes by itself;
+- one master's queue slots are resharded to another master mid-stream (MOVED, ASK);
+- a topic's queues spread over every master.
 """
 
 from __future__ import annotations
@@ -225,14 +227,20 @@ def test_dead_letters_replay_and_status_on_a_cluster(single_proxy: ProxyProcess,
         time.sleep(0.2)
     assert "metrics:" not in single_proxy.log() and "lag history" not in single_proxy.log(), single_proxy.log()
 
+    cli = [sys.executable, "-m", "ddmq.client.cli"]
+    produced = subprocess.run(
+        [*cli, "produce", "--redis", cluster_url, "--topic", "t"], input='{"key": "k99", "value": "by the CLI"}\n',
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    assert "sent 1 message(s)" in produced.stderr
     status = subprocess.run(
-        [sys.executable, "-m", "ddmq.client.cli", "status", "--redis", cluster_url, "--group", "g", "--json"],
+        [*cli, "status", "--redis", cluster_url, "--group", "g", "--json"],
         capture_output=True, text=True, timeout=30, check=True,
     )
     rows = json.loads(status.stdout)["queues"]
     assert [row["qid"] for row in rows] == list(range(QUEUES))
     assert {row["owner"] for row in rows} == {"e2e-proxy"}
-    assert sum(row["produced"] - 1 for row in rows) == 25
+    assert sum(row["produced"] - 1 for row in rows) == 26
 
 
 class SteadyProducer(threading.Thread):
