@@ -44,10 +44,10 @@ def _selected(parser: argparse.ArgumentParser, only: str) -> list[str]:
     if not only:
         return list(SCENARIOS)
     wanted = [part.strip().upper() for part in only.split(",") if part.strip()]
-    unknown = [w for w in wanted if w not in SCENARIOS]
+    unknown = [w for w in wanted if w not in {s.upper() for s in SCENARIOS}]
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; known: {list(SCENARIOS)}")
-    return [s for s in SCENARIOS if s in wanted]
+    return [s for s in SCENARIOS if s.upper() in wanted]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,10 +19,9 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from bench.clientproc import Ready
 from bench.dataset import TOPIC
+from ddmq.client.connection import AsyncRedis, async_redis
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.client.wire import ConsumeResult, ConsumeStatsRequest, Context, PullRequest, PullResponse, link_results
 
@@ -195,7 +194,7 @@ class RawDrain:
 
 
 async def drain_raw(spec: RawDrain, ready: Ready) -> dict[str, Any]:
-    clients = [aioredis.Redis.from_url(spec.redis_url) for _ in spec.streams]
+    clients = [async_redis(spec.redis_url) for _ in spec.streams]
     pairs = list(zip(clients, spec.streams, strict=True))
     runs = []
     try:
@@ -216,7 +215,7 @@ async def drain_raw(spec: RawDrain, ready: Ready) -> dict[str, Any]:
         await asyncio.gather(*(client.aclose() for client in clients))
 
 
-async def _raw_consumer(client: aioredis.Redis, stream: str, group: str, batch: int) -> int:
+async def _raw_consumer(client: AsyncRedis, stream: str, group: str, batch: int) -> int:
     consumed = 0
     ids: list[bytes] = []
     while True:
@@ -458,7 +457,7 @@ class LatencyPair:
 
 async def latency_pair(spec: LatencyPair, ready: Ready) -> dict[str, Any]:
     clients = await _connected(spec.port, spec.connections)
-    readers = [aioredis.Redis.from_url(spec.redis_url) for _ in spec.streams]
+    readers = [async_redis(spec.redis_url) for _ in spec.streams]
     await asyncio.gather(*(reader.ping() for reader in readers))
     proxy_ms: dict[int, float] = {}
     raw_ms: dict[int, float] = {}
@@ -525,7 +524,7 @@ async def _latency_puller(
 
 
 async def _latency_reader(
-    client: aioredis.Redis, stream: str, spec: LatencyPair, into: dict[int, float], done: asyncio.Event
+    client: AsyncRedis, stream: str, spec: LatencyPair, into: dict[int, float], done: asyncio.Event
 ) -> None:
     last: bytes | str = "0-0"
     while not done.is_set():

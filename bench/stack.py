@@ -29,8 +29,10 @@ from typing import Any
 import yaml
 
 from ddmq.proxy.embedded import EmbeddedRedis
+from ddmq.proxy.embedded_cluster import EmbeddedCluster
 
 __all__ = [
+    "ClusterServer",
     "HarnessError",
     "ProfileReport",
     "Profiler",
@@ -92,6 +94,10 @@ class RedisServer:
             raise HarnessError("redis is not running")
         return int(pid)
 
+    @property
+    def pids(self) -> list[int]:
+        return [self.pid]
+
     def start(self) -> RedisServer:
         self._server.start()
         return self
@@ -118,6 +124,31 @@ class RedisServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class ClusterServer:
+    """A Redis Cluster of ``masters`` masters without replicas (``EmbeddedCluster``) in a temporary
+    directory, deleted on :meth:`stop`; the same ``url`` / ``pids`` surface as :class:`RedisServer`."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self._cluster = EmbeddedCluster(tempfile.mkdtemp(prefix="ddmq-bench-cluster-"), masters=masters, replicas=0)
+
+    @property
+    def url(self) -> str:
+        return self._cluster.url
+
+    @property
+    def pids(self) -> list[int]:
+        return [node.process.pid for node in self._cluster.nodes if node.process is not None]
+
+    def __enter__(self) -> ClusterServer:
+        self._cluster.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._cluster.stop()
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Per-queue keys carry the Redis Cluster hash tag ``{<topic>:<qid>}`` so that a queue's stream, its
 sequence counter, and each group's committed offset and lease live in one slot: the Lua scripts that
-touch them together (produce, fenced commit) stay single-slot, and queues spread across a cluster.
+touch them together (produce, fenced commit) stay single-slot, and queues spread across a cluster
+(DESIGN.md, "Redis Cluster", says why each group-level key is placed as it is).
 
 ================================  ========  ===================================================
 key                               type      holds

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 import redis
 
 from ddmq.client import clitools, keys
-from ddmq.client.connections import sync_redis
+from ddmq.client.connection import sync_redis
 
 __all__ = ["QueueReset", "add_cli", "apply", "plan"]
 

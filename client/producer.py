@@ -44,12 +44,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, Any, NamedTuple
 
-import redis
-import redis.asyncio
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from ddmq.client import clitools, keys
+from ddmq.client.connection import REDIS_ERRORS, AsyncRedis, SyncRedis, async_redis, eval_script, sync_redis
 from ddmq.client.hashing import queue_for_key
 
 __all__ = [
@@ -308,7 +307,7 @@ def _redis_errors(topic: str) -> Iterator[None]:
     """Map redis-py errors into :class:`ProduceError` at the edge."""
     try:
         yield
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise ProduceError(f"producing to topic {topic!r} failed: {exc}") from exc
 
 
@@ -341,17 +340,21 @@ def _pipeline_outcome(
 class Producer:
     """Synchronous producer on a redis-py client.
 
-    ``url_or_client`` is a URL (the producer owns and closes that client) or an existing ``redis.Redis``
-    (left open by :meth:`close`). ``default_queues`` is used only when the topic does not exist yet;
-    ``maxlen`` trims each queue approximately (``MAXLEN ~``) to that many entries.
+    ``url_or_client`` is a URL (the producer owns and closes that client; ``?cluster=true`` for a Redis
+    Cluster, see :mod:`ddmq.client.connection`) or an existing ``redis.Redis`` or
+    ``redis.cluster.RedisCluster`` (left open by :meth:`close`). ``default_queues`` is used only when the
+    topic does not exist yet; ``maxlen`` trims each queue approximately (``MAXLEN ~``) to that many entries.
     """
 
     def __init__(
-        self, url_or_client: str | redis.Redis, /, *, default_queues: int = 8, maxlen: int | None = None
+        self, url_or_client: str | SyncRedis, /, *, default_queues: int = 8, maxlen: int | None = None
     ) -> None:
         self._planner = _Planner(default_queues, maxlen)
         if isinstance(url_or_client, str):
-            self._redis: redis.Redis = redis.Redis.from_url(url_or_client)
+            try:
+                self._redis: SyncRedis = sync_redis(url_or_client)
+            except REDIS_ERRORS as exc:  # a cluster client reads the slot map at once
+                raise ProduceError(f"cannot reach the Redis Cluster at {url_or_client}: {exc}") from exc
             self._owned = True
         else:
             self._redis = url_or_client
@@ -422,18 +425,20 @@ class Producer:
         firsts: dict[int, int] = {}
         pending = list(range(len(calls)))
         with _redis_errors(topic):
-            for _ in range(2):
+            for command, script in (("EVALSHA", self._script.sha), ("EVAL", self._script.script)):
                 pipe = self._redis.pipeline(transaction=False)
                 for index in pending:
-                    pipe.evalsha(self._script.sha, 2, *calls[index].keys, *calls[index].args)
+                    # the raw command: redis-py's cluster pipelines refuse evalsha(), yet route this one by its keys
+                    pipe.execute_command(command, script, 2, *calls[index].keys, *calls[index].args)
                 replies = pipe.execute(raise_on_error=False)
                 done, retry = _pipeline_outcome(topic, [calls[i] for i in pending], replies)
                 firsts.update({pending[i]: first for i, first in done.items()})
                 pending = [pending[i] for i in retry]
                 if not pending:
                     break
-                logger.debug("produce script not cached on the server; loading it")
-                self._script.sha = self._redis.script_load(self._script.script)
+                # A restarted server, or a replica just promoted, has an empty script cache: EVAL sends the
+                # script itself (and caches it there); SCRIPT LOAD would only reach the masters redis-py knew.
+                logger.debug("produce script not cached on the server; sending it")
             else:
                 raise ProduceError(f"producing to topic {topic!r} failed: the script could not be loaded")
         return _Planner.results(topic, len(batch), calls, [firsts[i] for i in range(len(calls))])
@@ -448,7 +453,7 @@ class AsyncProducer:
 
     def __init__(
         self,
-        url_or_client: str | redis.asyncio.Redis,
+        url_or_client: str | AsyncRedis,
         /,
         *,
         default_queues: int = 8,
@@ -456,7 +461,7 @@ class AsyncProducer:
     ) -> None:
         self._planner = _Planner(default_queues, maxlen)
         if isinstance(url_or_client, str):
-            self._redis: redis.asyncio.Redis = redis.asyncio.Redis.from_url(url_or_client)
+            self._redis: AsyncRedis = async_redis(url_or_client)
             self._owned = True
         else:
             self._redis = url_or_client
@@ -511,24 +516,26 @@ class AsyncProducer:
         firsts: dict[int, int] = {}
         pending = list(range(len(calls)))
         with _redis_errors(topic):
-            for _ in range(2):
+            for command, script in (("EVALSHA", self._script.sha), ("EVAL", self._script.script)):
                 pipe = self._redis.pipeline(transaction=False)
                 for index in pending:
-                    pipe.evalsha(self._script.sha, 2, *calls[index].keys, *calls[index].args)
+                    # the raw command: redis-py's cluster pipelines refuse evalsha(), yet route this one by its keys
+                    pipe.execute_command(command, script, 2, *calls[index].keys, *calls[index].args)
                 replies = await pipe.execute(raise_on_error=False)
                 done, retry = _pipeline_outcome(topic, [calls[i] for i in pending], replies)
                 firsts.update({pending[i]: first for i, first in done.items()})
                 pending = [pending[i] for i in retry]
                 if not pending:
                     break
-                logger.debug("produce script not cached on the server; loading it")
-                self._script.sha = await self._redis.script_load(self._script.script)
+                # A restarted server, or a replica just promoted, has an empty script cache: EVAL sends the
+                # script itself (and caches it there); SCRIPT LOAD would only reach the masters redis-py knew.
+                logger.debug("produce script not cached on the server; sending it")
             else:
                 raise ProduceError(f"producing to topic {topic!r} failed: the script could not be loaded")
         return _Planner.results(topic, len(batch), calls, [firsts[i] for i in range(len(calls))])
 
 
-async def _topic_queues(client: redis.asyncio.Redis, topic: str, queues: int) -> int:
+async def _topic_queues(client: AsyncRedis, topic: str, queues: int) -> int:
     with _redis_errors(topic):
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.topic_meta(topic), "queues", queues)
@@ -538,7 +545,7 @@ async def _topic_queues(client: redis.asyncio.Redis, topic: str, queues: int) ->
     return _parse_queues(topic, raw)
 
 
-async def ensure_topic(client: redis.asyncio.Redis, topic: str, queues: int) -> int:
+async def ensure_topic(client: AsyncRedis, topic: str, queues: int) -> int:
     """Create ``topic`` with ``queues`` queues if it is missing; otherwise check the stored number.
 
     Returns the number of queues. Raises :class:`TopicMismatchError` when the topic exists with a
@@ -550,13 +557,13 @@ async def ensure_topic(client: redis.asyncio.Redis, topic: str, queues: int) -> 
     return _check_declared(topic, await _topic_queues(client, topic, queues), queues)
 
 
-async def repair_queue(client: redis.asyncio.Redis, topic: str, qid: int) -> int:
+async def repair_queue(client: AsyncRedis, topic: str, qid: int) -> int:
     """Make a queue appendable again after another writer added entries the producer would not have
     (see the produce script): renumber time-based ids after the last offset, raise the sequence to the
     highest ``0-<n>`` id. Returns the next offset to be produced; ProduceError when Redis fails."""
     stream, sequence = keys.stream(topic, qid), keys.sequence(topic, qid)
     with _redis_errors(topic):
-        return int(await client.register_script(_PRODUCE_LUA)(keys=[stream, sequence], args=[0, b""]))
+        return int(await eval_script(client, _PRODUCE_LUA, [stream, sequence], [0, b""]))
 
 
 # --- the `ddmq produce` command --------------------------------------------------------------------
@@ -573,7 +580,9 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "any other JSON value as its compact JSON text. Bad lines are reported and skipped."
         ),
     )
-    clitools.env_option(parser, "--redis", clitools.ENV_REDIS, "redis:// URL of the broker")
+    clitools.env_option(
+        parser, "--redis", clitools.ENV_REDIS, "redis:// URL of the broker (add ?cluster=true for a Redis Cluster)"
+    )
     parser.add_argument("--topic", required=True)
     parser.add_argument(
         "--queues", type=int, default=None,

@@ -17,14 +17,16 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-import redis
-
 from ddmq.client import clitools, keys
-from ddmq.client.connections import sync_redis
+from ddmq.client.connection import REDIS_ERRORS, SyncRedis, sync_redis
 from ddmq.config.schema import LeaseConfig
 
 #: A proxy drops members silent for longer than its ``leases.ttl_ms``; status assumes the default.
 DEFAULT_MEMBER_TTL_MS = LeaseConfig().ttl_ms
+
+
+#: What ``ddmq status`` reports as a failure: Redis errors, and a malformed URL (a ValueError).
+_STATUS_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class GroupStatus:
 
 
 def group_status(
-    client: redis.Redis, group: str, topics: list[str] | None = None, member_ttl_ms: int = DEFAULT_MEMBER_TTL_MS
+    client: SyncRedis, group: str, topics: list[str] | None = None, member_ttl_ms: int = DEFAULT_MEMBER_TTL_MS
 ) -> GroupStatus:
     now = int(time.time() * 1000)
     heartbeats = client.zrange(keys.members(group), 0, -1, withscores=True)
@@ -131,7 +133,10 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "status", help="owners, lease expiry, committed and produced offsets, lag, rollbacks",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    clitools.env_option(parser, "--redis", clitools.ENV_REDIS, "the broker's URL, e.g. redis://127.0.0.1:6379/0")
+    clitools.env_option(
+        parser, "--redis", clitools.ENV_REDIS,
+        "the broker's URL, e.g. redis://127.0.0.1:6379/0 (add ?cluster=true for a Redis Cluster)",
+    )
     parser.add_argument("--group", required=True)
     parser.add_argument("--topic", action="append", help="only this topic (repeatable)")
     parser.add_argument(
@@ -146,7 +151,7 @@ def _status_command(args: argparse.Namespace) -> int:
     try:
         with sync_redis(args.redis) as client:
             status = group_status(client, args.group, args.topic, args.member_ttl_ms)
-    except (redis.RedisError, ValueError) as exc:  # a malformed URL is a ValueError
+    except _STATUS_ERRORS as exc:
         raise clitools.CliError(f"{args.redis}: {exc}") from exc
     if not status.known:
         raise clitools.CliError(

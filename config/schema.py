@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ddmq.client.connection import check_url
 from ddmq.client.keys import check_name
 
 #: Names an action chain may use; each is implemented in ``ddmq.actions``.
@@ -382,7 +383,8 @@ class LeaseConfig(_Model):
 
 class ProxyConfig(_Model):
     instance_id: str = Field(default_factory=_default_instance_id)
-    #: ``embedded`` (a private redis-server owned by the proxy) or a ``redis://`` / ``rediss://`` URL.
+    #: ``embedded`` (a private redis-server owned by the proxy) or a ``redis://`` / ``rediss://`` URL;
+    #: ``?cluster=true`` for a Redis Cluster (``redis://h1:7000,h2:7000/0?cluster=true``).
     redis: str = "embedded"
     embedded_redis: EmbeddedRedisConfig = EmbeddedRedisConfig()
     thrift: ThriftConfig = ThriftConfig()
@@ -400,8 +402,10 @@ class ProxyConfig(_Model):
     @field_validator("redis")
     @classmethod
     def _redis_url(cls, value: str) -> str:
-        if value == "embedded" or value.startswith(("redis://", "rediss://", "unix://")):
+        if value == "embedded":
             return value
+        if value.startswith(("redis://", "rediss://", "unix://")):
+            return check_url(value)
         raise ValueError("redis must be 'embedded' or a redis:// / rediss:// / unix:// URL")
 
     @field_validator("topics", "groups")

@@ -8,10 +8,15 @@ Queue reads are the proxy's busiest Redis call. redis-py's XREAD callback turns 
 list into a dict before we look at it; :class:`Broker` wraps that callback on its client so that its
 own reads (and only those, marked with an option) get the server's reply as it is, and
 :func:`decode_fields` builds each message straight from the flat field list.
+
+On a Redis Cluster (:mod:`ddmq.client.connection`) every command here names keys of one slot, except
+the reads over many queues and the multi-key reads of offsets: those are split per slot
+(:meth:`Broker.read_many`, :meth:`Broker.get_many`) and sent to the masters concurrently.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
@@ -20,15 +25,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from ddmq.client import keys
+from ddmq.client.connection import REDIS_ERRORS, AsyncRedis, eval_script
 from ddmq.client.producer import ProduceError, repair_queue
 from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
+
+#: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
+_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 _EMPTY_PROPERTIES: dict[str, str] = {}
 #: ``StoredMessage(*fields)`` without the generated ``__new__``'s Python frame (once per message read).
@@ -43,7 +51,7 @@ _RAW_REPLY = "ddmq_raw_reply"
 def map_redis_errors(what: str) -> Iterator[None]:
     try:
         yield
-    except (RedisError, OSError) as exc:
+    except _FAILURES as exc:
         raise BrokerError(f"redis failed while {what}: {exc}") from exc
 
 
@@ -186,15 +194,24 @@ def _xread_callback(parse: Callable[..., Any]) -> Callable[..., Any]:
     return callback
 
 
+async def get_many(redis: AsyncRedis, names: list[str]) -> list[bytes | None]:
+    """GET of many string keys: one MGET on a single server, one MGET per slot (pipelined per master)
+    on a cluster, which refuses an MGET across slots."""
+    if not names:
+        return []
+    if isinstance(redis, RedisCluster):
+        return list(await redis.mget_nonatomic(names))
+    return list(await redis.mget(names))
+
+
 class Broker:
     """The proxy's view of Redis. ``redis`` must return bytes (``decode_responses=False``)."""
 
-    def __init__(self, redis: aioredis.Redis, connections: ConnectionCounter | None = None) -> None:
+    def __init__(self, redis: AsyncRedis, connections: ConnectionCounter | None = None) -> None:
         self.redis = redis
+        self.cluster = isinstance(redis, RedisCluster)
         #: Connections opened so far (0 forever when the client was made without the counter).
         self.connections = connections or ConnectionCounter()
-        self._check_stream = redis.register_script(_CHECK_STREAM)
-        self._raise_sequence = redis.register_script(_RAISE_SEQUENCE)
         self._raw_reads = redis.get_connection_kwargs().get("protocol") in (None, 2, "2")
         if self._raw_reads:
             parse = redis.response_callbacks["XREAD"]
@@ -233,12 +250,12 @@ class Broker:
         read there, if any): Redis rolled back. See :data:`STREAM_INTACT_LUA`."""
         with map_redis_errors(f"checking {topic}#{qid} against what was read"):
             keys_ = [keys.stream(topic, qid), keys.sequence(topic, qid)]
-            return bool(await self._check_stream(keys=keys_, args=read_mark(n, message)))
+            return bool(await eval_script(self.redis, _CHECK_STREAM, keys_, read_mark(n, message)))
 
     async def raise_sequence(self, topic: str, qid: int, offset: int) -> int:
         """Make producers continue after ``offset`` at least; returns the queue's last offset."""
         with map_redis_errors(f"raising the sequence of {topic}#{qid}"):
-            return int(await self._raise_sequence(keys=[keys.sequence(topic, qid)], args=[offset]))
+            return int(await eval_script(self.redis, _RAISE_SEQUENCE, [keys.sequence(topic, qid)], [offset]))
 
     async def record_rollback(
         self, group: str, topic: str, qid: int, owner: str, read_upto: int, stream_end: int
@@ -263,12 +280,25 @@ class Broker:
     async def read_many(
         self, streams: dict[str, str], count: int, block_ms: int | None
     ) -> dict[str, tuple[list[StoredMessage], int]]:
-        """Up to ``count`` entries per stream after each given id, in one XREAD (one slot per stream):
-        per stream, the messages and the offset of the last entry looked at. Entries not written by
-        the producer are left out (the ordered path dead-letters them); one with a time-based id ends
-        the page, as it has no offset until the next produce renumbers it."""
+        """Up to ``count`` entries per stream after each given id (one slot per stream): per stream, the
+        messages and the offset of the last entry looked at. Entries not written by the producer are
+        left out (the ordered path dead-letters them); one with a time-based id ends the page, as it has
+        no offset until the next produce renumbers it.
+
+        One XREAD on a single server. On a cluster, where one XREAD may only name keys of one slot,
+        one XREAD per stream: pipelined per master when not blocking; when blocking, all at once and
+        answered as soon as one of them has messages (the others are cancelled).
+        """
         with map_redis_errors(f"reading {len(streams)} queue(s)"):
-            reply: Any = await self.redis.xread(streams, count=count, block=block_ms)
+            if not self.cluster or len(streams) == 1:
+                reply: Any = await self.redis.xread(streams, count=count, block=block_ms)
+            elif block_ms is None:
+                pipe = self.redis.pipeline(transaction=False)
+                for stream, after in streams.items():
+                    pipe.xread({stream: after}, count=count)
+                reply = [page for answer in await pipe.execute() for page in answer or ()]
+            else:
+                reply = await self._first_answer(streams, count, block_ms)
         pages: dict[str, tuple[list[StoredMessage], int]] = {}
         for raw_stream, entries in reply or ():
             stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
@@ -285,6 +315,28 @@ class Broker:
                     continue
             pages[stream] = (messages, seen)
         return pages
+
+    async def _first_answer(self, streams: dict[str, str], count: int, block_ms: int) -> list[Any]:
+        reads = {
+            asyncio.ensure_future(self.redis.xread({stream: after}, count=count, block=block_ms))
+            for stream, after in streams.items()
+        }
+        pages: list[Any] = []
+        try:
+            while reads and not pages:
+                done, reads = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+                for read in done:
+                    pages.extend(read.result() or ())
+        finally:
+            for read in reads:
+                read.cancel()
+            if reads:
+                await asyncio.wait(reads)
+        return pages
+
+    async def get_many(self, names: list[str]) -> list[bytes | None]:
+        """See :func:`get_many`."""
+        return await get_many(self.redis, names)
 
     async def committed_offset(self, group: str, topic: str, qid: int) -> int | None:
         with map_redis_errors(f"reading the offset of {group}/{topic}#{qid}"):
@@ -305,7 +357,7 @@ class Broker:
     async def produce_offsets(self, topic: str, queues: int) -> list[int]:
         """Next offset to be produced, per qid."""
         with map_redis_errors(f"reading produce offsets of {topic}"):
-            raws = await self.redis.mget([keys.sequence(topic, qid) for qid in range(queues)])
+            raws = await self.get_many([keys.sequence(topic, qid) for qid in range(queues)])
         return [int(raw) + 1 if raw is not None else 1 for raw in raws]
 
     async def init_offset(self, group: str, topic: str, qid: int, offset: int) -> int:

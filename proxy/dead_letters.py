@@ -22,9 +22,8 @@ import json
 import re
 from typing import Any, Final, NamedTuple
 
-import redis.asyncio as aioredis
-
 from ddmq.client import keys
+from ddmq.client.connection import AsyncRedis
 from ddmq.client.producer import AsyncProducer, OutgoingMessage, ProduceError
 from ddmq.proxy.broker import map_redis_errors
 from ddmq.proxy.errors import BadRequestError, BrokerError
@@ -104,7 +103,7 @@ def _next_id(entry_id: str) -> str:
 class DeadLetters:
     """One (group, topic)'s dead-letter stream. ``redis`` must return bytes."""
 
-    def __init__(self, redis: aioredis.Redis, group: str, topic: str) -> None:
+    def __init__(self, redis: AsyncRedis, group: str, topic: str) -> None:
         self.group = group
         self.topic = topic
         self._redis = redis

@@ -20,9 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from ddmq.client import clitools, keys
+from ddmq.client.connection import sync_redis
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
 from ddmq.client.producer import Producer
 
@@ -222,7 +221,7 @@ def _run(
     consumer.start()
     interactive = sys.stdout.isatty()
     last_print = 0.0
-    client = redis.Redis.from_url(redis_url)
+    client = sync_redis(redis_url)
     try:
         while not checker.done() and time.monotonic() - started < args.timeout:
             time.sleep(0.1)
@@ -263,7 +262,10 @@ def _run(
 
 
 def add_producer_arguments(parser: argparse.ArgumentParser) -> None:
-    clitools.env_option(parser, "--redis", clitools.ENV_REDIS, "Redis URL, e.g. redis://127.0.0.1:6379/0")
+    clitools.env_option(
+        parser, "--redis", clitools.ENV_REDIS,
+        "Redis URL, e.g. redis://127.0.0.1:6379/0 (?cluster=true for a Redis Cluster)",
+    )
     parser.add_argument("--riders", type=int, default=3000, help="riders per round, 3 events each (default 3000)")
     parser.add_argument("--topic", default=TOPIC, help=f"topic (default {TOPIC})")
     parser.add_argument("--queues", type=int, default=8, help="queues of the topic if it is new (default 8)")

@@ -97,7 +97,7 @@ class LowLevelApi:
         if not queues:
             return {}
         with map_redis_errors(f"reading fetch positions of group {group}"):
-            raws = await self.broker.redis.mget([keys.fetch_position(group, q.topic, q.qid) for q in queues])
+            raws = await self.broker.get_many([keys.fetch_position(group, q.topic, q.qid) for q in queues])
         return {q: int(raw) if raw is not None else None for q, raw in zip(queues, raws, strict=True)}
 
     # --------------------------------------------------------------------------------------------
@@ -152,8 +152,8 @@ class LowLevelApi:
     async def _read(
         self, starts: dict[QueueId, int], count: int, block_ms: int | None
     ) -> dict[QueueId, tuple[list[StoredMessage], int]]:
-        """One XREAD over every queue (blocking when ``block_ms`` is given): messages and the offset
-        of the last entry looked at, per queue."""
+        """One read over every queue (blocking when ``block_ms`` is given): messages and the offset of
+        the last entry looked at, per queue; see :meth:`Broker.read_many`."""
         streams = {keys.stream(q.topic, q.qid): keys.stream_id_after(start - 1) for q, start in starts.items()}
         by_stream = {keys.stream(q.topic, q.qid): q for q in starts}
         replies = await self.broker.read_many(streams, count, block_ms)

@@ -24,10 +24,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-import redis.asyncio as aioredis
-
 from ddmq.client import keys
-from ddmq.proxy.broker import map_redis_errors
+from ddmq.client.connection import AsyncRedis
+from ddmq.proxy.broker import get_many, map_redis_errors
 from ddmq.proxy.errors import DdmqError
 
 if TYPE_CHECKING:
@@ -44,7 +43,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def produce_times(redis: aioredis.Redis, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+async def produce_times(redis: AsyncRedis, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
     """qid -> produce time (ms) of the entry at ``offsets[qid]``, or of the first one after it when
     that offset is gone; qids whose stream has nothing from there are left out."""
     if not offsets:
@@ -74,13 +73,16 @@ class QueueLag(NamedTuple):
     oldest_ms: int | None
 
 
-async def topic_lag(redis: aioredis.Redis, group: str, topic: str, queues: int) -> list[QueueLag]:
-    """Every queue of ``topic`` for ``group``, from committed offsets (two round trips)."""
+async def topic_lag(redis: AsyncRedis, group: str, topic: str, queues: int) -> list[QueueLag]:
+    """Every queue of ``topic`` for ``group``, from committed offsets (two round trips; on a cluster, two
+    rounds of one per master)."""
     with map_redis_errors(f"reading the lag of {group}/{topic}"):
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.mget([keys.committed(group, topic, qid) for qid in range(queues)])
-            pipe.mget([keys.sequence(topic, qid) for qid in range(queues)])
-            committed_raw, sequence_raw = await pipe.execute()
+        raws = await get_many(
+            redis,
+            [keys.committed(group, topic, qid) for qid in range(queues)]
+            + [keys.sequence(topic, qid) for qid in range(queues)],
+        )
+    committed_raw, sequence_raw = raws[:queues], raws[queues:]
     committed = [int(raw) if raw is not None else 1 for raw in committed_raw]
     produced = [int(raw) + 1 if raw is not None else 1 for raw in sequence_raw]
     behind = {qid: committed[qid] for qid in range(queues) if produced[qid] > committed[qid]}

@@ -26,10 +26,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
-
 from ddmq.client import keys
+from ddmq.client.connection import AsyncRedis, eval_script
 from ddmq.proxy.broker import STREAM_INTACT_LUA, map_redis_errors, read_mark
 
 # KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
@@ -111,24 +109,16 @@ class LeaseHolder(NamedTuple):
 class LeaseStore:
     """Lease operations for one proxy instance (``owner``)."""
 
-    def __init__(self, redis: aioredis.Redis, owner: str, ttl_ms: int) -> None:
+    def __init__(self, redis: AsyncRedis, owner: str, ttl_ms: int) -> None:
         if " " in owner:
             raise ValueError(f"instance id {owner!r} must not contain spaces")
         self.redis = redis
         self.owner = owner
         self.ttl_ms = ttl_ms
-        self._sha: dict[str, str] = {}
 
     async def _run(self, script: str, keys_: list[str], args: list[Any], what: str) -> int:
         with map_redis_errors(what):
-            sha = self._sha.get(script)
-            if sha is not None:
-                try:
-                    return int(await self.redis.evalsha(sha, len(keys_), *keys_, *args))
-                except NoScriptError:
-                    pass  # Redis restarted and lost its script cache
-            self._sha[script] = await self.redis.script_load(script)
-            return int(await self.redis.evalsha(self._sha[script], len(keys_), *keys_, *args))
+            return int(await eval_script(self.redis, script, keys_, args))
 
     async def acquire(self, group: str, topic: str, qid: int) -> Lease | None:
         """Take the lease if it is free or already ours (restart); None when someone else holds it."""

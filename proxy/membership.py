@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import time
 
-import redis.asyncio as aioredis
-
 from ddmq.client import keys
+from ddmq.client.connection import AsyncRedis
 from ddmq.proxy.broker import map_redis_errors
 
 
@@ -33,7 +32,7 @@ def assign(members: list[str], queues: int, me: str) -> range:
 class Membership:
     """This proxy's membership in the groups it serves."""
 
-    def __init__(self, redis: aioredis.Redis, instance_id: str, timeout_ms: int) -> None:
+    def __init__(self, redis: AsyncRedis, instance_id: str, timeout_ms: int) -> None:
         self.redis = redis
         self.instance_id = instance_id
         self.timeout_ms = timeout_ms

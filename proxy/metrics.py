@@ -25,7 +25,6 @@ from dataclasses import fields
 from itertools import accumulate
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -35,8 +34,10 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from redis.asyncio.cluster import RedisCluster
 
 from ddmq.client import keys as key_names
+from ddmq.client.connection import AsyncRedis
 from ddmq.proxy.broker import map_redis_errors
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState
@@ -178,21 +179,27 @@ class ProxyMetrics:
 
     @staticmethod
     async def _topic_figures(
-        redis: aioredis.Redis, topics: dict[tuple[str, str], int]
+        redis: AsyncRedis, topics: dict[tuple[str, str], int]
     ) -> dict[tuple[str, str], TopicFigures]:
         """(group, topic) -> dead letters in the stream, queues nobody holds the lease of."""
         if not topics:
             return {}
+        # A cluster refuses EXISTS across slots, and each queue's lease has its own: one EXISTS each.
+        per_key = isinstance(redis, RedisCluster)
         with map_redis_errors("reading dead-letter lengths and leases"):
             async with redis.pipeline(transaction=False) as pipe:
                 for (group, topic), queues in topics.items():
                     pipe.xlen(key_names.dead_letters(group, topic))
-                    pipe.exists(*(key_names.lease(group, topic, qid) for qid in range(queues)))
-                replies = await pipe.execute()
-        return {
-            key: TopicFigures(int(replies[2 * i]), queues - int(replies[2 * i + 1]))
-            for i, (key, queues) in enumerate(topics.items())
-        }
+                    leases = [key_names.lease(group, topic, qid) for qid in range(queues)]
+                    for names in [[lease] for lease in leases] if per_key else [leases]:
+                        pipe.exists(*names)
+                replies = iter(await pipe.execute())
+        figures = {}
+        for key, queues in topics.items():
+            dead = int(next(replies))
+            held = sum(int(next(replies)) for _ in range(queues if per_key else 1))
+            figures[key] = TopicFigures(dead, queues - held)
+        return figures
 
     def render(self) -> bytes:
         """The registry in Prometheus' text format (runs in the event loop: reads engine state)."""

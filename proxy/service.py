@@ -19,8 +19,7 @@ from contextlib import contextmanager
 from time import perf_counter
 from types import TracebackType
 
-import redis.asyncio as aioredis
-
+from ddmq.client.connection import AsyncRedis, async_redis, is_cluster_url, quiet_dropped_cluster_nodes
 from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
@@ -72,7 +71,7 @@ class ProxyService:
         self.counters: Counter[str] = Counter()
         self.groups: dict[str, ConsumerGroup] = {}
         self.redis_url = config.redis
-        self.redis: aioredis.Redis | None = None
+        self.redis: AsyncRedis | None = None
         self.broker: Broker | None = None
         self.leases: LeaseStore | None = None
         self.membership: Membership | None = None
@@ -118,10 +117,10 @@ class ProxyService:
                 raise UnavailableError(f"cannot start the embedded redis-server: {exc}") from exc
             self.redis_url = self._embedded.url
             log.info("embedded redis-server at %s (data in %s)", self.redis_url, embedded.data_dir)
-        connections = ConnectionCounter()  # lets readers notice a Redis restart (see QueueReader)
-        self.redis = aioredis.Redis.from_url(
-            self.redis_url, decode_responses=False, redis_connect_func=connections.on_connect
-        )
+        connections = ConnectionCounter()  # lets readers notice a Redis restart or failover (see QueueReader)
+        self.redis = async_redis(self.redis_url, decode_responses=False, redis_connect_func=connections.on_connect)
+        if is_cluster_url(self.redis_url):
+            quiet_dropped_cluster_nodes(asyncio.get_running_loop())
         with map_redis_errors(f"connecting to {self.redis_url}"):
             await self.redis.ping()
         self.broker = Broker(self.redis, connections)

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real redis-server for the whole session, emptied before each test."""
+"""Shared fixtures: one real redis-server for the whole session, emptied before each test, and a real
+Redis Cluster (3 masters, 1 replica each) started the first time a test asks for it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import redis
 import redis.asyncio
 
 from ddmq.proxy.embedded import EmbeddedRedis
+from ddmq.proxy.embedded_cluster import EmbeddedCluster
+
+#: ``cluster-node-timeout``: a killed master's replica takes over about two of these later.
+CLUSTER_NODE_TIMEOUT_MS = 1000
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +41,26 @@ async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    """3 masters with 1 replica each, from the same redis-server binary, on free ports."""
+    cluster = EmbeddedCluster(
+        tmp_path_factory.mktemp("redis-cluster"), masters=3, replicas=1, node_timeout_ms=CLUSTER_NODE_TIMEOUT_MS
+    ).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: EmbeddedCluster) -> str:
+    """The cluster's URL (every node a seed), healthy (a node a test killed is back) and empty."""
+    for node in redis_cluster.nodes:
+        if not node.running:
+            node.start()
+    redis_cluster.wait_healthy()
+    redis_cluster.flush()
+    return redis_cluster.url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import resource
@@ -19,6 +20,7 @@ import yaml
 
 from ddmq.client import wire
 from ddmq.client.producer import Producer
+from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 
 
 def free_port() -> int:
@@ -199,6 +201,64 @@ class Delivery:
     #: When the client received it (``time.time()``, the clock of the audit's ``t``), if known: a proxy
     #: restarted under the same instance id may read that offset again later, under a newer term.
     t: float | None = None
+
+
+class ProxyFleet:
+    """Several proxy processes of one group, each in its own folder with its read audit."""
+
+    def __init__(self, tmp_path: Path, redis_url: str, groups: dict[str, Any], topics: dict[str, Any],
+                 leases: dict[str, Any]) -> None:
+        self.tmp_path, self.redis_url = tmp_path, redis_url
+        self.groups, self.topics, self.leases = groups, topics, leases
+        self.proxies: dict[str, ProxyProcess] = {}
+
+    def start(self, name: str) -> ProxyProcess:
+        folder = self.tmp_path / name
+        folder.mkdir()
+        proxy = ProxyProcess(
+            folder, self.redis_url, self.groups, self.topics,
+            instance_id=name, leases=self.leases, audit_log=str(folder / "reads.jsonl"), shutdown_grace_ms=500,
+        )
+        self.proxies[name] = proxy.start()
+        return proxy
+
+    def reads(self) -> list[dict[str, Any]]:
+        records = []
+        for proxy in self.proxies.values():
+            path = proxy.config_path.parent / "reads.jsonl"
+            if path.exists():
+                records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return records
+
+
+async def puller(owner: str, port: int, log: list[Delivery], stop: asyncio.Event, rng: random.Random, *,
+                 fail_rate: float = 0.01, group: str = "g", topic: str = "t") -> None:
+    """Pull from one proxy, ack on the next pull (``fail_rate`` fails); reconnect while the proxy is away."""
+    pending: list[wire.ConsumeResult] = []
+    async with AsyncProxyClient("127.0.0.1", port, timeout_s=5) as client:
+        while not stop.is_set():
+            try:
+                response = await client.pull(wire.PullRequest(
+                    groupId=group, topic=topic, maxBatchSize=64, maxLingerTime=200,
+                    result=wire.link_results(pending)))
+            except ProxyClientError:
+                pending.clear()  # those acks are lost with the connection: the messages come again
+                await asyncio.sleep(0.2)
+                continue
+            pending.clear()
+            ok, failed = [], []
+            for message in response.messages:
+                event = json.loads(message.value)
+                acked = rng.random() >= fail_rate
+                (ok if acked else failed).append(message.offset)
+                log.append(Delivery(owner, int(response.context.qid), message.offset, event["k"], event["seq"], acked))
+            if ok or failed:
+                pending.append(wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=failed))
+        if pending:
+            try:
+                await client.submit(wire.link_results(pending))
+            except ProxyClientError:
+                pass
 
 
 def acked_prefixes(log: list[Delivery]) -> dict[str, int]:

@@ -14,20 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import random
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client import keys, wire
-from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
+from ddmq.client import keys
 
-from .support import Delivery, ProxyProcess, acked_prefixes, check_order_by_term, check_single_reader, produce_keyed
+from .support import (
+    Delivery,
+    ProxyFleet,
+    acked_prefixes,
+    check_order_by_term,
+    check_single_reader,
+    produce_keyed,
+    puller,
+)
 
 QUEUES = 8
 KEYS = 1200
@@ -39,60 +44,7 @@ FAIL_RATE = 0.01
 PULLERS_PER_PROXY = 2
 
 
-class Cluster:
-    def __init__(self, tmp_path: Path, redis_url: str) -> None:
-        self.tmp_path = tmp_path
-        self.redis_url = redis_url
-        self.proxies: dict[str, ProxyProcess] = {}
-
-    def start(self, name: str) -> ProxyProcess:
-        folder = self.tmp_path / name
-        folder.mkdir()
-        proxy = ProxyProcess(
-            folder, self.redis_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}},
-            instance_id=name, leases=LEASES, audit_log=str(folder / "reads.jsonl"), shutdown_grace_ms=500,
-        )
-        self.proxies[name] = proxy.start()
-        return proxy
-
-    def reads(self) -> list[dict[str, Any]]:
-        records = []
-        for proxy in self.proxies.values():
-            path = proxy.config_path.parent / "reads.jsonl"
-            if path.exists():
-                records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return records
-
-
 produce = functools.partial(produce_keyed, keys=KEYS, key_prefix="rider-", queues=QUEUES)
-
-
-async def puller(owner: str, port: int, log: list[Delivery], stop: asyncio.Event, rng: random.Random) -> None:
-    """Pull from one proxy, ack on the next pull (1% fails); reconnect while the proxy is away."""
-    pending: list[wire.ConsumeResult] = []
-    async with AsyncProxyClient("127.0.0.1", port, timeout_s=5) as client:
-        while not stop.is_set():
-            try:
-                response = await client.pull(wire.PullRequest(
-                    groupId="g", topic="t", maxBatchSize=64, maxLingerTime=200, result=wire.link_results(pending)))
-            except ProxyClientError:
-                pending.clear()  # those acks are lost with the connection: the messages come again
-                await asyncio.sleep(0.2)
-                continue
-            pending.clear()
-            ok, failed = [], []
-            for message in response.messages:
-                event = json.loads(message.value)
-                acked = rng.random() >= FAIL_RATE
-                (ok if acked else failed).append(message.offset)
-                log.append(Delivery(owner, int(response.context.qid), message.offset, event["k"], event["seq"], acked))
-            if ok or failed:
-                pending.append(wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=failed))
-        if pending:
-            try:
-                await client.submit(wire.link_results(pending))
-            except ProxyClientError:
-                pass
 
 
 @pytest.mark.timeout(300)
@@ -102,7 +54,7 @@ async def test_three_proxies_kill_join_and_stop_lose_nothing_and_keep_every_key_
     rng = random.Random(11)
     produced: dict[str, int] = {}
     await asyncio.to_thread(produce, redis_url, PRE_PRODUCED, produced, rng)
-    cluster = Cluster(tmp_path, redis_url)
+    cluster = ProxyFleet(tmp_path, redis_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, LEASES)
     log: list[Delivery] = []
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -110,7 +62,8 @@ async def test_three_proxies_kill_join_and_stop_lose_nothing_and_keep_every_key_
     def add_pullers(name: str) -> None:
         port = cluster.proxies[name].port
         for i in range(PULLERS_PER_PROXY):
-            tasks.append(asyncio.create_task(puller(name, port, log, stop, random.Random(f"{name}{i}"))))
+            rng = random.Random(f"{name}{i}")
+            tasks.append(asyncio.create_task(puller(name, port, log, stop, rng, fail_rate=FAIL_RATE)))
 
     async def wait_for_acks(count: int, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s

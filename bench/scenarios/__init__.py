@@ -1,4 +1,4 @@
-"""The scenarios P1-P6, by id, in the order they run.
+"""The scenarios P1-P6 (and P1c, P1 on a Redis Cluster), by id, in the order they run.
 
 A scenario is a function ``(Settings) -> list[Row]`` that starts its own Redis and proxy, runs its
 loads, stops both and returns its rows (P1 returns three: KEY, JSONPath and QID order keys).
@@ -15,7 +15,7 @@ from bench.scenarios.failover import failover
 from bench.scenarios.latency import latency
 from bench.scenarios.memory import memory
 from bench.scenarios.spark import spark
-from bench.scenarios.throughput import isolation, throughput
+from bench.scenarios.throughput import cluster_throughput, isolation, throughput
 from bench.scenarios.work import key_parallel_work
 
 __all__ = ["SCENARIOS", "Scenario", "Settings"]
@@ -32,6 +32,8 @@ SCENARIOS: dict[str, Scenario] = {
     s.id: s
     for s in (
         Scenario("P1", "throughput, ordered by KEY / $.k / QID, vs XREADGROUP+XACK", throughput),
+        Scenario("P1c", "throughput ordered by KEY on a 3-master Redis Cluster, vs XREADGROUP+XACK on it",
+                 cluster_throughput),
         Scenario("P2", "head-of-line isolation: one key never acked", isolation),
         Scenario("P3", "key-parallel work, 100 in flight", key_parallel_work),
         Scenario("P4", "latency produce -> client, vs XREAD BLOCK", latency),

@@ -33,9 +33,9 @@ from bench.dataset import QUEUES, TOPIC, produce_backlog, streams
 from bench.replay import ReplaySpec, serve_pull_replies
 from bench.report import Row, Target
 from bench.scenarios.base import ORDER_KEYS, Settings, log, proxy_sections, run_load
-from bench.stack import Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds, free_port
+from bench.stack import ClusterServer, Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds, free_port
 
-__all__ = ["isolation", "throughput"]
+__all__ = ["cluster_throughput", "isolation", "throughput"]
 
 BATCH = 64
 #: Baseline drains before and after each proxy run; the figure is the median of all of them.
@@ -59,12 +59,17 @@ def _load_timeout_s(messages: int) -> float:
     return 120 + messages / 200
 
 
-def drain_baseline(redis_server: RedisServer, groups: list[str], messages: int) -> list[Drained]:
+def _redis_cpu_s(redis_server: RedisServer | ClusterServer) -> float:
+    """CPU seconds of every redis-server process under test so far."""
+    return sum(cpu_seconds(pid) for pid in redis_server.pids)
+
+
+def drain_baseline(redis_server: RedisServer | ClusterServer, groups: list[str], messages: int) -> list[Drained]:
     """One raw drain per group (a fresh consumer group each), in one client process."""
-    before = cpu_seconds(redis_server.pid)
+    before = _redis_cpu_s(redis_server)
     spec = RawDrain(redis_server.url, tuple(groups), tuple(streams()), BATCH)
     result = run_load(drain_raw, spec, _load_timeout_s(messages) * len(groups))
-    redis_cpu = (cpu_seconds(redis_server.pid) - before) / len(groups)
+    redis_cpu = (_redis_cpu_s(redis_server) - before) / len(groups)
     drains = []
     for run in result["runs"]:
         if run["messages"] != messages:
@@ -74,7 +79,7 @@ def drain_baseline(redis_server: RedisServer, groups: list[str], messages: int) 
 
 
 def drain_via_proxy(
-    redis_server: RedisServer,
+    redis_server: RedisServer | ClusterServer,
     group: str,
     expected: int,
     topic_config: dict[str, Any],
@@ -88,14 +93,14 @@ def drain_via_proxy(
 
         def on_ready() -> None:
             marks["proxy"] = proxy.cpu_seconds()
-            marks["redis"] = cpu_seconds(redis_server.pid)
+            marks["redis"] = _redis_cpu_s(redis_server)
 
         spec = ProxyDrain(
             proxy.port, group, expected, CONNECTIONS, BATCH, poison_key=poison_key, wait_commit=wait_commit
         )
         result = run_load(drain_proxy, spec, _load_timeout_s(expected), on_ready=on_ready)
         proxy_cpu = proxy.cpu_seconds() - marks["proxy"]
-        redis_cpu = cpu_seconds(redis_server.pid) - marks["redis"]
+        redis_cpu = _redis_cpu_s(redis_server) - marks["redis"]
     return Drained(result, proxy_cpu, redis_cpu, proxy.profile)
 
 
@@ -156,6 +161,25 @@ def throughput(settings: Settings) -> list[Row]:
     return rows
 
 
+def cluster_throughput(settings: Settings) -> list[Row]:
+    """P1c: P1 (order key KEY) on a 3-master Redis Cluster, against the raw consumer on the same cluster."""
+    messages = settings.size(30_000, 200_000)
+    order_key, actions = ORDER_KEYS["KEY"]
+    with ClusterServer(masters=3) as cluster:
+        log(f"P1c: producing {messages:,} messages over {KEYS} keys, {QUEUES} queues, on a 3-master cluster")
+        produce_backlog(cluster.url, messages, keys=KEYS)
+        log("P1c: baseline XREADGROUP+XACK drains")
+        before = drain_baseline(cluster, [f"raw-P1c-a{i}" for i in range(BASELINE_RUNS)], messages)
+        log(f"P1c: proxy drain, order_key {order_key}")
+        proxy = drain_via_proxy(cluster, "cg-P1c", messages, {"actions": actions, "order_key": order_key})
+        log("P1c: baseline drains again")
+        after = drain_baseline(cluster, [f"raw-P1c-b{i}" for i in range(BASELINE_RUNS)], messages)
+    row = _throughput_row("P1c", "KEY", order_key, actions, messages, before + after, proxy,
+                          title="throughput on a 3-master Redis Cluster, order key KEY")
+    row.params["redis"] = "cluster: 3 masters, no replicas"
+    return [row]
+
+
 def _throughput_row(
     row_id: str,
     variant: str,
@@ -165,6 +189,7 @@ def _throughput_row(
     baselines: list[Drained],
     proxy: Drained,
     floor: dict[str, float] | None = None,
+    title: str | None = None,
 ) -> Row:
     baseline_rates = [messages / b.result["elapsed_s"] for b in baselines]
     baseline_rate = statistics.median(baseline_rates)
@@ -209,7 +234,7 @@ def _throughput_row(
     if proxy.profile is not None:
         params["profiled"] = proxy.profile.tool
     return Row(
-        row_id, f"throughput, order key {variant}", _fmt(committed_rate),
+        row_id, title or f"throughput, order key {variant}", _fmt(committed_rate),
         f"{_fmt(baseline_rate)} ±{_spread(baseline_rates):.0%}"
         + ("" if floor is None else f" (clients alone: {floor['msgs_per_s'] / baseline_rate:.2f})"),
         committed_rate / baseline_rate, Target(">=", 0.5), params, data,

@@ -15,11 +15,11 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-import redis
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ddmq.client.connection import REDIS_ERRORS, sync_redis
 from ddmq.client.status import GroupStatus, QueueStatus, group_status
 from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
@@ -36,6 +36,9 @@ from ddmq.proxy.http_server.pull_api import BodyReader, JsonBody, message_json, 
 from ddmq.proxy.lag import now_ms, produce_times
 from ddmq.proxy.types import StoredMessage
 from ddmq.proxy.views import blocked_keys, group_view, in_flight, queue_counts
+
+#: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
+_REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 if TYPE_CHECKING:
     from ddmq.proxy.service import ProxyService
@@ -192,7 +195,7 @@ class OperatorApi:
         if running and service.redis is not None:
             try:
                 redis_ok = bool(await asyncio.wait_for(service.redis.ping(), READY_PING_S))
-            except (redis.RedisError, OSError, TimeoutError) as exc:
+            except _REDIS_FAILURES as exc:  # TimeoutError is an OSError
                 log.info("readyz: redis does not answer: %s", exc)
         ready = running and redis_ok
         return web.json_response(
@@ -261,9 +264,9 @@ class OperatorApi:
     def _owners(self, group: str, topics: list[str]) -> GroupStatus:
         """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection)."""
         try:
-            with redis.Redis.from_url(self._service.redis_url, socket_timeout=5) as client:
+            with sync_redis(self._service.redis_url, socket_timeout=5) as client:
                 return group_status(client, group, topics)
-        except (redis.RedisError, OSError) as exc:
+        except _REDIS_FAILURES as exc:
             raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
 
     async def in_flight(self, request: web.Request) -> web.Response:
