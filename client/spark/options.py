@@ -16,6 +16,9 @@ from ddmq.client.consumer import parse_servers
 __all__ = ["MODES", "SourceOptions", "parse_options"]
 
 MODES: Final = ("pull", "queue")
+#: Ordered runs per key and pull in pull mode: a key's backlog moves in one micro-batch, not one
+#: message per micro-batch (a pull is still capped by the topic's ``max_pull_batch_size``).
+DEFAULT_MAX_PER_KEY: Final = 1000
 #: Long enough for a slow micro-batch plus the trigger interval plus the ack that follows it.
 DEFAULT_LEASE_TIMEOUT_MS: Final = 300_000
 
@@ -32,6 +35,7 @@ class SourceOptions:
     pulls_per_partition: int
     linger_ms: int
     lease_timeout_ms: int
+    max_per_key: int
     max_messages_per_trigger: int | None
     max_messages: int | None
     timeout_s: float
@@ -87,13 +91,14 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     pulls = _int(options, "pullsPerPartition", 8, 1)
     linger_ms = _int(options, "lingerMs", 500, 0)
     lease_timeout_ms = _int(options, "leaseTimeoutMs", DEFAULT_LEASE_TIMEOUT_MS, 1000)
+    max_per_key = _int(options, "maxPerKey", DEFAULT_MAX_PER_KEY, 1)
     timeout_raw = _get(options, "timeoutSec")
     try:
         timeout_s = float(timeout_raw) if timeout_raw else 30.0
     except ValueError:
         raise ValueError(f"ddmq option timeoutSec={timeout_raw!r} is not a number") from None
     assert num_partitions is not None and max_batch_size is not None and pulls is not None
-    assert linger_ms is not None and lease_timeout_ms is not None
+    assert linger_ms is not None and lease_timeout_ms is not None and max_per_key is not None
     return SourceOptions(
         servers=servers,
         group=group,
@@ -105,6 +110,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         pulls_per_partition=pulls,
         linger_ms=linger_ms,
         lease_timeout_ms=lease_timeout_ms,
+        max_per_key=max_per_key,
         max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", None, 1),
         max_messages=_int(options, "maxMessages", None, 1),
         timeout_s=timeout_s,

@@ -10,8 +10,9 @@ is a redelivery, not a reordering).
 
     ddmq spark-pipeline --servers h1:9713,h2:9713 --group cg_rides --out /data/trips --available-now
 
-It prints one summary line, ``rows=N riders=N completed=N out_of_order=N`` (rows: events read by this
-run; the rest counted over the whole output directory), and exits 0. It runs on ``local[*]`` by
+It prints one summary line, ``rows=N riders=N completed=N out_of_order=N data_batches=N`` (rows and
+data_batches: events and micro-batches with events read by this run; the rest counted over the whole
+output directory), and exits 0. It runs on ``local[*]`` by
 default and unchanged under ``spark-submit --master ...`` (``--master`` is only applied when given).
 """
 
@@ -154,6 +155,8 @@ def build_query(spark: Any, args: argparse.Namespace) -> Any:
         reader = reader.option("topic", args.topic)
     if args.max_messages_per_trigger:
         reader = reader.option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
+    if args.max_per_key is not None:
+        reader = reader.option("maxPerKey", str(args.max_per_key))
     abandon_after_ms = int(args.abandon_after * 1000)
     events = (
         reader.load()
@@ -203,6 +206,7 @@ def run(spark: Any, args: argparse.Namespace) -> str:
     if exception is not None:
         raise RuntimeError(f"the streaming query failed: {exception}")
     rows = counter.rows.get(str(query.id), 0)
+    data_batches = counter.data_batches.get(str(query.id), 0)
     trips = spark.read.schema(TRIP_SCHEMA).parquet(args.out)
     totals = trips.agg(
         F.countDistinct("rider_id").alias("riders"),
@@ -211,25 +215,29 @@ def run(spark: Any, args: argparse.Namespace) -> str:
     ).first()
     return (
         f"rows={rows} riders={totals['riders'] or 0} completed={totals['completed'] or 0} "
-        f"out_of_order={totals['out_of_order'] or 0}"
+        f"out_of_order={totals['out_of_order'] or 0} data_batches={data_batches}"
     )
 
 
 def _input_row_counter() -> Any:
     """A listener counting input rows per query over every micro-batch (``recentProgress`` keeps only
-    the last 100); ``.rows`` maps query id → rows."""
+    the last 100); ``.rows`` maps query id → rows, ``.data_batches`` query id → micro-batches with rows."""
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
     class InputRows(StreamingQueryListener):
         def __init__(self) -> None:
             self.rows: dict[str, int] = {}
+            self.data_batches: dict[str, int] = {}
 
         def onQueryStarted(self, event: Any) -> None:
             pass
 
         def onQueryProgress(self, event: Any) -> None:
             query_id = str(event.progress.id)
-            self.rows[query_id] = self.rows.get(query_id, 0) + int(event.progress.numInputRows)
+            rows = int(event.progress.numInputRows)
+            self.rows[query_id] = self.rows.get(query_id, 0) + rows
+            if rows:
+                self.data_batches[query_id] = self.data_batches.get(query_id, 0) + 1
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -251,6 +259,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trigger-interval", default="5 seconds", help="micro-batch interval (streaming)")
     parser.add_argument("--run-seconds", type=float, default=None, help="stop a streaming run after this long")
     parser.add_argument("--max-messages-per-trigger", type=int, help="cap on messages per micro-batch")
+    parser.add_argument(
+        "--max-per-key", type=int, help="pull mode: ordered runs, messages of one rider per pull (default 1000)"
+    )
     parser.add_argument(
         "--abandon-after", type=float, default=600.0, help="seconds without events before a trip is abandoned"
     )

@@ -15,8 +15,10 @@ acked until Spark has committed the batch:
 - ``trigger(availableNow=True)`` records the produce offsets when the query starts and plans data
   batches until the consume offsets reach them (or have not moved for ``availableNowIdleBatches``).
 
-Per key the proxy hands out one message at a time and the next only after the previous was acked,
-so a key advances by at most one message per micro-batch in this mode.
+Pulls ask for ordered runs (``maxPerKey``, default 1000): a partition's rows of one key are successive
+messages in the key's order, so a key's backlog advances by a whole run per micro-batch (up to the
+topic's ``max_pull_batch_size``), not one message. A replay of the lease answers the very same runs. With
+``maxPerKey`` 1 a key advances one message per micro-batch, the next going out only after the ack.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def read_leased(options: SourceOptions, partition: PullPartition) -> Iterator[An
                     leaseId=partition.lease_id,
                     leaseIndex=index,
                     leaseTimeoutMs=options.lease_timeout_ms,
+                    maxPerKey=options.max_per_key if options.max_per_key > 1 else None,
                 )
             )
             messages = response.messages or []

@@ -25,7 +25,9 @@ def ride_proxy(tmp_path: Path, redis_url: str) -> Any:
     process = ProxyProcess(
         tmp_path,
         redis_url,
-        groups={"cg_rides": {"rides": {"actions": ["Json", "Order", "PullServer"], "order_key": "$.rider_id"}}},
+        # Room for the whole backlog in the proxy and in a pull: one micro-batch can carry it.
+        groups={"cg_rides": {"rides": {"actions": ["Json", "Order", "PullServer"], "order_key": "$.rider_id",
+                                       "max_pull_batch_size": 1000, "concurrency": 5000}}},
         topics={"rides": {"queues": 8}},
         commit_interval_ms=100,
         shutdown_grace_ms=0,
@@ -82,8 +84,10 @@ def test_the_pipeline_writes_one_trip_per_rider_and_flags_out_of_order_riders(
     assert pipeline.main(args, spark=spark) == 0
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     total = RIDERS + 2
-    rows, riders, completed, out_of_order = (int(part.split("=")[1]) for part in summary.split())
+    rows, riders, completed, out_of_order, data_batches = (int(part.split("=")[1]) for part in summary.split())
     assert (completed, out_of_order) == (total, 2)
+    # Ordered runs: a rider's three events travel in one micro-batch, not one per micro-batch.
+    assert data_batches == 1, summary
     assert total * 3 <= rows <= total * 3 + 3 * 2 and total <= riders <= total + 3
 
     trips = spark.read.parquet(str(out)).toPandas()
