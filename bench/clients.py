@@ -163,12 +163,15 @@ async def _pull_loop(
     linger_ms: int,
     pause_s: float = 0.0,
     stop: Callable[[], bool] = lambda: False,
+    max_per_key: int | None = None,
 ) -> None:
-    """Pull, count, pull again carrying the acks; a final ``submit`` for what is still held."""
+    """Pull, count, pull again carrying the acks; a final ``submit`` for what is still held. With
+    ``max_per_key`` the pulls ask for ordered runs (every message is acked, so every run whole)."""
     pending: ConsumeResult | None = None
     while not drain.done.is_set() and not stop():
         request = PullRequest(
-            groupId=drain.group, topic=TOPIC, maxBatchSize=batch, maxLingerTime=linger_ms, result=pending
+            groupId=drain.group, topic=TOPIC, maxBatchSize=batch, maxLingerTime=linger_ms, result=pending,
+            maxPerKey=max_per_key,
         )
         pending = drain.take(await client.pull(request))
         if pause_s:
@@ -245,6 +248,7 @@ class ProxyDrain:
     poison_key: str | None = None
     wait_commit: bool = True
     timeout_s: float = 600.0
+    max_per_key: int | None = None
 
 
 async def drain_proxy(spec: ProxyDrain, ready: Ready) -> dict[str, Any]:
@@ -256,7 +260,9 @@ async def drain_proxy(spec: ProxyDrain, ready: Ready) -> dict[str, Any]:
         ready()
         cpu, start = time.process_time(), time.perf_counter()
         tasks = [
-            asyncio.create_task(_pull_loop(client, drain, batch=spec.batch, linger_ms=spec.linger_ms))
+            asyncio.create_task(
+                _pull_loop(client, drain, batch=spec.batch, linger_ms=spec.linger_ms, max_per_key=spec.max_per_key)
+            )
             for client in pullers
         ]
         await _wait_for(drain.done, tasks, spec.timeout_s, f"draining {spec.group}")

@@ -1,4 +1,4 @@
-"""The scenarios P1-P6 (and P1c, P1 on a Redis Cluster), by id, in the order they run.
+"""The scenarios P1-P6 (and P1c, P1 on a Redis Cluster; P1h, a few hot keys), by id, in the order they run.
 
 A scenario is a function ``(Settings) -> list[Row]`` that starts its own Redis and proxy, runs its
 loads, stops both and returns its rows (P1 returns three: KEY, JSONPath and QID order keys).
@@ -15,7 +15,7 @@ from bench.scenarios.failover import failover
 from bench.scenarios.latency import latency
 from bench.scenarios.memory import memory
 from bench.scenarios.spark import spark
-from bench.scenarios.throughput import cluster_throughput, isolation, throughput
+from bench.scenarios.throughput import cluster_throughput, hot_keys, isolation, throughput
 from bench.scenarios.work import key_parallel_work
 
 __all__ = ["SCENARIOS", "Scenario", "Settings"]
@@ -31,7 +31,9 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     s.id: s
     for s in (
-        Scenario("P1", "throughput, ordered by KEY / $.k / QID, vs XREADGROUP+XACK", throughput),
+        Scenario("P1", "throughput, ordered by KEY / $.k / QID (KEY, QID also with ordered runs), vs XREADGROUP+XACK",
+                 throughput),
+        Scenario("P1h", "throughput with 16 hot keys, without and with ordered runs, vs XREADGROUP+XACK", hot_keys),
         Scenario("P1c", "throughput ordered by KEY on a 3-master Redis Cluster, vs XREADGROUP+XACK on it",
                  cluster_throughput),
         Scenario("P2", "head-of-line isolation: one key never acked", isolation),

@@ -12,6 +12,11 @@ P1 also measures the clients' own floor: the same client load draining a stand-i
 Its rate divided by the baseline (``client_floor_ratio``) is the most P1 could show with these clients
 on this machine, whatever the proxy did.
 
+P1q-runs and P1-runs: P1q's and P1's data and clients, the pulls asking for ordered runs
+(``maxPerKey`` :data:`RUNS_PER_KEY`), each divided by its row's baselines. P1h / P1h-runs: a backlog
+over :data:`HOT_KEYS` keys only (a few hot keys on 8 queues), drained without and with runs, divided
+by raw drains of that backlog.
+
 P2: the same backlog plus one key, ``poison``, as frequent as any other, whose messages the client
 never acks (its head times out after ``timeout_ms`` and is redelivered, ``max_retry`` is high). The
 figure is the other keys' msg/s with the poison key stuck divided by the msg/s of control runs on
@@ -34,8 +39,9 @@ from bench.replay import ReplaySpec, serve_pull_replies
 from bench.report import Row, Target
 from bench.scenarios.base import ORDER_KEYS, Settings, log, proxy_sections, run_load
 from bench.stack import ClusterServer, Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds, free_port
+from ddmq.client.hashing import queue_for_key
 
-__all__ = ["cluster_throughput", "isolation", "throughput"]
+__all__ = ["cluster_throughput", "hot_keys", "isolation", "throughput"]
 
 BATCH = 64
 #: Baseline drains before and after each proxy run; the figure is the median of all of them.
@@ -43,6 +49,10 @@ BASELINE_RUNS = 3
 CONNECTIONS = 8
 KEYS = 1000
 ROW_IDS = {"KEY": "P1", "JSONPath": "P1j", "QID": "P1q"}
+#: ``maxPerKey`` of the runs rows, and the rows of P1 that get a twin with runs (and its target).
+RUNS_PER_KEY = 64
+RUNS_TARGETS: dict[str, float | None] = {"P1": None, "P1q": 0.3}  # None: at least the row without runs
+HOT_KEYS = 16
 
 
 @dataclass
@@ -87,6 +97,7 @@ def drain_via_proxy(
     poison_key: str | None = None,
     wait_commit: bool = True,
     profiler: Profiler | None = None,
+    max_per_key: int | None = None,
 ) -> Drained:
     marks: dict[str, float] = {}
     with ProxyRun(redis_server.url, **proxy_sections(group, **topic_config), profiler=profiler) as proxy:
@@ -96,7 +107,8 @@ def drain_via_proxy(
             marks["redis"] = _redis_cpu_s(redis_server)
 
         spec = ProxyDrain(
-            proxy.port, group, expected, CONNECTIONS, BATCH, poison_key=poison_key, wait_commit=wait_commit
+            proxy.port, group, expected, CONNECTIONS, BATCH, poison_key=poison_key, wait_commit=wait_commit,
+            max_per_key=max_per_key,
         )
         result = run_load(drain_proxy, spec, _load_timeout_s(expected), on_ready=on_ready)
         proxy_cpu = proxy.cpu_seconds() - marks["proxy"]
@@ -149,15 +161,71 @@ def throughput(settings: Settings) -> list[Row]:
                 redis_server, f"cg-{row_id}", messages, {"actions": actions, "order_key": order_key},
                 profiler=profiler,
             )
+            runs = None
+            if row_id in RUNS_TARGETS:
+                log(f"{row_id}-runs: proxy drain, order_key {order_key}, maxPerKey {RUNS_PER_KEY}")
+                runs = drain_via_proxy(
+                    redis_server, f"cg-{row_id}-runs", messages, {"actions": actions, "order_key": order_key},
+                    max_per_key=RUNS_PER_KEY,
+                )
             log(f"{row_id}: baseline drains again")
             after = drain_baseline(redis_server, [f"raw-{row_id}-b{i}" for i in range(BASELINE_RUNS)], messages)
             floor = None
             if row_id == "P1":
                 log("P1: the clients' floor, against a stand-in server with no proxy work")
                 floor = client_floor(messages)
-            rows.append(
-                _throughput_row(row_id, variant, order_key, actions, messages, before + after, proxy, floor)
-            )
+            row = _throughput_row(row_id, variant, order_key, actions, messages, before + after, proxy, floor)
+            rows.append(row)
+            if runs is not None:
+                rows.append(_runs_row(row, order_key, actions, messages, before + after, runs))
+    return rows
+
+
+def _runs_row(
+    plain: Row, order_key: str, actions: list[str], messages: int, baselines: list[Drained], runs: Drained
+) -> Row:
+    """``plain``'s twin with ordered runs, on the same data and baselines."""
+    target = RUNS_TARGETS[plain.id]
+    row = _throughput_row(
+        f"{plain.id}-runs", "", order_key, actions, messages, baselines, runs,
+        title=f"{plain.what}, ordered runs (maxPerKey {RUNS_PER_KEY})",
+    )
+    row.target = Target(">=", target if target is not None else round(plain.ratio or 0.0, 3))
+    row.params["max_per_key"] = RUNS_PER_KEY
+    row.data["ratio_without_runs"] = None if plain.ratio is None else round(plain.ratio, 3)
+    return row
+
+
+def hot_keys(settings: Settings) -> list[Row]:
+    """P1h and P1h-runs: a backlog over a few hot keys, drained without and with ordered runs."""
+    messages = settings.size(30_000, 200_000)
+    order_key, actions = ORDER_KEYS["KEY"]
+    config = {"actions": actions, "order_key": order_key}
+    with RedisServer() as redis_server:
+        log(f"P1h: producing {messages:,} messages over {HOT_KEYS} keys, {QUEUES} queues")
+        backlog = produce_backlog(redis_server.url, messages, keys=HOT_KEYS)
+        log("P1h: baseline XREADGROUP+XACK drains")
+        before = drain_baseline(redis_server, [f"raw-P1h-a{i}" for i in range(BASELINE_RUNS)], messages)
+        log("P1h: proxy drain, one message per key per reply")
+        plain = drain_via_proxy(redis_server, "cg-P1h", messages, config)
+        log(f"P1h-runs: proxy drain, maxPerKey {RUNS_PER_KEY}")
+        runs = drain_via_proxy(redis_server, "cg-P1h-runs", messages, config, max_per_key=RUNS_PER_KEY)
+        log("P1h: baseline drains again")
+        after = drain_baseline(redis_server, [f"raw-P1h-b{i}" for i in range(BASELINE_RUNS)], messages)
+    queues_used = len({queue_for_key(key, QUEUES) for key in backlog.per_key})
+    rows = []
+    for row_id, drained, target in (("P1h", plain, None), ("P1h-runs", runs, Target(">=", 0.3))):
+        row = _throughput_row(
+            row_id, "KEY", order_key, actions, messages, before + after, drained,
+            title=f"throughput, {HOT_KEYS} hot keys, order key KEY"
+            + ("" if drained is plain else f", ordered runs (maxPerKey {RUNS_PER_KEY})"),
+        )
+        row.target = target
+        row.params["keys"] = HOT_KEYS
+        row.params["queues_with_keys"] = queues_used
+        if drained is runs:
+            row.params["max_per_key"] = RUNS_PER_KEY
+        rows.append(row)
     return rows
 
 
