@@ -422,3 +422,21 @@ async def test_a_client_hanging_up_during_a_long_poll_takes_no_messages_with_it(
         body = await pull(api)
         assert [m["value_text"] for m in body["messages"]] == ["for the next client"]
         assert service.groups["g"].buffer.stats.delivered == 1
+
+
+async def test_pull_with_max_per_key_answers_ordered_runs(redis_url: str) -> None:
+    async with http_proxy(redis_url, {"order_key": "QID"}, queues=1) as (service, api):
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": "k", "value": f"m{i}"} for i in range(10)])
+        await eventually(lambda: _ready(service, 1))
+        plain = await pull(api, max_batch=8)
+        assert len(plain["messages"]) == 1 and "runs" not in plain
+        offsets = [m["offset"] for m in plain["messages"]]
+        body = await pull(api, [{"topic": "t", "qid": 0, "success": offsets}], max_batch=8, max_per_key=8)
+        assert body["runs"] == [8] and [m["value_text"] for m in body["messages"]] == [f"m{i}" for i in range(1, 9)]
+        status, answer = await api.call("POST", "/v1/pull", json={"group": "g", "max_per_key": -1})
+        assert status == 400, answer
+
+
+async def _ready(service: ProxyService, count: int) -> bool:
+    return service.groups["g"].buffer.ready >= count
