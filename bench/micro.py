@@ -8,7 +8,8 @@
   decoded (QID ordering's request: its whole cost falls on one message);
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
   ``Order, PullServer`` by KEY, drained through ``ProxyService.pull`` by 8 pullers acking on their next
-  pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks.
+  pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks;
+  ``engine_runs``: the same with the pulls asking for ordered runs (``max_per_key`` 64).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def codec(repeat: int = 300) -> dict[str, float]:
     }
 
 
-async def _engine(url: str, messages: int) -> float:
+async def _engine(url: str, messages: int, max_per_key: int | None = None) -> float:
     producer = AsyncProducer(url)
     rng = random.Random(1)
     try:
@@ -144,7 +145,7 @@ async def _engine(url: str, messages: int) -> float:
         nonlocal received
         results: list[QueueResult] = []
         while received < messages:
-            batch = await service.pull("g", "t", BATCH, 200, results)
+            batch = await service.pull("g", "t", BATCH, 200, results, max_per_key=max_per_key)
             received += len(batch.messages)
             results = []
             if batch.queue is not None:
@@ -160,12 +161,15 @@ async def _engine(url: str, messages: int) -> float:
 
 
 def engine(messages: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as data_dir:
-        redis_server = EmbeddedRedis(data_dir).start()
-        try:
-            return {"engine_cpu_us": asyncio.run(_engine(redis_server.url, messages))}
-        finally:
-            redis_server.stop()
+    figures = {}
+    for name, max_per_key in (("engine_cpu_us", None), ("engine_runs_cpu_us", 64)):
+        with tempfile.TemporaryDirectory() as data_dir:
+            redis_server = EmbeddedRedis(data_dir).start()
+            try:
+                figures[name] = asyncio.run(_engine(redis_server.url, messages, max_per_key))
+            finally:
+                redis_server.stop()
+    return figures
 
 
 def main() -> int:

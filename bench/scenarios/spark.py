@@ -8,8 +8,9 @@ from a fresh checkpoint into a fresh parquet directory: ``readStream`` → ``wri
   queue-mode run, without any network;
 - pull: ``mode=pull`` against a real proxy (order key KEY) with ordered runs (the source's default
   ``maxPerKey``), so a key's messages go out in one run, not one per micro-batch; the proxy may hold
-  the whole backlog (``concurrency``) and a pull may carry 1,000 messages, so the micro-batches are set
-  by the source's rows per micro-batch (partitions, pulls, ``maxBatchSize``), reported as ``batches``;
+  the whole backlog (``concurrency``) and a pull may carry 1,000 messages (16 pulls per partition), so
+  the micro-batches are set by the source's rows per micro-batch (partitions, pulls, ``maxBatchSize``),
+  reported as ``batches``;
 - queue: ``mode=queue``, ``maxMessagesPerTrigger`` as below.
 
 The figure of each row is its rows/s divided by the ceiling's rows/s measured in the same run. Time is
@@ -178,7 +179,8 @@ def spark(settings: Settings) -> list[Row]:
                 )
                 log("S1: pull mode")
                 results["pull"] = _run(
-                    session, ddmq(mode="pull", numPartitions="2", maxBatchSize="1000"), work / "pull"
+                    session, ddmq(mode="pull", numPartitions="2", pullsPerPartition="16", maxBatchSize="1000"),
+                    work / "pull",
                 )
             log("S1: synthetic in-memory source (the ceiling)")
             synthetic = (
@@ -207,7 +209,8 @@ def spark(settings: Settings) -> list[Row]:
                 rate / ceiling_rate,
                 Target(">=", 0.4) if mode == "pull" else None,
                 {"messages": messages, "keys": keys, "master": "local[2]"}
-                | ({"max_per_key": DEFAULT_MAX_PER_KEY, "max_batch_size": 1000} if mode == "pull"
+                | ({"max_per_key": DEFAULT_MAX_PER_KEY, "max_batch_size": 1000, "pulls_per_partition": 16}
+                   if mode == "pull"
                    else {"max_messages_per_trigger": per_trigger}),
                 {
                     "seconds": round(seconds, 2),
