@@ -65,10 +65,12 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         70: (STRING, "leaseId", "optional", None),
         71: (I32, "leaseIndex", "optional", None),
         72: (I32, "leaseTimeoutMs", "optional", None),
+        80: (I32, "maxPerKey", "optional", None),
     },
     "PullResponse": {
         1: (STRUCT, "context", "", "Context"),
         2: (LIST, "messages", "", (STRUCT, "Message")),
+        80: (LIST, "runs", "optional", I32),
     },
     "ConsumeStatsRequest": {
         1: (STRING, "group", "required", None),
