@@ -45,6 +45,15 @@ async def pull_from_process(client: AsyncProxyClient, checker: OrderChecker, epo
     return len(response.messages)
 
 
+async def consume_and_submit(client: AsyncProxyClient, checker: OrderChecker, epoch: int, count: int) -> None:
+    """Pull from a proxy process until ``count`` messages arrived, then ack them all with ``submit``."""
+    pending: list[wire.ConsumeResult] = []
+    consumed = 0
+    while consumed < count:
+        consumed += await pull_from_process(client, checker, epoch, pending)
+    await client.submit(wire.link_results(pending))
+
+
 async def pull_in_process(service: ProxyService, checker: OrderChecker, epoch: int,
                           results: list[QueueResult]) -> tuple[int | None, list[QueueResult]]:
     """One pull from ``service`` acking the previous ``results``; returns the batch's qid (None when
@@ -159,12 +168,8 @@ async def test_a_paused_owner_is_fenced_off_when_it_wakes_up(
         await wait_for(lambda: _all_leased(redis_url, "proxy-a"), 10)
         await asyncio.to_thread(produce, redis_url, 2000, produced, rng)
         async with AsyncProxyClient("127.0.0.1", proxy_a.port) as client:
-            pending: list[wire.ConsumeResult] = []
-            consumed = 0
-            while consumed < 500:
-                consumed += await pull_from_process(client, checker, 1, pending)
             # A holds acks it has not committed yet when it is paused.
-            await client.submit(wire.link_results(pending))
+            await consume_and_submit(client, checker, 1, 500)
             assert proxy_a.proc is not None
             proxy_a.proc.send_signal(signal.SIGSTOP)
             try:
@@ -207,11 +212,7 @@ async def test_a_paused_owner_reads_nothing_under_its_old_terms_after_waking_up(
         await wait_for(lambda: _all_leased(redis_url, "proxy-a"), 10)
         await asyncio.to_thread(produce, redis_url, 3000, produced, rng)
         async with AsyncProxyClient("127.0.0.1", proxy_a.port) as client:
-            pending: list[wire.ConsumeResult] = []
-            consumed = 0
-            while consumed < 300:
-                consumed += await pull_from_process(client, checker, 1, pending)
-            await client.submit(wire.link_results(pending))
+            await consume_and_submit(client, checker, 1, 300)
         assert proxy_a.proc is not None
         proxy_a.proc.send_signal(signal.SIGSTOP)
         try:
