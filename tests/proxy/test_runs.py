@@ -34,10 +34,12 @@ async def pull(service: ProxyService, per_key: int | None, results: list[QueueRe
     return await service.pull("g", "t", max_batch, linger_ms, results or [], max_per_key=per_key)
 
 
-async def settle(service: ProxyService, ready: int) -> None:
-    """Wait until ``ready`` heads wait in the buffer (the reader works in the background)."""
+async def settle(service: ProxyService, ready: int, messages: int = 0) -> None:
+    """Wait until ``ready`` heads wait in the buffer and ``messages`` were read (the readers work in the
+    background, one per queue: a key's successors may still be unread when its head is ready)."""
+    group = service.groups["g"]
     async with asyncio.timeout(5):
-        while service.groups["g"].buffer.ready < ready:  # noqa: ASYNC110
+        while group.buffer.ready < ready or sum(c.unfinished for c in group.consumers.values()) < messages:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
 
 
@@ -57,7 +59,7 @@ def offsets(batch: PullBatch, *picks: int) -> list[int]:
 async def test_a_reply_carries_a_keys_successive_messages_as_one_run(redis_url: str) -> None:
     async with running_proxy(redis_url, {"order_key": "QID"}) as service:
         await produce(redis_url, ["a"] * 100)
-        await settle(service, 1)
+        await settle(service, 1, 100)
         first = await pull(service, 64)
         assert events(first) == [("a", i) for i in range(64)] and first.runs == [64]
         second = await pull(service, 64, result(first, offsets(first, *range(64))))
@@ -70,7 +72,7 @@ async def test_a_reply_carries_a_keys_successive_messages_as_one_run(redis_url: 
 async def test_runs_fill_a_reply_round_robin_and_never_crowd_out_other_keys(redis_url: str) -> None:
     async with running_proxy(redis_url, {"order_key": "KEY"}) as service:
         await produce(redis_url, ["a"] * 10 + ["b"] * 10 + ["c"])
-        await settle(service, 3)
+        await settle(service, 3, 21)
         batch = await pull(service, 10, max_batch=6)
         assert events(batch) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("c", 0)]
         assert batch.runs == [3, 2, 1]
@@ -81,7 +83,7 @@ async def test_runs_fill_a_reply_round_robin_and_never_crowd_out_other_keys(redi
 async def test_a_client_without_runs_on_the_same_group_gets_one_message_per_key(redis_url: str) -> None:
     async with running_proxy(redis_url, {"order_key": "KEY"}) as service:
         await produce(redis_url, ["a"] * 5 + ["b"] * 5)
-        await settle(service, 2)
+        await settle(service, 2, 10)
         plain = await pull(service, None)
         assert events(plain) == [("a", 0), ("b", 0)] and plain.runs is None
         runs = await pull(service, 8, result(plain, offsets(plain, 0, 1)))
@@ -137,7 +139,7 @@ async def test_a_timeout_inside_a_run_counts_as_a_fail_for_the_rest_of_it(redis_
     config = {"order_key": "KEY", "timeout_ms": 300, "retry_intervals_ms": [0]}
     async with running_proxy(redis_url, config) as service:
         await produce(redis_url, ["a"] * 4 + ["b"])
-        await settle(service, 2)
+        await settle(service, 2, 5)
         run = await pull(service, 4)
         assert run.runs == [4, 1]
         await service.submit(result(run, offsets(run, 0, 4)))  # a0 and b0 acked, a1..a3 never
