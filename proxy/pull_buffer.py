@@ -35,6 +35,11 @@ times out, every later member still in flight goes back to waiting in the chain,
 counted, and is delivered again once the failed message is finished. An ack for a member whose
 predecessor is unfinished is ignored (counted with the unknown acks): finishing it could not be
 undone if the predecessor then fails.
+
+A reader that holds a key's earlier messages and reads its pulls in order (a replayable lease, see
+:mod:`ddmq.proxy.pull_leases`) may have that key's run continued in a later pull: the successors of
+the last message it holds join that reply as run members, after the queue's ready heads and their
+runs, or alone when no queue has ready heads.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import itertools
 import logging
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 
 from ddmq.proxy.errors import DdmqError
@@ -170,12 +175,18 @@ class PullBuffer:
         linger_ms: int,
         timeout_ms: int | None = None,
         max_per_key: int = 1,
+        held: Sequence[UpstreamJob] = (),
     ) -> PullBatch:
         """Ready messages of one queue, waiting up to ``linger_ms`` for some. They stay in flight for
         ``timeout_ms`` (None: the topic's ``timeout_ms``) unless acked or failed first. With
-        ``max_per_key`` > 1 the reply may carry ordered runs of up to that many messages per key."""
+        ``max_per_key`` > 1 the reply may carry ordered runs of up to that many messages per key.
+
+        ``held``: the last message of each key that this reader holds from its earlier pulls, all
+        processed in order before this reply (a replayable lease's pulls, read in index order by one
+        task). With runs, those keys continue their runs here with what waits behind them, at once only:
+        a pull that has to wait takes fresh heads."""
         if not self._closed:
-            batch = self._take(topic, max_batch, timeout_ms, max_per_key)
+            batch = self._take(topic, max_batch, timeout_ms, max_per_key, held)
             if batch.messages or linger_ms <= 0:
                 return batch
         if self._closed:
@@ -212,7 +223,12 @@ class PullBuffer:
             _resolve(self._waiters.popleft().future, _EMPTY)
 
     def _take(
-        self, topic: str | None, max_batch: int, timeout_ms: int | None = None, max_per_key: int = 1
+        self,
+        topic: str | None,
+        max_batch: int,
+        timeout_ms: int | None = None,
+        max_per_key: int = 1,
+        held: Sequence[UpstreamJob] = (),
     ) -> PullBatch:
         order = self._ready_order
         for _ in range(len(order)):
@@ -235,25 +251,53 @@ class PullBuffer:
             if batch:
                 runs = None
                 if max_per_key > 1 and len(batch) < max_batch:
-                    batch, runs = self._with_runs(queue, batch, max_batch, max_per_key)
+                    batch, runs = self._with_runs(queue, batch, max_batch, max_per_key, held)
+                self._deliver(batch, timeout_ms)
+                return PullBatch(queue, [job.message for job in batch], runs)
+        if held and max_per_key > 1:
+            return self._continue_runs(topic, max_batch, timeout_ms, max_per_key, held)
+        return _EMPTY
+
+    def _continue_runs(
+        self, topic: str | None, max_batch: int, timeout_ms: int | None, max_per_key: int, held: Sequence[UpstreamJob]
+    ) -> PullBatch:
+        """No queue has ready heads: continue the runs of ``held`` keys, in one queue."""
+        tried: set[QueueId] = set()
+        for job in held:
+            queue = job.queue
+            if queue in tried or (topic is not None and queue.topic != topic) or not _may_continue(job):
+                continue
+            tried.add(queue)
+            if not job.consumer.may_serve(queue.qid):
+                continue
+            batch, runs = self._with_runs(queue, [], max_batch, max_per_key, held)
+            if batch:
                 self._deliver(batch, timeout_ms)
                 return PullBatch(queue, [job.message for job in batch], runs)
         return _EMPTY
 
     def _with_runs(
-        self, queue: QueueId, heads: list[UpstreamJob], max_batch: int, max_per_key: int
+        self,
+        queue: QueueId,
+        heads: list[UpstreamJob],
+        max_batch: int,
+        max_per_key: int,
+        held: Sequence[UpstreamJob] = (),
     ) -> tuple[list[UpstreamJob], list[int] | None]:
-        """``heads`` with their keys' waiting successors behind them: one more per key per round, while
-        the reply has room, so no key's run crowds out the others'. Also returns the runs' sizes (None
-        when no successor joined)."""
+        """``heads`` with their keys' waiting successors behind them, then the ``held`` keys' runs
+        continued: one more message per key per round, while the reply has room, so no key's run crowds
+        out the others'. Also returns the runs' sizes (None when no successor joined)."""
         runs = [[head] for head in heads]
         # A head out again after a failed attempt goes alone: its key's later messages wait until it is
         # finished, not sent along again and again with a message that keeps failing.
-        growing = [run for run in runs if run[0].next is not None and run[0].attempts == 0]
+        growing = [(run, max_per_key) for run in runs if run[0].next is not None and run[0].attempts == 0]
+        # A held key's run starts behind the message held (not sent again): one more allowed for it.
+        continued = [[job] for job in held if job.queue == queue and _may_continue(job)]
+        growing += [(run, max_per_key + 1) for run in continued]
         room = max_batch - len(heads)
         while room and growing:
             still = []
-            for run in growing:
+            for run, limit in growing:
                 successor = run[-1].next
                 if successor is None or not _may_join(successor, queue):
                     continue
@@ -261,20 +305,28 @@ class PullBuffer:
                 room -= 1
                 if not room:
                     break
-                if len(run) < max_per_key:
-                    still.append(run)
+                if len(run) < limit:
+                    still.append((run, limit))
             growing = still
-        if len(runs) + room == max_batch:  # no successor joined
+        if len(heads) + room == max_batch:  # no successor joined
             return heads, None
         members = self._runs.get(queue)
         if members is None:
             members = self._runs[queue] = {}
         batch: list[UpstreamJob] = []
+        sizes: list[int] = []
         for run in runs:
             batch += run
+            sizes.append(len(run))
             for member in run[1:]:
                 members[member.offset] = member
-        return batch, [len(run) for run in runs]
+        for run in continued:
+            if len(run) > 1:
+                batch += run[1:]
+                sizes.append(len(run) - 1)
+                for member in run[1:]:
+                    members[member.offset] = member
+        return batch, sizes
 
     def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
         assert self._loop is not None
@@ -577,6 +629,12 @@ def _may_join(successor: UpstreamJob, queue: QueueId) -> bool:
         and successor.queue == queue
         and successor.index == len(successor.consumer.chain) - 1
     )
+
+
+def _may_continue(held: UpstreamJob) -> bool:
+    """Whether a reader holding ``held`` may get the messages behind it: still in flight on its first
+    delivery (a message out again after a failed attempt goes alone, as a head does)."""
+    return held.state is _IN_FLIGHT and held.attempts == 1 and held.next is not None
 
 
 def _finished(job: UpstreamJob) -> bool:

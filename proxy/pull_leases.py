@@ -13,6 +13,14 @@ replay, every read of a partition sees the same rows, and the messages stay in f
 keys' gates) until the batch is committed. A pull asking for ordered runs (``maxPerKey``) replays the
 same runs: the batch is remembered, not re-taken.
 
+With runs, a lease's later pulls also *continue* the runs of keys it holds: the messages waiting behind
+the last message of a key handed out under the lease may go out in a later pull of the same lease
+(after the ready heads of that pull's queue, or alone when no queue has ready heads). The reader reads
+a lease's pulls in index order, so a key's messages still reach it in order, and the lease's ack
+finishes them all. Without this a key whose head went out in the first pull of a micro-batch, before
+its later messages were read from Redis or while the reply was full of other keys' heads, would
+advance one message per micro-batch.
+
 A lease is only replayed while every message in it is still in flight *under this lease* (same
 attempt). Once one of them timed out and moved on (redelivered, dead-lettered, or its queue moved to
 another proxy), or the lease expired, it becomes a *tombstone* that answers empty to every pull for
@@ -60,6 +68,9 @@ class _Lease:
     batches: list[asyncio.Future[PullBatch]] = field(default_factory=list)
     #: Every job handed out under the lease, with its attempt number at that time.
     jobs: list[tuple[UpstreamJob, int]] = field(default_factory=list)
+    #: The last message handed out under the lease of each key with runs: later pulls of the lease
+    #: may continue those keys' runs.
+    tails: list[UpstreamJob] = field(default_factory=list)
 
     def live(self) -> bool:
         return all(job.state is JobState.IN_FLIGHT and job.attempts == attempts for job, attempts in self.jobs)
@@ -121,7 +132,7 @@ class PullLeases:
         future = loop.create_future()
         lease.batches.append(future)
         try:
-            batch = await self._buffer.pull(topic, max_batch, linger_ms, timeout_ms, max_per_key)
+            batch = await self._buffer.pull(topic, max_batch, linger_ms, timeout_ms, max_per_key, lease.tails)
         except BaseException:
             # Nothing was handed out: forget this index so a retry takes a fresh batch.
             if lease.batches and lease.batches[-1] is future:
@@ -129,10 +140,14 @@ class PullLeases:
             future.cancel()
             raise
         if batch.queue is not None:
+            taken = []
             for message in batch.messages:
                 job = self._buffer.job(batch.queue, message.offset)
                 if job is not None:
                     lease.jobs.append((job, job.attempts))
+                    taken.append(job)
+            if max_per_key > 1:
+                lease.tails = _tails(lease.tails, taken)
         lease.expires = max(lease.expires, loop.time() + timeout_ms / 1000)
         future.set_result(batch)
         return batch
@@ -173,6 +188,12 @@ class PullLeases:
         lease.jobs.clear()
         self.dropped += 1
         log.debug("pull lease of group %s dropped: %s", self._buffer.group, why)
+
+
+def _tails(tails: list[UpstreamJob], taken: list[UpstreamJob]) -> list[UpstreamJob]:
+    """The lease's last message per key once ``taken`` went out too: a message whose successor is now
+    in flight (in this lease: nobody else may take a key this lease holds) is no longer the last."""
+    return [job for job in (*tails, *taken) if job.next is None or job.next.state is not JobState.IN_FLIGHT]
 
 
 def _check(lease_id: str, index: int, timeout_ms: int) -> None:
