@@ -22,6 +22,7 @@ COMPILED = [
     "proxy/job.py",
     "proxy/offsets.py",
     "proxy/ordering.py",
+    "proxy/ownership.py",
     "proxy/pull_buffer.py",
     "proxy/pull_codec.py",
     "proxy/types.py",

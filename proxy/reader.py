@@ -85,7 +85,7 @@ class QueueReader:
         last = batch[-1] if batch else tracker.last_read
         if await consumer.broker.stream_intact(consumer.topic, self.qid, tracker.next_offset - 1, last):
             return True
-        consumer.on_rollback(self.qid, tracker)
+        consumer.commits.on_rollback(self.qid, tracker)
         return False
 
     async def _run(self) -> None:

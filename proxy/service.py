@@ -25,12 +25,12 @@ from ddmq.config.schema import ProxyConfig
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, ConnectionCounter, map_redis_errors
+from ddmq.proxy.commits import commit_periodically, flush_groups
 from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
 from ddmq.proxy.errors import (
     BadRequestError,
     BrokerError,
     ConfigError,
-    DdmqError,
     UnavailableError,
     UnknownGroupError,
     UnknownTopicError,
@@ -145,7 +145,11 @@ class ProxyService:
                     consumer.read_audit = self._audit
         for group in self.groups.values():
             group.start()
-        self._committer = asyncio.create_task(self._commit_periodically(), name="offset-committer")
+        self._committer = asyncio.create_task(
+            commit_periodically(config.commit_interval_ms, lambda: self._state in ("starting", "running"),
+                                lambda: self.groups.values()),
+            name="offset-committer",
+        )
         thrift = config.thrift
         self._thrift = ThriftServer(
             self,
@@ -190,7 +194,7 @@ class ProxyService:
                 if self._committer is not None:
                     self._committer.cancel()
                     await asyncio.gather(self._committer, return_exceptions=True)
-                await self._flush_all()
+                await flush_groups(self.groups.values())
                 # Free the queues now rather than letting the leases expire: a successor starts at once.
                 await asyncio.gather(*(g.release_leases() for g in self.groups.values()), return_exceptions=True)
         finally:
@@ -261,21 +265,6 @@ class ProxyService:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-    # offsets -----------------------------------------------------------------------------------
-
-    async def _commit_periodically(self) -> None:
-        interval = self.config.commit_interval_ms / 1000
-        while self._state in ("starting", "running"):
-            await asyncio.sleep(interval)
-            await self._flush_all()
-
-    async def _flush_all(self) -> None:
-        for group in list(self.groups.values()):  # a reload may add or remove groups meanwhile
-            try:
-                await group.flush_offsets()
-            except DdmqError as exc:
-                log.warning("committing offsets of group %s failed: %s (retried next interval)", group.name, exc)
 
     # the ConsumeService surface ----------------------------------------------------------------
 

@@ -1,0 +1,104 @@
+"""QueueReader on its own consumer (no service) over real Redis: it reads its queue in offset order,
+never past its consumer's room, and reads nothing once its lease is no longer confirmed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from ddmq.client.producer import ensure_topic
+from ddmq.config.schema import TopicGroupConfig
+from ddmq.proxy.audit import ReadAudit
+
+from ..support import OrderChecker
+from .consumers import Proxy, consume_all, deliver, produce
+
+
+@pytest.fixture
+def audit(tmp_path: Path) -> Iterator[ReadAudit]:
+    """The read audit: one line per read batch (its first and last offsets, the reader's lease term)."""
+    audit = ReadAudit(tmp_path / "reads.jsonl", "test")
+    try:
+        yield audit
+    finally:
+        audit.close()
+
+
+def reads(audit: ReadAudit) -> list[dict[str, int]]:
+    audit.close()
+    return [json.loads(line) for line in audit.path.read_text().splitlines()]
+
+
+async def test_a_reader_reads_its_queue_in_offset_order_within_the_consumers_room(
+    redis_url: str, redis_client: aioredis.Redis, audit: ReadAudit
+) -> None:
+    await ensure_topic(redis_client, "t", 1)
+    produced: dict[str, int] = {}
+    await produce(redis_url, produced, [f"k{i % 6}" for i in range(120)], qid=0)
+    checker = OrderChecker()
+    # Reads of at most 3, at most 5 unfinished: the queue takes dozens of reads, each sized to the room.
+    async with Proxy(redis_client, "p1", TopicGroupConfig(concurrency=5, read_batch_size=3), audit) as proxy:
+        await consume_all([(proxy, 0)], checker, produced, concurrency=5)
+        assert proxy.consumer.counters["read"] == 120
+    batches = reads(audit)
+    assert len(batches) >= 120 // 3
+    assert all(r["last"] - r["first"] < 3 for r in batches)
+    # Contiguous and in order: every read starts right after the previous one, from offset 1 to 120.
+    assert [r["first"] for r in batches] == [1] + [r["last"] + 1 for r in batches[:-1]]
+    assert batches[-1]["last"] == 120
+    assert checker.violations == [] and checker.missing(produced) == {}
+
+
+async def test_a_reader_reads_nothing_after_its_lease_lapses(
+    redis_url: str, redis_client: aioredis.Redis, audit: ReadAudit
+) -> None:
+    await ensure_topic(redis_client, "t", 1)
+    produced: dict[str, int] = {}
+    await produce(redis_url, produced, [f"k{i % 5}" for i in range(40)], qid=0)
+    checker = OrderChecker()
+    # "p2" is the first owner; "p1" sorts first, so it keeps the queue once both are members again.
+    async with Proxy(redis_client, "p2", TopicGroupConfig(read_batch_size=10), audit) as old:
+        await old.wait_held({0})
+        acked = 0
+        while acked < 10:
+            batch = await old.pull(2)
+            if not batch.messages:
+                await asyncio.sleep(0.01)  # the reader is still reading
+                continue
+            deliver(old, batch, checker, epoch=0)
+            acked += len(batch.messages)
+        await old.consumer.commits.flush()
+        old_term = old.consumer.held[0].term
+        # Its lease loop stalls: no renewal, so the lease lapses while the reader and the clients go on.
+        old.membership.stall()
+        async with asyncio.timeout(20):
+            while old.consumer.may_serve(0):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        read_at_lapse = old.consumer.counters["read"]
+        assert (await old.pull()).messages == []  # what it read but did not hand out stays with it
+        await produce(redis_url, produced, [f"k{i % 5}" for i in range(40)], qid=0)
+        async with Proxy(redis_client, "p1", audit=audit) as new:
+            await new.wait_held({0})
+            assert new.consumer.held[0].term > old_term
+            await consume_all([(old, 0), (new, 1)], checker, produced)
+            # The old reader saw the new messages in Redis but read none of them: not confirmed, it waits.
+            assert old.consumer.counters["read"] == read_at_lapse
+            assert (await old.pull()).messages == []
+            assert old.consumer.unfinished == read_at_lapse - acked
+            # Its lease loop wakes: the renewal is refused, it drops the queue and commits nothing more.
+            old.membership.resume()
+            async with asyncio.timeout(20):
+                while old.consumer.held or old.consumer.readers:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            assert old.consumer.unfinished == 0
+            await new.consumer.commits.flush()
+            await old.consumer.commits.flush()
+            assert await new.broker.committed_offset("g", "t", 0) == 81
+    terms = [r["term"] for r in reads(audit)]
+    assert terms == sorted(terms) and set(terms) == {old_term, old_term + 1}  # one reader per term, in turn
+    assert checker.violations == [] and checker.missing(produced) == {}
