@@ -2,10 +2,11 @@
 
 ``python bench/micro.py [--messages N]`` prints, per message:
 
-- ``codec``: encoding a 64-message pull reply with thriftpy2's writer (what the proxy used to do), with
-  ``wire.encode`` from thriftpy2 structs, and with :mod:`ddmq.proxy.pull_codec`; the client's decoding
-  of that reply; a pull request carrying 64 acks, encoded and decoded; one carrying a single ack,
-  decoded (QID ordering's request: its whole cost falls on one message);
+- ``codec``: encoding a 64-message pull reply with thriftpy2's own writer (the baseline: what a plain
+  thriftpy2 server spends), with ``wire.encode`` from thriftpy2 structs, and with
+  :mod:`ddmq.proxy.pull_codec`; the client's decoding of that reply; a pull request carrying 64 acks,
+  encoded and decoded; one carrying a single ack, decoded (QID ordering's request: its whole cost
+  falls on one message);
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
   ``Order, PullServer`` by KEY, drained through ``ProxyService.pull`` by 8 pullers acking on their next
   pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks;

@@ -698,7 +698,8 @@ def check(config: SoakConfig, folder: Path, produced: dict[str, int], faults: li
                     f"{fault['victim']} read {len(found)} times after SIGCONT under a term taken over")
         if fault["resumed_ms"] is None:
             result.problems.append(f"{fault['kind']} ({fault['victim']}): delivery did not resume")
-    # Whether the stale reads are the only second readers (they are what issue 11 names).
+    # Whether the stale reads (a continued proxy reading under a term another proxy took over) are the
+    # only second readers: the report then tells a fencing gap apart from two owners of one term.
     stale_ids = {id(r) for r in stale}
     besides_stale = single_reader([r for r in records if id(r) not in stale_ids])[0] if stale else one_reader
     result.faults = faults

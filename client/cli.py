@@ -22,10 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
-    from ddmq.client import admin, consumer, offsets, producer, status
+    from ddmq.client import admin, consume_cli, offsets, producer, status
 
     producer.add_cli(sub)
-    consumer.add_cli(sub)
+    consume_cli.add_cli(sub)
     status.add_cli(sub)
     offsets.add_cli(sub)
     admin.add_cli(sub)

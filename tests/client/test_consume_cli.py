@@ -19,7 +19,8 @@ import redis
 import yaml
 
 from ddmq.client import keys
-from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer, _Backoff
+from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer
+from ddmq.client.pulling import Backoff
 from ddmq.client.status import group_status
 from ddmq.client.thrift_client import ProxyClientError, PullError, WrongPortError
 
@@ -174,11 +175,11 @@ async def _record(got: list[int], message: ConsumedMessage, consumer: AsyncPullC
 
 
 def test_backoff_doubles_with_jitter() -> None:
-    backoff = _Backoff(100, 1000)
+    backoff = Backoff(100, 1000)
     steps = [100, 200, 400, 800, 1000, 1000]
     delays = [backoff.next_s() * 1000 for _ in steps]
     assert all(step / 2 <= delay <= step for delay, step in zip(delays, steps, strict=True))
-    assert len({round(d, 6) for d in (_Backoff(100, 100).next_s() for _ in range(20))}) > 1  # not in step
+    assert len({round(d, 6) for d in (Backoff(100, 100).next_s() for _ in range(20))}) > 1  # not in step
     backoff.reset()
     assert backoff.next_s() <= 0.1
 

@@ -24,8 +24,8 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
+from ddmq.client import consume_cli, wire
 from ddmq.client import consumer as consumer_module
-from ddmq.client import wire
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer, parse_servers
 from ddmq.client.thrift_client import (
     AsyncProxyClient,
@@ -807,7 +807,7 @@ async def test_consume_cli_prints_and_acks(
 ) -> None:
     service.add(QueueId("t", 2), [1, 2, 3], [b'{"a": 1}', b"\xff\xfe", b"third"])
     parser = argparse.ArgumentParser()
-    consumer_module.add_cli(parser.add_subparsers())
+    consume_cli.add_cli(parser.add_subparsers())
     args = parser.parse_args(
         ["consume", "--server", f"127.0.0.1:{server.port}", "--group", "g", "--count", "2", "--linger-ms", "100"]
     )

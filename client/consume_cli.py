@@ -1,0 +1,141 @@
+"""``ddmq consume``: pull a group's messages through the proxies, print each as a JSON line, ack it.
+
+The command is a :class:`~ddmq.client.consumer.PullConsumer` whose processor prints: what it does not
+print (past ``--count``, or after the reader of a pipe went away) it leaves unreported, never failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ddmq.client import clitools
+from ddmq.client.consumer import ConsumedMessage, NotProcessed, PullConsumer
+from ddmq.client.thrift_client import ProxyClientError
+
+__all__ = ["add_cli", "message_json"]
+
+# The consumers' logger, so that `-v` shows the command's summary next to what its pullers log.
+log = logging.getLogger("ddmq.client.consumer")
+
+
+def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``ddmq consume``: print messages as JSON lines and ack them."""
+    parser = sub.add_parser(
+        "consume",
+        help="pull messages from proxies and print them as JSON lines",
+        description=(
+            "Pull a consumer group's messages from one or more proxies, print each as a JSON line "
+            "(value as text, or base64 under value_b64 when it is not UTF-8) and ack it. Messages pulled "
+            "but not printed (beyond --count, or after the reader of a pipe went away) are never acked nor "
+            "failed: the proxy delivers them again after the group's timeout_ms. "
+            "An error that retrying cannot cure (unknown group or topic, an HTTP port) ends the command "
+            "with status 1; a closed pipe ends it with status 1 too, quietly."
+        ),
+    )
+    clitools.env_option(
+        parser, "--servers", clitools.ENV_SERVERS, "proxy address(es): host:port[,host:port...]", "--server"
+    )
+    parser.add_argument("--group", required=True, help="consumer group")
+    parser.add_argument("--topic", default=None, help="only this topic (default: every topic of the group)")
+    parser.add_argument("--count", type=int, default=None, help="stop after this many messages")
+    parser.add_argument("--threads", type=int, default=1, help="puller threads (default 1)")
+    parser.add_argument("--batch-size", type=int, default=32, help="max messages per pull (default 32)")
+    parser.add_argument("--linger-ms", type=int, default=1000, help="long-poll wait per pull (default 1000)")
+    parser.add_argument(
+        "--max-per-key",
+        type=int,
+        default=1,
+        help="ordered runs: up to this many successive messages of one key per pull, printed in order (default 1)",
+    )
+    parser.set_defaults(func=_consume_command)
+
+
+def message_json(message: ConsumedMessage) -> str:
+    """One output line of ``ddmq consume``."""
+    record: dict[str, Any] = {
+        "topic": message.topic,
+        "qid": message.qid,
+        "offset": message.offset,
+        "key": message.key,
+        "tag": message.tag,
+        "properties": message.properties,
+    }
+    try:
+        record["value"] = message.value.decode("utf-8")
+    except UnicodeDecodeError:
+        record["value_b64"] = base64.b64encode(message.value).decode("ascii")
+    return json.dumps(record, ensure_ascii=False)
+
+
+class _Printer:
+    """The CLI's processor: prints and acks up to ``limit`` messages, then stops the consumer. A message
+    it does not print (past the limit, or stdout closed) raises :class:`NotProcessed`: never failed."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._limit = limit
+        self._lock = threading.RLock()  # close_pipe() runs under it from __call__, or alone from the CLI
+        self.printed = 0
+        self.pipe_closed = False
+        self.on_done: Callable[[], None] = lambda: None
+
+    def __call__(self, message: ConsumedMessage) -> bool:
+        with self._lock:
+            if self.pipe_closed or (self._limit is not None and self.printed >= self._limit):
+                raise NotProcessed
+            try:
+                sys.stdout.write(message_json(message) + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                self.close_pipe()
+                raise NotProcessed from None
+            self.printed += 1
+            if self._limit is not None and self.printed >= self._limit:
+                self.on_done()
+            return True
+
+    def close_pipe(self) -> None:
+        with self._lock:
+            if self.pipe_closed:
+                return
+            self.pipe_closed = True
+            clitools.detach_stdout()
+        self.on_done()
+
+
+def _consume_command(args: argparse.Namespace) -> int:
+    if args.count is not None and args.count < 1:
+        raise clitools.CliError("--count must be positive", clitools.USAGE_ERROR)
+    batch_size = args.batch_size if args.count is None else min(args.batch_size, args.count)
+    printer = _Printer(args.count)
+    try:
+        consumer = PullConsumer(
+            args.servers,
+            args.group,
+            printer,
+            topic=args.topic,
+            threads=args.threads,
+            batch_size=batch_size,
+            linger_ms=args.linger_ms,
+            on_error=lambda exc: None,  # the command reports it once, raised from wait() below
+            max_per_key=args.max_per_key,
+        )
+    except ValueError as exc:
+        raise clitools.CliError(str(exc), clitools.USAGE_ERROR) from exc
+    printer.on_done = consumer.stop
+    try:
+        with consumer:
+            while not consumer.wait(0.2):
+                if clitools.stdout_closed():
+                    printer.close_pipe()
+    except ProxyClientError as exc:
+        raise clitools.CliError(str(exc)) from exc
+    stats = consumer.stats
+    log.info("consumed %d messages (%d pulled, %d errors)", printer.printed, stats.pulled, stats.errors)
+    return clitools.FAILURE if printer.pipe_closed else 0

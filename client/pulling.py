@@ -1,0 +1,305 @@
+"""What both pull consumers share: the messages and counters a user sees, server addresses, and the
+parts of a puller (its settings, the results it has not reported yet, its backoff, the fatal error
+that stops every puller, and the split of a pull reply into ordered runs).
+
+:mod:`ddmq.client.consumer` builds :class:`~ddmq.client.consumer.PullConsumer` (threads) and
+:class:`~ddmq.client.consumer.AsyncPullConsumer` (tasks) from these parts and re-exports the public
+names; import them from there.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ddmq.client.thrift_client import ProxyClientError
+from ddmq.client.wire import DEFAULT_PORT, ConsumeResult, Context, PullRequest, PullResponse, link_results
+
+__all__ = [
+    "Backoff",
+    "ConsumedMessage",
+    "ConsumerStats",
+    "Counters",
+    "FatalError",
+    "NotProcessed",
+    "PendingResults",
+    "PullerSettings",
+    "consumed_messages",
+    "parse_servers",
+    "split_runs",
+]
+
+# The consumers' logger: one name covers everything a consumer logs, whichever module it comes from.
+log = logging.getLogger("ddmq.client.consumer")
+
+
+class NotProcessed(Exception):
+    """Raised by a processor to leave a message neither acked nor failed: it is not reported, and the
+    proxy delivers it again once the group's ``timeout_ms`` has passed, as it does for the messages of a
+    consumer that went away (its timeout rule counts that as an attempt). ``ddmq consume`` does this
+    with messages it could not print."""
+
+
+@dataclass(frozen=True)
+class ConsumedMessage:
+    """One message as a processor sees it; ``qid`` is the queue number as the wire carries it (a string)."""
+
+    topic: str
+    qid: str
+    offset: int
+    key: str
+    value: bytes
+    tag: str
+    properties: dict[str, str]
+    produce_ms: int = 0
+    """Produce time in milliseconds since the epoch; 0 when unknown."""
+
+
+@dataclass(frozen=True)
+class ConsumerStats:
+    """Counters since start: messages pulled, acked (processor True), failed, left unreported
+    (:class:`NotProcessed`), and pull/submit errors."""
+
+    pulled: int = 0
+    acked: int = 0
+    failed: int = 0
+    errors: int = 0
+    unreported: int = 0
+    """Left unreported: :class:`NotProcessed`, or the rest of an ordered run after its first failure."""
+
+
+def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"h1:9713,h2"`` or ``["h1:9713", "[::1]:9713"]`` → ``[(host, port), ...]`` (port defaults to 9713)."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    addresses = []
+    for item in (part.strip() for part in items):
+        if not item:
+            continue
+        host, port = item, DEFAULT_PORT
+        if item.startswith("["):  # [v6 address]:port
+            end = item.find("]")
+            if end < 0:
+                raise ValueError(f"bad server address {item!r}")
+            host, rest = item[1:end], item[end + 1 :]
+            if rest:
+                if not rest.startswith(":"):
+                    raise ValueError(f"bad server address {item!r}")
+                port = _parse_port(rest[1:], item)
+        elif item.count(":") == 1:
+            host, port_text = item.split(":")
+            port = _parse_port(port_text, item)
+        if not host:
+            raise ValueError(f"bad server address {item!r}")
+        addresses.append((host, port))
+    if not addresses:
+        raise ValueError("no proxy server given")
+    return addresses
+
+
+def _parse_port(text: str, item: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise ValueError(f"bad port in server address {item!r}") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"bad port in server address {item!r}")
+    return port
+
+
+class Counters:
+    """Thread-safe counters behind :class:`ConsumerStats`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pulled = self._acked = self._failed = self._errors = self._unreported = 0
+
+    def add(self, *, pulled: int = 0, acked: int = 0, failed: int = 0, errors: int = 0, unreported: int = 0) -> None:
+        with self._lock:
+            self._pulled += pulled
+            self._acked += acked
+            self._failed += failed
+            self._errors += errors
+            self._unreported += unreported
+
+    def snapshot(self) -> ConsumerStats:
+        with self._lock:
+            return ConsumerStats(self._pulled, self._acked, self._failed, self._errors, self._unreported)
+
+
+class FatalError:
+    """The first error of any puller that retrying cannot cure; the consumer stops on it and raises it
+    once, from whichever of ``wait()``, ``run()`` or the context manager's exit comes first."""
+
+    def __init__(self, on_error: Callable[[ProxyClientError], None] | None) -> None:
+        self._on_error = on_error
+        self._lock = threading.Lock()
+        self.error: ProxyClientError | None = None
+        self._raised = False
+
+    def record(self, error: ProxyClientError, host: str, port: int) -> None:
+        with self._lock:
+            if self.error is not None:
+                return
+            self.error = error
+        # With a callback, reporting is the caller's; otherwise the log must say why pulling stopped.
+        log.log(logging.INFO if self._on_error else logging.ERROR,
+                "%s:%d: %s; the consumer stops (this error does not go away by retrying)", host, port, error)
+        if self._on_error is not None:
+            try:
+                self._on_error(error)
+            except Exception:
+                log.exception("on_error callback failed")
+
+    def raise_once(self) -> None:
+        with self._lock:
+            error, raise_it = self.error, self.error is not None and not self._raised
+            self._raised = True
+        if raise_it and error is not None:
+            raise error
+
+
+class PendingResults:
+    """Offsets a puller has processed but not yet reported, per (topic, qid) in first-seen order."""
+
+    def __init__(self, group: str) -> None:
+        self._group = group
+        self._queues: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(success) + len(fail) for success, fail in self._queues.values())
+
+    def record(self, message: ConsumedMessage, ok: bool) -> None:
+        success, fail = self._queues.setdefault((message.topic, message.qid), ([], []))
+        (success if ok else fail).append(message.offset)
+
+    def to_wire(self) -> ConsumeResult | None:
+        """A fresh ``ConsumeResult`` list, one node per queue (None when nothing is pending)."""
+        return link_results(
+            ConsumeResult(
+                context=Context(groupId=self._group, topic=topic, qid=qid),
+                successOffsets=list(success),
+                failOffsets=list(fail),
+            )
+            for (topic, qid), (success, fail) in self._queues.items()
+        )
+
+    def clear(self) -> None:
+        self._queues.clear()
+
+
+class Backoff:
+    """Doubling sleeps after consecutive errors, from ``initial_ms`` up to ``max_ms``; each sleep is
+    drawn between half and all of the current step, so clients cut off together do not retry together."""
+
+    def __init__(self, initial_ms: int, max_ms: int) -> None:
+        self._initial_ms = max(initial_ms, 1)
+        self._max_ms = max(max_ms, self._initial_ms)
+        self._next_ms = self._initial_ms
+
+    def next_s(self) -> float:
+        delay_ms = self._next_ms * random.uniform(0.5, 1.0)
+        self._next_ms = min(self._next_ms * 2, self._max_ms)
+        return delay_ms / 1000
+
+    def reset(self) -> None:
+        self._next_ms = self._initial_ms
+
+
+def split_runs(response: PullResponse, messages: list[ConsumedMessage]) -> list[list[ConsumedMessage]]:
+    """The reply's ordered runs (``PullResponse.runs``); each message alone when it has none. A ``runs``
+    list that does not match the messages makes the whole reply one run: in order is always safe."""
+    sizes = response.runs
+    if not sizes:
+        return [[message] for message in messages]
+    if sum(sizes) != len(messages) or min(sizes) < 1:
+        log.warning("pull reply with runs %s for %d messages: processing them as one run", sizes, len(messages))
+        return [messages]
+    runs = []
+    start = 0
+    for size in sizes:
+        runs.append(messages[start:start + size])
+        start += size
+    return runs
+
+
+def consumed_messages(response: PullResponse) -> list[ConsumedMessage]:
+    context = response.context if response.context is not None else Context()
+    topic, qid = context.topic or "", context.qid or ""
+    messages = []
+    for message in response.messages or ():
+        if message.offset is None:
+            log.warning("dropping a message of %s#%s without an offset", topic, qid)
+            continue
+        messages.append(
+            ConsumedMessage(
+                topic=topic,
+                qid=qid,
+                offset=message.offset,
+                key=message.key or "",
+                value=message.value or b"",
+                tag=message.tag or "",
+                properties=dict(message.properties or {}),
+                produce_ms=message.produceTime or 0,
+            )
+        )
+    return messages
+
+
+class PullerSettings:
+    """What every puller of one consumer shares (validated once)."""
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        group: str,
+        topic: str | None,
+        pullers: int,
+        batch_size: int,
+        linger_ms: int,
+        retry_sleep_ms: int,
+        max_backoff_ms: int,
+        timeout_s: float,
+        max_per_key: int = 1,
+    ) -> None:
+        if not group:
+            raise ValueError("group is required")
+        if max_per_key < 1:
+            raise ValueError(f"max_per_key must be positive, got {max_per_key}")
+        if pullers < 1:
+            raise ValueError(f"at least one puller is needed, got {pullers}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if linger_ms < 0 or retry_sleep_ms < 0:
+            raise ValueError("linger_ms and retry_sleep_ms must not be negative")
+        self.servers = parse_servers(servers)
+        self.group = group
+        self.topic = topic or None
+        self.pullers = pullers
+        self.batch_size = batch_size
+        self.linger_ms = linger_ms
+        self.retry_sleep_ms = retry_sleep_ms
+        self.max_backoff_ms = max_backoff_ms
+        self.timeout_s = timeout_s
+        self.max_per_key = max_per_key
+
+    def server_for(self, index: int) -> tuple[str, int]:
+        return self.servers[index % len(self.servers)]
+
+    def request(self, pending: PendingResults) -> PullRequest:
+        return PullRequest(
+            groupId=self.group,
+            topic=self.topic,
+            maxBatchSize=self.batch_size,
+            maxLingerTime=self.linger_ms,
+            result=pending.to_wire(),
+            maxPerKey=self.max_per_key if self.max_per_key > 1 else None,
+        )
+
+    def returned_early(self, elapsed_s: float) -> bool:
+        """An empty pull that came back well before the linger time did not long-poll: pause a little."""
+        return self.linger_ms == 0 or elapsed_s * 1000 < self.linger_ms / 2
+
+
