@@ -16,8 +16,10 @@ acked until Spark has committed the batch:
   batches until the consume offsets reach them (or have not moved for ``availableNowIdleBatches``).
 
 Pulls ask for ordered runs (``maxPerKey``, default 1000): a partition's rows of one key are successive
-messages in the key's order, so a key's backlog advances by a whole run per micro-batch (up to the
-topic's ``max_pull_batch_size``), not one message. A replay of the lease answers the very same runs. With
+messages in the key's order, and the lease's later pulls continue the runs its earlier pulls started,
+so a key's backlog advances as far as the partition's pulls carry per micro-batch, not one message. The
+pulls of a lease are read in index order, which keeps a key's rows in order. A replay of the lease
+answers the very same runs. With
 ``maxPerKey`` 1 a key advances one message per micro-batch, the next going out only after the ack.
 """
 
