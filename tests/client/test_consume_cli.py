@@ -18,10 +18,10 @@ import pytest
 import redis
 import yaml
 
-from ddmq.client import keys
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer, _Backoff
 from ddmq.client.status import group_status
 from ddmq.client.thrift_client import ProxyClientError, PullError, WrongPortError
+from ddmq.protocol import keys
 
 from ..support import ProxyProcess, free_port, produce_keyed
 

@@ -10,7 +10,7 @@ import pytest
 
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
-from ddmq.client.wire import LeaseAck, PullRequest, PullResponse
+from ddmq.protocol.wire import LeaseAck, PullRequest, PullResponse
 
 from ..support import OrderChecker, body
 from .conftest import running_proxy
