@@ -29,7 +29,9 @@ __all__ = [
     "VARINT_MAX_BYTES",
     "VERSION",
     "CompactType",
+    "VarintTooLongError",
     "field_header",
+    "read_varint",
     "shape",
     "split_spec",
     "varint",
@@ -126,6 +128,28 @@ def varint(n: int) -> bytes:
             (_MORE14[n & 0x3FFF], _MORE14[(n >> 14) & 0x3FFF], _MORE14[(n >> 28) & 0x3FFF], _LAST14[n >> 42])
         )
     return _varint_loop(n)
+
+
+class VarintTooLongError(ValueError):
+    """A varint runs on past :data:`VARINT_MAX_BYTES` bytes."""
+
+
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint starting at ``data[pos]``, and the position after it.
+
+    IndexError when ``data`` ends inside it (callers on a fast path fall back on that, as on any other
+    surprise), :class:`VarintTooLongError` past :data:`VARINT_MAX_BYTES` bytes.
+    """
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 7 * VARINT_MAX_BYTES:
+            raise VarintTooLongError(f"varint longer than {VARINT_MAX_BYTES} bytes")
 
 
 def zigzag64(n: int) -> bytes:

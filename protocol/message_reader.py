@@ -18,6 +18,8 @@ from ddmq.protocol.layout import (
     TAG_HEADER,
     VALUE_HEADER,
     CompactType,
+    VarintTooLongError,
+    read_varint,
 )
 from ddmq.protocol.structs import Message
 
@@ -75,8 +77,9 @@ def read_message(reader: CompactReader) -> Message:
         return message
     return Message(key=key, value=value, tag=tag, offset=offset, properties=properties, produceTime=produce_time)
 
+
 def read_messages(reader: CompactReader, count: int) -> list[Message]:
-    """``count`` Messages laid out as the proxy writes them, in one loop with no call per field.
+    """``count`` Messages laid out as the proxy writes them, in one loop without the generic field reader.
 
     Every read index is checked by Python (``IndexError``) and every slice ends before the next
     index read, so a message that runs past the payload or is laid out any other way (a key or tag
@@ -102,17 +105,7 @@ def read_messages(reader: CompactReader, count: int) -> list[Message]:
             # value: any length (bodies are often 128 bytes or more)
             if data[end] != value_header:
                 raise _OtherLayout
-            pos = end + 1
-            size = shift = 0
-            while True:
-                byte = data[pos]
-                pos += 1
-                size |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
-                shift += 7
-                if shift > 28:
-                    raise _OtherLayout
+            size, pos = read_varint(data, end + 1)
             end = pos + size
             value = data[pos:end]
             # tag, as the key
@@ -123,36 +116,16 @@ def read_messages(reader: CompactReader, count: int) -> list[Message]:
             # offset: a zigzag varint
             if data[pos] != offset_header:
                 raise _OtherLayout
-            pos += 1
-            number = shift = 0
-            while True:
-                byte = data[pos]
-                pos += 1
-                number |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
-                shift += 7
-                if shift > 63:
-                    raise _OtherLayout
+            number, pos = read_varint(data, pos + 1)
             offset = (number >> 1) ^ -(number & 1)
             # properties: an empty map; then produceTime
             if data[pos] != properties_header or data[pos + 1] != 0 or data[pos + 2] != produce_time_header:
                 raise _OtherLayout
-            pos += 3
-            number = shift = 0  # the offset's loop again, inline: no call per field here
-            while True:
-                byte = data[pos]
-                pos += 1
-                number |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
-                shift += 7
-                if shift > 63:
-                    raise _OtherLayout
+            number, pos = read_varint(data, pos + 3)
             if data[pos] != CompactType.STOP:  # also proves no slice above ran past the payload
                 raise _OtherLayout
             pos += 1
-        except (_OtherLayout, IndexError):
+        except (_OtherLayout, IndexError, VarintTooLongError):
             reader._pos = start
             append(read_message(reader))
             pos = reader._pos

@@ -21,9 +21,10 @@ from ddmq.protocol.layout import (
     MAX_SEQID,
     MESSAGE_LAYOUT_MATCHES,
     PROTOCOL_ID,
-    VARINT_MAX_BYTES,
     VERSION,
     CompactType,
+    VarintTooLongError,
+    read_varint,
     split_spec,
 )
 from ddmq.protocol.message_reader import read_message, read_messages
@@ -71,7 +72,6 @@ class Envelope(NamedTuple):
     body: TPayload | None
 
 
-
 # The same numbers as plain module constants, for the reader's per-field loop.
 _C_STOP: Final = CompactType.STOP
 _C_TRUE: Final = CompactType.TRUE
@@ -108,7 +108,6 @@ def _fields_of(struct_class: type) -> dict[int, _FieldEntry]:
     return fields
 
 
-
 class CompactReader:
     """Reads one compact-protocol message from bytes, trusting no declared size."""
 
@@ -142,22 +141,13 @@ class CompactReader:
         return chunk
 
     def _varint(self) -> int:
-        data = self._data
-        pos = self._pos
-        end = min(len(data), pos + VARINT_MAX_BYTES)
-        result = 0
-        shift = 0
-        while pos < end:
-            byte = data[pos]
-            pos += 1
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                self._pos = pos
-                return result
-            shift += 7
-        if pos >= len(data):
-            raise FrameDecodeError(f"payload truncated at byte {pos}")
-        raise FrameDecodeError(f"varint longer than {VARINT_MAX_BYTES} bytes")
+        try:
+            value, self._pos = read_varint(self._data, self._pos)
+        except IndexError:
+            raise FrameDecodeError(f"payload truncated at byte {len(self._data)}") from None
+        except VarintTooLongError as exc:
+            raise FrameDecodeError(str(exc)) from None
+        return value
 
     def _zigzag(self) -> int:
         value = self._varint()
@@ -321,24 +311,17 @@ class CompactReader:
 
     def _zigzag_list(self, size: int) -> list[int]:
         data = self._data
-        end = len(data)
         pos = self._pos
-        items = []
-        for _ in range(size):
-            result = 0
-            shift = 0
-            while True:
-                if pos >= end:
-                    raise FrameDecodeError(f"payload truncated at byte {pos}")
-                byte = data[pos]
-                pos += 1
-                result |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
-                shift += 7
-                if shift >= 7 * VARINT_MAX_BYTES:
-                    raise FrameDecodeError(f"varint longer than {VARINT_MAX_BYTES} bytes")
-            items.append((result >> 1) ^ -(result & 1))
+        items: list[int] = []
+        append = items.append
+        try:
+            for _ in range(size):
+                result, pos = read_varint(data, pos)
+                append((result >> 1) ^ -(result & 1))
+        except IndexError:
+            raise FrameDecodeError(f"payload truncated at byte {len(data)}") from None
+        except VarintTooLongError as exc:
+            raise FrameDecodeError(str(exc)) from None
         self._pos = pos
         return items
 
@@ -435,7 +418,6 @@ class CompactReader:
             self._byte()
         else:
             self.skip(ctype)
-
 
 
 def decode(

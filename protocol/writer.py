@@ -144,7 +144,6 @@ class _CompactWriter:
             raise TProtocolException(TProtocolException.INVALID_DATA, f"cannot write thrift type {ttype}")
 
 
-
 def frame_length(header: bytes) -> int:
     """The payload length a 4-byte frame header declares (may be negative or absurd: check it)."""
     length: int = FRAME_HEADER.unpack(header)[0]
