@@ -15,6 +15,7 @@ COPY proxy ./proxy
 COPY actions ./actions
 COPY client ./client
 COPY config ./config
+COPY protocol ./protocol
 RUN pip install --no-cache-dir .
 # 9713: Thrift pull API; 9714: HTTP API, /metrics, /healthz, /readyz
 EXPOSE 9713 9714

@@ -24,10 +24,10 @@ COMPILED = [
     "proxy/ordering.py",
     "proxy/ownership.py",
     "proxy/pull_buffer.py",
-    "proxy/pull_codec.py",
     "proxy/types.py",
     "actions/order.py",
     "actions/pull_server.py",
+    "protocol/pull_codec.py",
 ]
 
 HERE = Path(__file__).resolve().parent
@@ -44,7 +44,7 @@ def _compiled() -> dict[str, Any]:
     # paths, so give it that layout through symlinks (as .ci/run does for mypy).
     root = BUILD / "src"
     (root / "ddmq").mkdir(parents=True, exist_ok=True)
-    for part in ("proxy", "client", "config", "actions"):
+    for part in ("proxy", "client", "config", "actions", "protocol"):
         link = root / "ddmq" / part
         if link.is_symlink():
             link.unlink()  # the checkout may have moved since the last compiled build

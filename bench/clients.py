@@ -21,9 +21,9 @@ from typing import Any
 
 from bench.clientproc import Ready
 from bench.dataset import TOPIC
-from ddmq.client.connection import AsyncRedis, async_redis
 from ddmq.client.thrift_client import AsyncProxyClient
-from ddmq.client.wire import ConsumeResult, ConsumeStatsRequest, Context, PullRequest, PullResponse, link_results
+from ddmq.protocol.connection import AsyncRedis, async_redis
+from ddmq.protocol.wire import ConsumeResult, ConsumeStatsRequest, Context, PullRequest, PullResponse, link_results
 
 __all__ = [
     "KeyedWork",

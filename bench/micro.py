@@ -4,7 +4,7 @@
 
 - ``codec``: encoding a 64-message pull reply with thriftpy2's own writer (the baseline: what a plain
   thriftpy2 server spends), with ``wire.encode`` from thriftpy2 structs, and with
-  :mod:`ddmq.proxy.pull_codec`; the client's decoding of that reply; a pull request carrying 64 acks,
+  :mod:`ddmq.protocol.pull_codec`; the client's decoding of that reply; a pull request carrying 64 acks,
   encoded and decoded; one carrying a single ack, decoded (QID ordering's request: its whole cost
   falls on one message);
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
@@ -35,10 +35,10 @@ from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.transport import TMemoryBuffer
 
 from ddmq.client.producer import AsyncProducer
-from ddmq.client.wire import ConsumeResult, ConsumerService, Context, PullRequest, TMessageType, decode, encode
 from ddmq.config import parse
+from ddmq.protocol.pull_codec import encode_pull_reply
+from ddmq.protocol.wire import ConsumeResult, ConsumerService, Context, PullRequest, TMessageType, decode, encode
 from ddmq.proxy.embedded import EmbeddedRedis
-from ddmq.proxy.pull_codec import encode_pull_reply
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.thrift_server import pull_response
 from ddmq.proxy.types import PullBatch, QueueId, QueueResult, StoredMessage

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.clientproc import Ready
-from ddmq.client import wire
-from ddmq.client.wire import ConsumerService, TMessageType
-from ddmq.proxy.pull_codec import encode_pull_reply
+from ddmq.protocol import wire
+from ddmq.protocol.pull_codec import encode_pull_reply
+from ddmq.protocol.wire import ConsumerService, TMessageType
 from ddmq.proxy.types import StoredMessage
 
 

@@ -8,9 +8,9 @@
 """
 
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, NotProcessed, PullConsumer
-from ddmq.client.hashing import queue_for_key
 from ddmq.client.producer import AsyncProducer, OutgoingMessage, ProduceError, Producer, SendResult
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError, PullError
+from ddmq.protocol.hashing import queue_for_key
 
 __all__ = [
     "AsyncProducer",

@@ -25,7 +25,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Final
 
-from ddmq.client import clitools
+from ddmq.protocol import clitools
 
 __all__ = ["AdminClient", "add_cli"]
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import cast
 
-from ddmq.client import clitools
+from ddmq.protocol import clitools
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,16 +22,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
-    from ddmq.client import admin, consume_cli, offsets, producer, status
+    from ddmq.client import admin, consume_cli, offsets, produce_cli, status
 
-    producer.add_cli(sub)
+    produce_cli.add_cli(sub)
     consume_cli.add_cli(sub)
     status.add_cli(sub)
     offsets.add_cli(sub)
     admin.add_cli(sub)
 
     demo = sub.add_parser("demo", help="run an embedded Redis, a proxy, a ride-event producer and consumers")
-    from ddmq.proxy import demo as demo_module
+    from ddmq.client import demo as demo_module
 
     demo_module.add_arguments(demo)
     demo.set_defaults(func=demo_module.main)

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ddmq.client import clitools
 from ddmq.client.consumer import ConsumedMessage, NotProcessed, PullConsumer
 from ddmq.client.thrift_client import ProxyClientError
+from ddmq.protocol import clitools
 
 __all__ = ["add_cli", "message_json"]
 

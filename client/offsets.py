@@ -35,8 +35,8 @@ from datetime import UTC, datetime
 
 import redis
 
-from ddmq.client import clitools, keys
-from ddmq.client.connection import sync_redis
+from ddmq.protocol import clitools, keys
+from ddmq.protocol.connection import sync_redis
 
 __all__ = ["QueueReset", "add_cli", "apply", "plan"]
 

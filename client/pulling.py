@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ddmq.client.thrift_client import ProxyClientError
-from ddmq.client.wire import DEFAULT_PORT, ConsumeResult, Context, PullRequest, PullResponse, link_results
+from ddmq.protocol.wire import DEFAULT_PORT, ConsumeResult, Context, PullRequest, PullResponse, link_results
 
 __all__ = [
     "Backoff",

@@ -15,85 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-from ddmq.client import clitools, keys
-from ddmq.client.connection import REDIS_ERRORS, SyncRedis, sync_redis
-from ddmq.config.schema import LeaseConfig
+from ddmq.protocol import clitools
+from ddmq.protocol.connection import REDIS_ERRORS, sync_redis
+from ddmq.protocol.status import DEFAULT_MEMBER_TTL_MS, GroupStatus, QueueStatus, group_status
 
-#: A proxy drops members silent for longer than its ``leases.ttl_ms``; status assumes the default.
-DEFAULT_MEMBER_TTL_MS = LeaseConfig().ttl_ms
-
+__all__ = ["DEFAULT_MEMBER_TTL_MS", "GroupStatus", "QueueStatus", "add_cli", "format_status", "group_status"]
 
 #: What ``ddmq status`` reports as a failure: Redis errors, and a malformed URL (a ValueError).
 _STATUS_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
-
-
-@dataclass(frozen=True)
-class QueueStatus:
-    topic: str
-    qid: int
-    owner: str | None
-    term: int | None
-    lease_expires_in_ms: int | None
-    committed: int | None  # next offset the group consumes; None: the group never started here
-    produced: int  # next offset the producer writes
-    lag: int
-    rollbacks: int = 0  # times a proxy of the group found Redis had lost writes under this queue
-    last_rollback_ms: int | None = None  # when it last did (ms since the epoch)
-
-
-@dataclass(frozen=True)
-class GroupStatus:
-    group: str
-    members: dict[str, int]  # instance id -> ms since its last heartbeat
-    queues: list[QueueStatus]
-    #: Members whose heartbeat is older than the member TTL (their proxy is gone).
-    expired: list[str]
-    #: False when no proxy ever heartbeated for the group and it has no committed offset.
-    known: bool
-
-
-def group_status(
-    client: SyncRedis, group: str, topics: list[str] | None = None, member_ttl_ms: int = DEFAULT_MEMBER_TTL_MS
-) -> GroupStatus:
-    now = int(time.time() * 1000)
-    heartbeats = client.zrange(keys.members(group), 0, -1, withscores=True)
-    members = {member.decode(): now - int(score) for member, score in heartbeats}
-    expired = sorted(member for member, age in members.items() if age > member_ttl_ms)
-    explicit = topics is not None
-    if topics is None:
-        topics = sorted(t.decode() for t in client.smembers(keys.topics()))
-    rows: list[QueueStatus] = []
-    for topic in topics:
-        raw_queues = client.hget(keys.topic_meta(topic), "queues")
-        if raw_queues is None:
-            continue
-        queues = int(raw_queues)
-        pipe = client.pipeline(transaction=False)
-        for qid in range(queues):
-            pipe.get(keys.lease(group, topic, qid))
-            pipe.pttl(keys.lease(group, topic, qid))
-            pipe.get(keys.committed(group, topic, qid))
-            pipe.get(keys.sequence(topic, qid))
-            pipe.hmget(keys.rollbacks(group, topic, qid), ["count", "at_ms"])
-        replies = pipe.execute()
-        topic_rows = []
-        for qid in range(queues):
-            lease, ttl, committed, sequence, (rollbacks, rollback_ms) = replies[5 * qid : 5 * qid + 5]
-            owner, _, term = lease.decode().rpartition(" ") if lease else (None, "", None)
-            produced = int(sequence) + 1 if sequence is not None else 1
-            consumed = int(committed) if committed is not None else None
-            topic_rows.append(QueueStatus(
-                topic, qid, owner, int(term) if term else None, int(ttl) if lease else None, consumed, produced,
-                produced - (consumed if consumed is not None else 1),
-                int(rollbacks or 0), int(rollback_ms) if rollback_ms else None,
-            ))
-        # Discovered topics are shown only where the group has started consuming.
-        if explicit or any(r.committed is not None for r in topic_rows):
-            rows.extend(topic_rows)
-    known = bool(members) or any(r.committed is not None or r.owner is not None for r in rows)
-    return GroupStatus(group, members, rows, expired, known)
 
 
 def format_status(status: GroupStatus) -> str:

@@ -1,6 +1,6 @@
 """Clients for the proxy's ``ConsumerService``: :class:`ProxyClient` (blocking) and :class:`AsyncProxyClient`.
 
-Both speak framed compact Thrift through :mod:`ddmq.client.wire`, connect on first use and again after
+Both speak framed compact Thrift through :mod:`ddmq.protocol.wire`, connect on first use and again after
 a failure, number their calls and check that each reply answers the call just made. A pull is allowed
 ``timeout_s`` on top of the long-poll wait it asks for.
 
@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from thriftpy2.thrift import TPayload
 
-from ddmq.client.wire import (
+from ddmq.protocol.wire import (
     DEFAULT_PORT,
     FRAME_HEADER_BYTES,
     AckResult,

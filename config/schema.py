@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ddmq.client.connection import check_url
-from ddmq.client.keys import check_name
+from ddmq.protocol.connection import check_url
+from ddmq.protocol.keys import check_name
 
 #: Names an action chain may use; each is implemented in ``ddmq.actions``.
 ACTION_NAMES: frozenset[str] = frozenset({"Json", "Transit", "Filter", "Order", "PullServer", "AsyncHttp", "Redis"})

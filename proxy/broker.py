@@ -1,15 +1,15 @@
 """Redis Streams access for the proxy: reading queues, offsets, dead letters, topic metadata.
 
 Every Redis error leaves this module as :class:`BrokerError` (see :func:`map_redis_errors`), so the
-engine deals with one retriable error type. Entry fields are the producer's (``ddmq.client.producer``):
-``v`` body, ``k`` key, ``t`` tag, ``p`` properties (JSON object), ``ts`` produce time in ms.
+engine deals with one retriable error type. Entries are read (and dead letters written) in the
+producer's format, :mod:`ddmq.protocol.stream_entry`.
 
 Queue reads are the proxy's busiest Redis call. redis-py's XREAD callback turns every entry's field
 list into a dict before we look at it; :class:`Broker` wraps that callback on its client so that its
 own reads (and only those, marked with an option) get the server's reply as it is, and
 :func:`decode_fields` builds each message straight from the flat field list.
 
-On a Redis Cluster (:mod:`ddmq.client.connection`) every command here names keys of one slot, except
+On a Redis Cluster (:mod:`ddmq.protocol.connection`) every command here names keys of one slot, except
 the reads over many queues and the multi-key reads of offsets: those are split per slot
 (:meth:`Broker.read_many`, :meth:`Broker.get_many`) and sent to the masters concurrently.
 """
@@ -29,9 +29,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.typing import EncodableT, FieldT
 
-from ddmq.client import keys
-from ddmq.client.connection import REDIS_ERRORS, AsyncRedis, eval_script
-from ddmq.client.producer import ProduceError, repair_queue
+from ddmq.protocol import keys, stream_entry
+from ddmq.protocol.connection import REDIS_ERRORS, AsyncRedis, eval_script
+from ddmq.protocol.queues import ProduceError, repair_queue
+from ddmq.protocol.stream_entry import KEY, PRODUCE_TIME, TAG, VALUE
 from ddmq.proxy.errors import BrokerError
 from ddmq.proxy.types import StoredMessage
 
@@ -72,7 +73,7 @@ class ForeignEntry(Exception):
         """The entry as a message to dead-letter: its ``v`` as the body when it has one, else its
         fields as a JSON object, so nothing of it is lost."""
         fields = self.fields
-        value = fields.get(b"v")
+        value = fields.get(stream_entry.VALUE)
         if value is None:
             value = json.dumps({k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in fields.items()},
                                ensure_ascii=False).encode()
@@ -80,18 +81,15 @@ class ForeignEntry(Exception):
 
 
 def decode_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> StoredMessage:
-    value, ts = fields.get(b"v"), fields.get(b"ts")
+    value, ts = fields.get(stream_entry.VALUE), fields.get(stream_entry.PRODUCE_TIME)
     if value is None or ts is None:
         raise ValueError("the entry lacks the producer's v and ts fields")
-    raw_props = fields.get(b"p")
-    properties = json.loads(raw_props) if raw_props else _EMPTY_PROPERTIES
-    if not isinstance(properties, dict):
-        raise ValueError("its properties are not a JSON object")
+    properties = stream_entry.decode_properties(fields.get(stream_entry.PROPERTIES))
     return StoredMessage(
         offset=keys.offset_of(entry_id),
         value=value,
-        key=fields.get(b"k", b"").decode("utf-8", "replace"),
-        tag=fields.get(b"t", b"").decode("utf-8", "replace"),
+        key=fields.get(stream_entry.KEY, b"").decode("utf-8", "replace"),
+        tag=fields.get(stream_entry.TAG, b"").decode("utf-8", "replace"),
         properties=properties,
         produce_ms=int(ts),
     )
@@ -109,7 +107,7 @@ def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
     """One entry from XREAD's flat ``[name, value, ...]`` list; ValueError when it cannot be read."""
     if fields is None:
         raise ValueError("the entry has no fields")
-    if len(fields) == 8 and fields[0] == b"v" and fields[2] == b"k" and fields[4] == b"t" and fields[6] == b"ts":
+    if len(fields) == 8 and fields[0] == VALUE and fields[2] == KEY and fields[4] == TAG and fields[6] == PRODUCE_TIME:
         # The producer's layout for a message without properties: no dict needed.
         if entry_id[:2] != b"0-":
             raise ValueError(f"stream entry {entry_id!r} was not written by the ddmq producer")
@@ -270,7 +268,7 @@ class Broker:
                 await pipe.execute()
 
     async def repair_queue(self, topic: str, qid: int) -> int:
-        """Let producers append again after foreign entries (see :func:`ddmq.client.producer.repair_queue`);
+        """Let producers append again after foreign entries (see :func:`ddmq.protocol.queues.repair_queue`);
         returns the next offset to be produced."""
         try:
             return await repair_queue(self.redis, topic, qid)
@@ -371,18 +369,16 @@ class Broker:
     async def dead_letter(
         self, group: str, topic: str, qid: int, message: StoredMessage, attempts: int, error: str
     ) -> None:
-        fields: dict[FieldT, EncodableT] = {
-            "v": message.value,
-            "k": message.key,
-            "t": message.tag,
-            "ts": message.produce_ms,
+        entry = stream_entry.encode_entry(
+            message.value, message.key, message.tag, message.properties, message.produce_ms
+        )
+        fields: dict[FieldT, EncodableT] = dict(zip(entry[::2], entry[1::2], strict=True))
+        fields.update({
             "qid": qid,
             "offset": message.offset,
             "attempts": attempts,
             "error": error[:1000],
             "dead_ms": int(time.time() * 1000),
-        }
-        if message.properties:
-            fields["p"] = json.dumps(message.properties, separators=(",", ":"))
+        })
         with map_redis_errors(f"dead-lettering {group}/{topic}#{qid}@{message.offset}"):
             await self.redis.xadd(keys.dead_letters(group, topic), fields)

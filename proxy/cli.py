@@ -11,8 +11,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from ddmq.client import clitools
 from ddmq.config import load
+from ddmq.protocol import clitools
 from ddmq.proxy.errors import ConfigError, DdmqError
 from ddmq.proxy.reload import ConfigReloader
 from ddmq.proxy.service import ProxyService

@@ -1,7 +1,7 @@
 """DeadLetters: a (group, topic)'s dead-letter stream, for operators: list, replay, purge.
 
 Dead letters are written by the pull buffer (``Broker.dead_letter``) to the stream
-:func:`ddmq.client.keys.dead_letters`, one entry per message with its qid, offset, attempts and last
+:func:`ddmq.protocol.keys.dead_letters`, one entry per message with its qid, offset, attempts and last
 error. Replaying produces the message again into its topic, into the queue it came from, with the
 project's producer (dense offsets), and then deletes the entry: a crash in between replays it twice,
 never loses it. A replayed message is a new message at the end of its queue, so it comes after any
@@ -18,13 +18,12 @@ back is not replayed a second time by the same call.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Final, NamedTuple
 
-from ddmq.client import keys
-from ddmq.client.connection import AsyncRedis
-from ddmq.client.producer import AsyncProducer, OutgoingMessage, ProduceError
+from ddmq.protocol import keys, stream_entry
+from ddmq.protocol.connection import AsyncRedis
+from ddmq.protocol.producer import AsyncProducer, OutgoingMessage, ProduceError
 from ddmq.proxy.broker import map_redis_errors
 from ddmq.proxy.errors import BadRequestError, BrokerError
 
@@ -77,18 +76,18 @@ def _decode(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
             return 0
 
     try:
-        properties = json.loads(fields[b"p"]) if fields.get(b"p") else {}
+        properties = stream_entry.decode_properties(fields.get(stream_entry.PROPERTIES))
     except ValueError:
         properties = {}
     return DeadLetter(
         id=entry_id.decode(),
         qid=number(b"qid"),
         offset=number(b"offset"),
-        key=text(b"k"),
-        tag=text(b"t"),
-        value=fields.get(b"v", b""),
+        key=text(stream_entry.KEY),
+        tag=text(stream_entry.TAG),
+        value=fields.get(stream_entry.VALUE, b""),
         properties={str(k): str(v) for k, v in properties.items()} if isinstance(properties, dict) else {},
-        produce_ms=number(b"ts"),
+        produce_ms=number(stream_entry.PRODUCE_TIME),
         attempts=number(b"attempts"),
         error=text(b"error"),
         dead_ms=number(b"dead_ms"),

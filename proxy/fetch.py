@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from ddmq.client import keys
+from ddmq.protocol import keys
 from ddmq.proxy.broker import Broker, map_redis_errors
 from ddmq.proxy.errors import BadRequestError, UnknownTopicError
 from ddmq.proxy.group import ConsumerGroup

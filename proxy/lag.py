@@ -24,8 +24,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from ddmq.client import keys
-from ddmq.client.connection import AsyncRedis
+from ddmq.protocol import keys
+from ddmq.protocol.connection import AsyncRedis
 from ddmq.proxy.broker import get_many, map_redis_errors
 from ddmq.proxy.errors import DdmqError
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-from ddmq.client import keys
-from ddmq.client.connection import AsyncRedis, eval_script
+from ddmq.protocol import keys
+from ddmq.protocol.connection import AsyncRedis, eval_script
 from ddmq.proxy.broker import STREAM_INTACT_LUA, map_redis_errors, read_mark
 
 # KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.

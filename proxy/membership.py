@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from ddmq.client import keys
-from ddmq.client.connection import AsyncRedis
+from ddmq.protocol import keys
+from ddmq.protocol.connection import AsyncRedis
 from ddmq.proxy.broker import map_redis_errors
 
 

@@ -36,8 +36,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from redis.asyncio.cluster import RedisCluster
 
-from ddmq.client import keys as key_names
-from ddmq.client.connection import AsyncRedis
+from ddmq.protocol import keys as key_names
+from ddmq.protocol.connection import AsyncRedis
 from ddmq.proxy.broker import map_redis_errors
 from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState

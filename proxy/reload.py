@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.loader import load
 from ddmq.config.schema import ProxyConfig, TopicGroupConfig
+from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.proxy.errors import BrokerError, ConfigError, DdmqError
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer
 

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from time import perf_counter
 from types import TracebackType
 
-from ddmq.client.connection import AsyncRedis, async_redis, is_cluster_url, quiet_dropped_cluster_nodes
-from ddmq.client.producer import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.config.schema import ProxyConfig
+from ddmq.protocol.connection import AsyncRedis, async_redis, is_cluster_url, quiet_dropped_cluster_nodes
+from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, ConnectionCounter, map_redis_errors

@@ -1,6 +1,6 @@
 """ThriftServer: DDMQ's ``ConsumerService`` over framed compact Thrift, in front of a ConsumeService.
 
-A thin adapter: it reads frames, decodes them with :mod:`ddmq.client.wire`, calls one method of the
+A thin adapter: it reads frames, decodes them with :mod:`ddmq.protocol.wire`, calls one method of the
 :class:`~ddmq.proxy.api.ConsumeService` and encodes the answer. Ordering, offsets and retries live in
 the engine. Built on a :class:`~ddmq.proxy.listener.Listener` and asyncio streams rather than
 thriftpy2's server so that every frame is size-checked before it is buffered and every payload is
@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, NamedTuple
 
-from ddmq.client.wire import (
+from ddmq.protocol.pull_codec import FAST_PULL_REPLY, encode_pull_reply
+from ddmq.protocol.wire import (
     DEFAULT_MAX_FRAME_BYTES,
     FRAME_HEADER_BYTES,
     ConsumeResult,
@@ -55,7 +56,6 @@ from ddmq.proxy.api import MAX_RESULT_OFFSETS, ConsumeService
 from ddmq.proxy.byte_budget import ByteBudget
 from ddmq.proxy.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
 from ddmq.proxy.listener import Listener
-from ddmq.proxy.pull_codec import FAST_PULL_REPLY, encode_pull_reply
 from ddmq.proxy.types import PullBatch, PullLease, QueueResult, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -521,7 +521,7 @@ class _PullReply(NamedTuple):
 
 
 def _encode_pull_reply(seqid: int, reply: _PullReply, peer: str) -> bytes:
-    """The reply frame by the hand-written encoder (:mod:`ddmq.proxy.pull_codec`)."""
+    """The reply frame by the hand-written encoder (:mod:`ddmq.protocol.pull_codec`)."""
     queue = reply.batch.queue
     try:
         if queue is None:

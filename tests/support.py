@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from ddmq.client import wire
 from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
+from ddmq.protocol import wire
 
 
 def free_port() -> int:

@@ -21,9 +21,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ddmq.client import wire
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
+from ddmq.protocol import wire
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.errors import BadRequestError
 from ddmq.proxy.service import ProxyService

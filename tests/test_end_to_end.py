@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ddmq.client import wire
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
+from ddmq.protocol import wire
 
 from .support import OrderChecker, ProxyProcess, produce_keyed
 

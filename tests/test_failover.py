@@ -14,8 +14,8 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from ddmq.client import keys, wire
 from ddmq.client.thrift_client import AsyncProxyClient
+from ddmq.protocol import keys, wire
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.types import QueueResult
 

@@ -98,9 +98,12 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
     assert "ddmq/proxy/http_server/openapi.yaml" in files  # served at /openapi.json
     for name in ("index.html", "console.js", "console.css", "favicon.svg"):  # the console
         assert f"ddmq/proxy/http_server/static/{name}" in files
-    assert "ddmq/client/keys.py" in files and "ddmq/client/py.typed" in files
-    for thrift in sorted((REPO / "client" / "idl").glob("*.thrift")):
-        assert f"ddmq/client/idl/{thrift.name}" in files
+    assert "ddmq/client/producer.py" in files and "ddmq/client/py.typed" in files
+    assert "ddmq/protocol/keys.py" in files and "ddmq/protocol/py.typed" in files
+    thrifts = sorted((REPO / "protocol" / "idl").glob("*.thrift"))
+    assert thrifts
+    for thrift in thrifts:
+        assert f"ddmq/protocol/idl/{thrift.name}" in files
     for example in sorted((REPO / "config" / "examples").glob("*.yaml")):
         assert f"ddmq/config/examples/{example.name}" in files
     assert "ddmq-proxy = ddmq.proxy.cli:main" in entry_points

@@ -27,10 +27,10 @@ import pytest
 import yaml
 from redis.crc import key_slot
 
-from ddmq.client import keys, wire
-from ddmq.client.connection import sync_redis
 from ddmq.client.producer import ProduceError, Producer
 from ddmq.client.thrift_client import ProxyClient
+from ddmq.protocol import keys, wire
+from ddmq.protocol.connection import sync_redis
 from ddmq.proxy.embedded_cluster import EmbeddedCluster
 
 from .support import (

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import redis
 
-from ddmq.client import keys, wire
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
+from ddmq.protocol import keys, wire
 from ddmq.proxy.embedded import EmbeddedRedis
 
 from .support import OrderChecker, ProxyProcess, check_and_ack, free_port, produce_keyed

@@ -23,9 +23,9 @@ from pathlib import Path
 import aiohttp
 import redis
 
-from ddmq.client import keys, wire
 from ddmq.client.status import group_status
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
+from ddmq.protocol import keys, wire
 from ddmq.proxy.embedded import EmbeddedRedis
 
 from .support import OrderChecker, ProxyProcess, free_port, produce_keyed

@@ -20,9 +20,9 @@ from typing import Any
 import redis.asyncio as aioredis
 import yaml
 
-from ddmq.client import keys, wire
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
+from ddmq.protocol import keys, wire
 from ddmq.proxy.errors import UnknownGroupError
 
 from .support import (

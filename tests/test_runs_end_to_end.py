@@ -25,8 +25,8 @@ from thriftpy2.protocol import TCompactProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TFramedTransportFactory
 
-from ddmq.client import wire
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
+from ddmq.protocol import wire
 
 from .support import OrderChecker, ProxyProcess, produce_keyed
 
@@ -118,7 +118,7 @@ class Client:
 # A client process that pulls runs and never answers: killed with them in flight.
 _HOLDER = """
 import sys, time
-from ddmq.client import wire
+from ddmq.protocol import wire
 from ddmq.client.thrift_client import ProxyClient
 with ProxyClient("127.0.0.1", int(sys.argv[1])) as client:
     while True:

@@ -30,8 +30,8 @@ from bench.dataset import QUEUES, TOPIC, key_names, produce_backlog
 from bench.report import Row
 from bench.scenarios.base import Settings, log, proxy_sections
 from bench.stack import ProxyRun, RedisServer
-from ddmq.client import keys, wire
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
+from ddmq.protocol import keys, wire
 
 __all__ = ["failover"]
 

@@ -87,7 +87,7 @@ def _synthetic_source() -> Any:
         def read(self, partition: InputPartition) -> Iterator[Any]:
             # Imported here, in the executor: the thrift-generated Message class cannot be pickled.
             from ddmq.client.spark.rows import to_record_batch
-            from ddmq.client.wire import Message
+            from ddmq.protocol.wire import Message
 
             first, count = partition.value
             for chunk in range(first, first + count, 256):

@@ -39,7 +39,7 @@ from bench.replay import ReplaySpec, serve_pull_replies
 from bench.report import Row, Target
 from bench.scenarios.base import ORDER_KEYS, Settings, log, proxy_sections, run_load
 from bench.stack import ClusterServer, Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds, free_port
-from ddmq.client.hashing import queue_for_key
+from ddmq.protocol.hashing import queue_for_key
 
 __all__ = ["cluster_throughput", "hot_keys", "isolation", "throughput"]
 

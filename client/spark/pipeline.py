@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, Final
 
-from ddmq.client import clitools
+from ddmq.protocol import clitools
 
 __all__ = ["STATE_SCHEMA", "TRIP_SCHEMA", "TripStates", "add_arguments", "build_query", "main", "run"]
 

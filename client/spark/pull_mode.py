@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from ddmq.client.spark.options import SourceOptions
 from ddmq.client.spark.rows import to_record_batch
 from ddmq.client.thrift_client import ProxyClient, ProxyClientError
-from ddmq.client.wire import ConsumeStatsRequest, LeaseAck, PullRequest
+from ddmq.protocol.wire import ConsumeStatsRequest, LeaseAck, PullRequest
 
 __all__ = ["PullPartition", "PullStreamReader", "read_leased"]
 

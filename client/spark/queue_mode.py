@@ -26,7 +26,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from ddmq.client.spark.options import SourceOptions
 from ddmq.client.spark.rows import to_record_batch
 from ddmq.client.thrift_client import ProxyClient, ProxyClientError
-from ddmq.client.wire import AckResult, ConsumeStatsRequest, FetchRequest
+from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest
 
 __all__ = ["Positions", "QueueBatchReader", "QueuePartition", "QueueStreamReader", "read_range"]
 

@@ -18,7 +18,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ddmq.client.wire import Message
+from ddmq.protocol.wire import Message
 
 __all__ = ["SCHEMA", "SCHEMA_DDL", "to_record_batch"]
 

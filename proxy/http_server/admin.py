@@ -1,7 +1,7 @@
 """Operator endpoints: ``/metrics``, ``/healthz``, ``/readyz`` and the ``/admin/...`` JSON views.
 
 The handlers decode the query, call one function of :mod:`ddmq.proxy.views`,
-:mod:`ddmq.proxy.dead_letters` or :mod:`ddmq.client.status`, and encode the answer. Access to
+:mod:`ddmq.proxy.dead_letters` or :mod:`ddmq.protocol.status`, and encode the answer. Access to
 ``/admin/...`` is checked by :func:`admin_guard` (bearer token, or loopback peers only).
 """
 
@@ -19,8 +19,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ddmq.client.connection import REDIS_ERRORS, sync_redis
-from ddmq.client.status import GroupStatus, QueueStatus, group_status
+from ddmq.protocol.connection import REDIS_ERRORS, sync_redis
+from ddmq.protocol.status import GroupStatus, QueueStatus, group_status
 from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
     BadRequestError,

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from ddmq.actions.async_http import AsyncHttpAction
-from ddmq.client import keys
+from ddmq.protocol import keys
 from tests.support import free_port
 
 from ..proxy.conftest import running_proxy

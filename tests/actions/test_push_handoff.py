@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from ddmq.client import keys
+from ddmq.protocol import keys
 
 from ..proxy.conftest import running_proxy
 from .conftest import Behaviour, Upstream, keyed, produce, push_config

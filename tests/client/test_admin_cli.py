@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from ddmq.client import keys
 from ddmq.client.consumer import PullConsumer
 from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.client.wire import PullRequest
+from ddmq.protocol import keys
+from ddmq.protocol.wire import PullRequest
 
 from ..support import ProxyProcess, free_port
 

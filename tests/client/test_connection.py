@@ -8,8 +8,8 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 
-from ddmq.client.connection import async_redis, check_url, is_cluster_url, sync_redis
 from ddmq.config.schema import ProxyConfig
+from ddmq.protocol.connection import async_redis, check_url, is_cluster_url, sync_redis
 
 
 @pytest.mark.parametrize(

@@ -18,11 +18,11 @@ import pytest
 import redis
 import yaml
 
-from ddmq.client import keys
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer
 from ddmq.client.pulling import Backoff
 from ddmq.client.status import group_status
 from ddmq.client.thrift_client import ProxyClientError, PullError, WrongPortError
+from ddmq.protocol import keys
 
 from ..support import ProxyProcess, free_port, produce_keyed
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from ddmq.client import keys
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
 from ddmq.client.offsets import Target, plan
 from ddmq.client.producer import Producer
+from ddmq.protocol import keys
 
 from ..support import ProxyProcess, produce_keyed
 

@@ -18,8 +18,6 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ddmq.client import keys
-from ddmq.client.hashing import queue_for_key
 from ddmq.client.producer import (
     AsyncProducer,
     OutgoingMessage,
@@ -29,6 +27,8 @@ from ddmq.client.producer import (
     TopicMismatchError,
     ensure_topic,
 )
+from ddmq.protocol import keys
+from ddmq.protocol.hashing import queue_for_key
 
 
 @pytest.fixture
@@ -285,11 +285,11 @@ async def test_async_redis_errors_become_produce_errors() -> None:
 
 # --- `ddmq produce` ---------------------------------------------------------------------------------
 
-# client/cli.py also imports ddmq.client.consumer and ddmq.proxy.demo, written by others. Until both
+# client/cli.py also imports ddmq.client.consumer and ddmq.client.demo, written by others. Until both
 # exist, drive add_cli through a parser of our own; afterwards the real `ddmq` entry point is used.
 _DRIVER = """
 import argparse, sys
-from ddmq.client.producer import add_cli
+from ddmq.client.produce_cli import add_cli
 parser = argparse.ArgumentParser(prog="ddmq")
 add_cli(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])
@@ -298,7 +298,7 @@ sys.exit(args.func(args))
 
 
 def _ddmq_command() -> list[str]:
-    if importlib.util.find_spec("ddmq.client.consumer") and importlib.util.find_spec("ddmq.proxy.demo"):
+    if importlib.util.find_spec("ddmq.client.consumer") and importlib.util.find_spec("ddmq.client.demo"):
         return [sys.executable, "-m", "ddmq.client.cli"]
     return [sys.executable, "-c", _DRIVER]
 

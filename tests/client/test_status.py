@@ -11,9 +11,9 @@ from pathlib import Path
 
 import redis
 
-from ddmq.client import keys
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.status import group_status
+from ddmq.protocol import keys
 from ddmq.proxy.types import QueueResult
 
 from ..proxy.conftest import running_proxy

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client import keys
 from ddmq.client.producer import AsyncProducer
+from ddmq.protocol import keys
 from ddmq.proxy.broker import Broker, decode_entry, decode_fields
 from ddmq.proxy.types import StoredMessage
 

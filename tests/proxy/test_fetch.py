@@ -11,10 +11,10 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client import keys
 from ddmq.client.producer import AsyncProducer, OutgoingMessage
 from ddmq.client.thrift_client import AsyncProxyClient, RemoteApplicationError
-from ddmq.client.wire import AckResult, ConsumeStatsRequest, FetchRequest, FetchResponse
+from ddmq.protocol import keys
+from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest, FetchResponse
 from ddmq.proxy.fetch import MAX_FETCH_BYTES
 from ddmq.proxy.types import QueueResult
 

@@ -6,7 +6,7 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from ddmq.client import keys
+from ddmq.protocol import keys
 from ddmq.proxy.leases import LeaseStore
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
-from ddmq.client.wire import LeaseAck, PullRequest, PullResponse
+from ddmq.protocol.wire import LeaseAck, PullRequest, PullResponse
 from ddmq.proxy.service import ProxyService
 
 from ..support import OrderChecker, body

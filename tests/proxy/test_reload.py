@@ -17,10 +17,10 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from ddmq.client import keys
 from ddmq.client.producer import AsyncProducer
 from ddmq.config import parse
 from ddmq.config.schema import ProxyConfig
+from ddmq.protocol import keys
 from ddmq.proxy.errors import ConfigError, UnknownGroupError, UnknownTopicError
 from ddmq.proxy.reload import ConfigChange, ConfigReloader, diff
 from ddmq.proxy.service import ProxyService

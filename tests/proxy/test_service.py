@@ -10,8 +10,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client import keys
 from ddmq.client.producer import AsyncProducer
+from ddmq.protocol import keys
 from ddmq.proxy.errors import UnknownGroupError, UnknownTopicError
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.types import PullBatch, QueueResult

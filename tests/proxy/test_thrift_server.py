@@ -24,7 +24,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
-from ddmq.client import consume_cli, wire
+from ddmq.client import consume_cli
 from ddmq.client import consumer as consumer_module
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer, parse_servers
 from ddmq.client.thrift_client import (
@@ -34,7 +34,8 @@ from ddmq.client.thrift_client import (
     PullError,
     RemoteApplicationError,
 )
-from ddmq.client.wire import (
+from ddmq.protocol import wire
+from ddmq.protocol.wire import (
     ConsumeResult,
     ConsumerService,
     ConsumeStatsRequest,
@@ -48,7 +49,7 @@ from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease
 
 GUARD_S = 5  # failure guard for waits: a hang fails the test instead of blocking the run
 
-# The IDL loaded by thriftpy2 on its own, for the stock client: nothing shared with ddmq.client.wire.
+# The IDL loaded by thriftpy2 on its own, for the stock client: nothing shared with ddmq.protocol.wire.
 STOCK = thriftpy2.load(str(wire.IDL_PATH), module_name="stock_consumerProxy_thrift")
 
 

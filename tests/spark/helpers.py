@@ -12,7 +12,7 @@ from typing import Any
 
 from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.client.wire import ConsumeStatsRequest
+from ddmq.protocol.wire import ConsumeStatsRequest
 
 from ..support import OrderChecker, ProxyProcess, body
 

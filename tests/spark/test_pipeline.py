@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from ddmq.client.cli import build_parser
+from ddmq.client.demo import produce_rides
 from ddmq.client.producer import Producer
 from ddmq.client.spark import pipeline
-from ddmq.proxy.demo import produce_rides
 
 from ..support import ProxyProcess
 

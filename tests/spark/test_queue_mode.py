@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.client.wire import FetchRequest
+from ddmq.protocol.wire import FetchRequest
 
 from ..support import ProxyProcess
 from .helpers import Collector, positions, produce

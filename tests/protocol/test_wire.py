@@ -12,8 +12,8 @@ import pytest
 import thriftpy2
 from thriftpy2.thrift import TPayload, TType
 
-from ddmq.client import wire
-from ddmq.client.wire import (
+from ddmq.protocol import wire
+from ddmq.protocol.wire import (
     AckResult,
     ConsumeResult,
     ConsumerService,

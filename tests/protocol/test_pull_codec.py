@@ -14,10 +14,9 @@ import pytest
 from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.transport import TMemoryBuffer
 
-from ddmq.client import wire
-from ddmq.client.wire import ConsumerService, Message, PullResponse, TMessageType
-from ddmq.proxy import pull_codec
-from ddmq.proxy.pull_codec import encode_pull_reply
+from ddmq.protocol import layout, pull_codec, wire
+from ddmq.protocol.pull_codec import encode_pull_reply
+from ddmq.protocol.wire import ConsumerService, Message, PullResponse, TMessageType
 from ddmq.proxy.thrift_server import pull_response
 from ddmq.proxy.types import PullBatch, QueueId, StoredMessage
 
@@ -67,7 +66,7 @@ def _thriftpy2_read(payload: bytes) -> PullResponse:
 
 def test_the_shipped_idl_takes_the_fast_paths() -> None:
     assert pull_codec.FAST_PULL_REPLY
-    assert wire._MESSAGE_FAST_PATH
+    assert layout.MESSAGE_LAYOUT_MATCHES
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -94,6 +93,16 @@ def test_runs_match_thriftpy2_byte_for_byte(seed: int) -> None:
     expected = _thriftpy2_frame(7, ConsumerService.pull_result(success=pull_response("g", "t", batch)))
     assert encode_pull_reply(7, "g", "t", "3", messages, runs) == expected
     assert _thriftpy2_read(expected[4:]).runs == runs
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_generic_encoder_gives_the_same_bytes(seed: int) -> None:
+    rng = random.Random(700 + seed)
+    messages = [_message(rng) for _ in range(rng.choice([0, 1, 15, 64]))]
+    runs = None if seed % 2 else [len(messages)] if messages else []
+    args = (rng.randint(0, 0xFFFFFFFF), _text(rng), _text(rng), str(rng.randint(0, 300)), messages, runs)
+    assert pull_codec.encode_pull_reply_generic(*args) == encode_pull_reply(*args)
+    assert pull_codec.pull_reply_encoder() is encode_pull_reply
 
 
 def test_empty_reply_matches_thriftpy2() -> None:

@@ -11,8 +11,8 @@ from thriftpy2.protocol.exc import TProtocolException
 from thriftpy2.thrift import TPayload, TType
 from thriftpy2.transport import TMemoryBuffer
 
-from ddmq.client import wire
-from ddmq.client.wire import AckResult, ConsumeResult, ConsumerService, Context, PullRequest, TMessageType
+from ddmq.protocol import wire
+from ddmq.protocol.wire import AckResult, ConsumeResult, ConsumerService, Context, PullRequest, TMessageType
 
 
 def _thriftpy2_frame(name: str, seqid: int, body: TPayload, mtype: int = TMessageType.CALL) -> bytes:

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddmq.client import clitools, keys
-from ddmq.client.connection import sync_redis
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
 from ddmq.client.producer import Producer
+from ddmq.protocol import clitools, keys
+from ddmq.protocol.connection import sync_redis
 
 EVENTS = ("call", "pickup", "pay")
 TOPIC = "rides"

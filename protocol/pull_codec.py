@@ -1,35 +1,86 @@
 """The ``pull`` reply, encoded by hand: the proxy's hottest serialisation.
 
 thriftpy2's compact writer is pure Python and walks ``thrift_spec`` for every field of every message;
-encoding pull replies with it cost about a third of the proxy's CPU. :func:`encode_pull_reply` writes
-the same bytes directly from the engine's :class:`~ddmq.proxy.types.StoredMessage` values, without
-building thriftpy2 structs first (11 µs per message before, 1 µs now; ``bench/micro.py``). The output
-is byte for byte what thriftpy2's ``TCompactProtocol`` writes for
-``pull_result(success=PullResponse(...))`` with the same values (``tests/proxy/test_pull_codec.py``
-compares them on many random replies).
+:func:`encode_pull_reply` writes the same bytes directly from the engine's messages, without building
+thriftpy2 structs first (``bench/micro.py`` measures both). The output is byte for byte what thriftpy2's
+``TCompactProtocol`` writes for ``pull_result(success=PullResponse(...))`` with the same values
+(``tests/protocol/test_pull_codec.py`` compares them on many random replies).
 
 It knows the IDL's field ids and types. :data:`FAST_PULL_REPLY` is False when the loaded IDL's
 ``PullResponse``, ``Context``, ``Message`` or ``pull_result`` differ from the shapes written here (a
-field was added, say); the Thrift server then falls back to ``wire.encode``, and a test fails until this
-module learns the new shape.
+field was added, say); :func:`pull_reply_encoder` then hands out :func:`encode_pull_reply_generic`, the
+same interface over the generic writer, and a test fails until this module learns the new shape.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final, Protocol
 
-from thriftpy2.thrift import TType
+from thriftpy2.thrift import TMessageType, TType
 
-from ddmq.client.wire import ConsumerService, Context, Message, PullResponse, TMessageType, varint
-from ddmq.proxy.types import StoredMessage
+from ddmq.protocol.layout import (
+    FRAME_HEADER,
+    KEY_HEADER,
+    MESSAGE_LAYOUT_MATCHES,
+    OFFSET_HEADER,
+    PRODUCE_TIME_HEADER,
+    PROPERTIES_HEADER,
+    PROTOCOL_ID,
+    TAG_HEADER,
+    VALUE_HEADER,
+    VERSION,
+    shape,
+    varint,
+    zigzag64,
+)
+from ddmq.protocol.structs import ConsumerService, Context, Message, PullResponse
+from ddmq.protocol.writer import encode
 
-__all__ = ["FAST_PULL_REPLY", "encode_message", "encode_pull_reply"]
+__all__ = [
+    "FAST_PULL_REPLY",
+    "PullReplyEncoder",
+    "ReplyMessage",
+    "encode_message",
+    "encode_pull_reply",
+    "encode_pull_reply_generic",
+    "pull_reply_encoder",
+]
+
+
+class ReplyMessage(Protocol):
+    """What a reply needs of a message (the engine's ``StoredMessage`` is one)."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def tag(self) -> str: ...
+    @property
+    def properties(self) -> dict[str, str]: ...
+    @property
+    def produce_ms(self) -> int: ...
+
+
+class PullReplyEncoder(Protocol):
+    """The interface both encoders share: the complete frame answering pull call ``seqid``."""
+
+    def __call__(
+        self,
+        seqid: int,
+        group: str,
+        topic: str,
+        qid: str,
+        messages: Sequence[ReplyMessage],
+        runs: Sequence[int] | None = None,
+    ) -> bytes: ...
+
 
 _I64_MIN: Final = -(1 << 63)
 _I64_MAX: Final = (1 << 63) - 1
-_FRAME_HEADER: Final = struct.Struct("!i")
 
 # Compact-protocol field headers: (field-id delta << 4) | compact type.
 _STRING_NEXT: Final = b"\x18"  # next field id, BINARY (strings and binaries alike)
@@ -46,20 +97,26 @@ _SUCCESS_FIELD: Final = b"\x0c\x00"  # field 0 (delta 0 needs the long form): ST
 _RUNS_FIELD: Final = b"\x09\xa0\x01"
 _I32_ELEMENT: Final = 0x05
 _I32_LIST_MANY: Final = 0xF5
-_REPLY_HEADER: Final = bytes((0x82, 0x01 | (TMessageType.REPLY << 5)))
+_REPLY_HEADER: Final = bytes((PROTOCOL_ID, VERSION | (TMessageType.REPLY << 5)))
 _PULL_NAME: Final = b"\x04pull"
-# Message: key (1), value (2), tag (3) as BINARY, offset (4) I64, properties (5) MAP, then produceTime
-# (20) I64 with a one-byte header (delta 15 from field 5), and the struct's STOP.
-_MESSAGE: Final = b"\x18%b%b\x18%b%b\x18%b%b\x16%b\x1b%b\xf6%b\x00"
+# Message, in MESSAGE_LAYOUT: key, value, tag (length-prefixed), offset, properties, produceTime, STOP.
+_MESSAGE: Final = b"%c%%b%%b%c%%b%%b%c%%b%%b%c%%b%c%%b%c%%b\x00" % (
+    KEY_HEADER,
+    VALUE_HEADER,
+    TAG_HEADER,
+    OFFSET_HEADER,
+    PROPERTIES_HEADER,
+    PRODUCE_TIME_HEADER,
+)
 
 
 def _i64(n: int) -> bytes:
     if not _I64_MIN <= n <= _I64_MAX:
         raise ValueError(f"{n} does not fit a thrift i64")
-    return varint((n << 1) ^ (n >> 63))
+    return zigzag64(n)
 
 
-def encode_message(message: StoredMessage) -> bytes:
+def encode_message(message: ReplyMessage) -> bytes:
     """One ``Message`` struct as the reply carries it (properties always present, maybe empty)."""
     key = message.key.encode("utf-8")
     value = message.value
@@ -92,7 +149,7 @@ def encode_pull_reply(
     group: str,
     topic: str,
     qid: str,
-    messages: Sequence[StoredMessage],
+    messages: Sequence[ReplyMessage],
     runs: Sequence[int] | None = None,
 ) -> bytes:
     """The complete frame (length header included) answering pull call ``seqid``; ``runs`` is
@@ -128,7 +185,7 @@ def encode_pull_reply(
         parts.append(_encode_runs(runs))
     parts += (_STOP, _STOP)  # end of PullResponse, end of pull_result
     payload = b"".join(parts)
-    return _FRAME_HEADER.pack(len(payload)) + payload
+    return FRAME_HEADER.pack(len(payload)) + payload
 
 
 def _encode_runs(runs: Sequence[int]) -> bytes:
@@ -137,25 +194,13 @@ def _encode_runs(runs: Sequence[int]) -> bytes:
     return b"".join((_RUNS_FIELD, header, *(varint((n << 1) ^ (n >> 31)) for n in runs)))
 
 
-def _shape(spec: dict[int, Any]) -> list[tuple[Any, ...]]:
-    return [(fid, *field[:2], field[2] if len(field) == 4 else None) for fid, field in sorted(spec.items())]
-
-
 def _idl_matches() -> bool:
     """Whether the loaded IDL has exactly the shapes this module writes."""
     return (
-        _shape(Message.thrift_spec)
-        == [
-            (1, TType.STRING, "key", None),
-            (2, TType.BINARY, "value", None),
-            (3, TType.STRING, "tag", None),
-            (4, TType.I64, "offset", None),
-            (5, TType.MAP, "properties", (TType.STRING, TType.STRING)),
-            (20, TType.I64, "produceTime", None),
-        ]
-        and _shape(Context.thrift_spec)
+        MESSAGE_LAYOUT_MATCHES
+        and shape(Context.thrift_spec)
         == [(1, TType.STRING, "groupId", None), (2, TType.STRING, "topic", None), (3, TType.STRING, "qid", None)]
-        and _shape(PullResponse.thrift_spec)
+        and shape(PullResponse.thrift_spec)
         == [
             (1, TType.STRUCT, "context", Context),
             (2, TType.LIST, "messages", (TType.STRUCT, Message)),
@@ -168,3 +213,35 @@ def _idl_matches() -> bool:
 
 #: True when :func:`encode_pull_reply` matches the loaded IDL (the Thrift server uses it then).
 FAST_PULL_REPLY: Final = _idl_matches()
+
+
+def encode_pull_reply_generic(
+    seqid: int,
+    group: str,
+    topic: str,
+    qid: str,
+    messages: Sequence[ReplyMessage],
+    runs: Sequence[int] | None = None,
+) -> bytes:
+    """:func:`encode_pull_reply` through thriftpy2 structs and the generic writer: any IDL shape."""
+    response = PullResponse(
+        context=Context(groupId=group, topic=topic, qid=qid),
+        messages=[
+            Message(
+                key=m.key,
+                value=m.value,
+                tag=m.tag,
+                offset=m.offset,
+                properties=m.properties,
+                produceTime=m.produce_ms,
+            )
+            for m in messages
+        ],
+        runs=None if runs is None else list(runs),
+    )
+    return encode("pull", TMessageType.REPLY, seqid, ConsumerService.pull_result(success=response))
+
+
+def pull_reply_encoder() -> PullReplyEncoder:
+    """The encoder for the loaded IDL: the hand-written one when it matches, else the generic one."""
+    return encode_pull_reply if FAST_PULL_REPLY else encode_pull_reply_generic

@@ -1,0 +1,127 @@
+"""What every ``ddmq`` and ``ddmq-proxy`` command shares: one error style, environment defaults for
+the common flags, ``--version``, and a quiet end when stdout is a pipe whose reader went away.
+
+Error style: ``<prog>: <message>`` on stderr (``ddmq status: group 'x' is unknown ...``); exit status 2
+for usage errors (bad or missing flags), 1 for failures, 130 after Ctrl-C. A command reports a failure by
+raising :class:`CliError`; :func:`run_command` prints it.
+
+A closed stdout (``ddmq status --json | head -1``) ends the command with status 1 and no traceback, as
+the Python documentation's note on SIGPIPE recommends: stdout is pointed at ``/dev/null`` so that the
+interpreter's final flush has somewhere to go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any, Final, NoReturn
+
+__all__ = [
+    "ENV_ADMIN_TOKEN",
+    "ENV_HTTP",
+    "ENV_REDIS",
+    "ENV_SERVERS",
+    "FAILURE",
+    "INTERRUPTED",
+    "USAGE_ERROR",
+    "CliError",
+    "Parser",
+    "add_version",
+    "detach_stdout",
+    "env_option",
+    "run_command",
+    "stdout_closed",
+    "version",
+]
+
+ENV_REDIS: Final = "DDMQ_REDIS"
+ENV_SERVERS: Final = "DDMQ_SERVERS"
+ENV_HTTP: Final = "DDMQ_HTTP"
+ENV_ADMIN_TOKEN: Final = "DDMQ_ADMIN_TOKEN"
+
+USAGE_ERROR: Final = 2
+FAILURE: Final = 1
+INTERRUPTED: Final = 130
+
+
+class CliError(Exception):
+    """A command failed: ``message`` is printed as ``<prog>: <message>`` and the exit status is ``status``."""
+
+    def __init__(self, message: str, status: int = FAILURE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors read ``<prog>: <message>`` (exit 2), and whose commands
+    remember their own ``prog`` (``ddmq offsets reset``) for :func:`run_command`'s messages."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+    def set_defaults(self, **kwargs: Any) -> None:
+        if "func" in kwargs:
+            kwargs.setdefault("prog", self.prog)
+        super().set_defaults(**kwargs)
+
+
+def version() -> str:
+    try:
+        return metadata.version("ddmq-proxy")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+
+
+def env_option(
+    parser: argparse.ArgumentParser, flag: str, env: str, help: str, *aliases: str, **kwargs: Any
+) -> None:
+    """``flag`` (and its ``aliases``) defaults to the environment variable ``env``; it is required when
+    that is unset or empty."""
+    default = os.environ.get(env) or None
+    parser.add_argument(
+        flag, *aliases, default=default, required=default is None, help=f"{help} (default: ${env})", **kwargs
+    )
+
+
+def stdout_closed() -> bool:
+    """True when stdout is a pipe or socket whose reading end has gone, found without writing to it
+    (a consumer that has nothing to print would otherwise never notice)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever the mask
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+
+
+def detach_stdout() -> None:
+    """Point stdout at /dev/null, so that nothing more is written to a closed pipe (or raises)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a parsed command with the shared error handling; returns the exit status."""
+    prog = getattr(args, "prog", "ddmq")
+    try:
+        return func(args)
+    except CliError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.status
+    except BrokenPipeError:
+        detach_stdout()
+        return FAILURE
+    except KeyboardInterrupt:
+        return INTERRUPTED

@@ -1,0 +1,132 @@
+"""Every Redis key the project uses is built here, and only here.
+
+Per-queue keys carry the Redis Cluster hash tag ``{<topic>:<qid>}`` so that a queue's stream, its
+sequence counter, and each group's committed offset and lease live in one slot: the Lua scripts that
+touch them together (produce, fenced commit) stay single-slot, and queues spread across a cluster
+(DESIGN.md, "Redis Cluster", says why each group-level key is placed as it is).
+
+================================  ========  ===================================================
+key                               type      holds
+================================  ========  ===================================================
+``ddmq:topics``                   set       names of known topics
+``ddmq:topic:<t>``                hash      topic metadata: ``queues``
+``ddmq:{<t>:<q>}:q``              stream    the queue; entry id ``0-<offset>``
+``ddmq:{<t>:<q>}:seq``            string    last offset assigned by the producer script
+``ddmq:{<t>:<q>}:off:<g>``        string    group g's committed offset (next offset to consume)
+``ddmq:{<t>:<q>}:done:<g>``       string    offsets past it already finished, as ranges ``a-b,c``
+``ddmq:{<t>:<q>}:fetch:<g>``      string    group g's low-level ``ack`` position (next offset to fetch)
+``ddmq:{<t>:<q>}:lease:<g>``      string    group g's lease on the queue: ``<owner> <term>``, PX expiry
+``ddmq:{<t>:<q>}:term:<g>``       string    group g's lease term counter (the fencing token source)
+``ddmq:{<t>:<q>}:rollback:<g>``   hash      rollbacks of the queue group g's proxy detected: ``count``,
+                                            ``at_ms``, ``read_upto``, ``stream_end``, ``owner``
+``ddmq:dlq:{<g>:<t>}``            stream    group g's dead letters for topic t
+``ddmq:members:{<g>}``            zset      proxies serving group g, scored by last heartbeat (ms)
+================================  ========  ===================================================
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "PREFIX",
+    "check_name",
+    "committed",
+    "dead_letters",
+    "fetch_position",
+    "finished",
+    "lease",
+    "lease_term",
+    "members",
+    "offset_of",
+    "rollbacks",
+    "sequence",
+    "stream",
+    "stream_id",
+    "stream_id_after",
+    "topic_meta",
+    "topics",
+]
+
+PREFIX = "ddmq"
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Reject names that would break key layout (hash tags, separators) or be unreadable in logs."""
+    if not _NAME.match(name):
+        raise ValueError(f"invalid {kind} name {name!r}: use 1-200 of A-Z a-z 0-9 _ . -")
+    return name
+
+
+def topics() -> str:
+    return f"{PREFIX}:topics"
+
+
+def topic_meta(topic: str) -> str:
+    return f"{PREFIX}:topic:{topic}"
+
+
+def _queue_tag(topic: str, qid: int) -> str:
+    return f"{PREFIX}:{{{topic}:{qid}}}"
+
+
+def stream(topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:q"
+
+
+def sequence(topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:seq"
+
+
+def committed(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:off:{group}"
+
+
+def finished(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:done:{group}"
+
+
+def fetch_position(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:fetch:{group}"
+
+
+def lease(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:lease:{group}"
+
+
+def lease_term(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:term:{group}"
+
+
+def rollbacks(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:rollback:{group}"
+
+
+def members(group: str) -> str:
+    return f"{PREFIX}:members:{{{group}}}"
+
+
+def dead_letters(group: str, topic: str) -> str:
+    return f"{PREFIX}:dlq:{{{group}:{topic}}}"
+
+
+def stream_id(offset: int) -> str:
+    """The stream entry id of an offset. Offsets map to ids ``0-<offset>`` exactly (offset >= 1)."""
+    return f"0-{offset}"
+
+
+def stream_id_after(offset: int) -> str:
+    """The id to pass to XREAD to read entries with an offset greater than ``offset``."""
+    return f"0-{offset}" if offset > 0 else "0-0"
+
+
+def offset_of(entry_id: bytes | str) -> int:
+    """Inverse of :func:`stream_id`."""
+    if isinstance(entry_id, bytes):
+        entry_id = entry_id.decode()
+    ms, _, seq = entry_id.partition("-")
+    if ms != "0":
+        raise ValueError(f"stream entry {entry_id!r} was not written by the ddmq producer")
+    return int(seq)

@@ -1,0 +1,142 @@
+"""The reader's fast path for ``Message``: the struct a pull reply carries by the hundred.
+
+Both functions expect :data:`~ddmq.protocol.layout.MESSAGE_LAYOUT`, the layout the proxy writes, and
+read it without the generic field loop. Anything else (a missing or extra field, a long key) is read
+again the generic way, which also reports what is wrong with it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ddmq.protocol.layout import (
+    KEY_HEADER,
+    OFFSET_HEADER,
+    PRODUCE_TIME_HEADER,
+    PROPERTIES_HEADER,
+    STRING_MAP_SPEC,
+    TAG_HEADER,
+    VALUE_HEADER,
+    CompactType,
+    VarintTooLongError,
+    read_varint,
+)
+from ddmq.protocol.structs import Message
+
+if TYPE_CHECKING:
+    from ddmq.protocol.reader import CompactReader
+
+__all__ = ["read_message", "read_messages"]
+
+
+class _OtherLayout(Exception):
+    """A struct is not in the layout a fast path expects (read it the generic way)."""
+
+
+def read_message(reader: CompactReader) -> Message:
+    """A ``Message`` laid out as :data:`~ddmq.protocol.layout.MESSAGE_LAYOUT`, read without the
+    generic field loop; any other layout (a missing or extra field) goes through :meth:`CompactReader.read_struct`."""
+    data = reader._data
+    start = reader._pos
+    try:
+        if data[start] != KEY_HEADER:
+            raise _OtherLayout
+        reader._pos = start + 1
+        key = reader._bytes().decode("utf-8")
+        if data[reader._pos] != VALUE_HEADER:
+            raise _OtherLayout
+        reader._pos += 1
+        value = reader._bytes()
+        if data[reader._pos] != TAG_HEADER:
+            raise _OtherLayout
+        reader._pos += 1
+        tag = reader._bytes().decode("utf-8")
+        if data[reader._pos] != OFFSET_HEADER:
+            raise _OtherLayout
+        reader._pos += 1
+        offset = reader._zigzag()
+        if data[reader._pos] != PROPERTIES_HEADER:
+            raise _OtherLayout
+        reader._pos += 1
+        if data[reader._pos] == 0:
+            reader._pos += 1
+            properties: dict[str, str] = {}
+        else:
+            properties = reader._read_map(STRING_MAP_SPEC)
+        if data[reader._pos] != PRODUCE_TIME_HEADER:
+            raise _OtherLayout
+        reader._pos += 1
+        produce_time = reader._zigzag()
+        if data[reader._pos] != CompactType.STOP:
+            raise _OtherLayout
+        reader._pos += 1
+    except (_OtherLayout, IndexError):
+        reader._pos = start
+        message = Message()
+        reader.read_struct(message)
+        return message
+    return Message(key=key, value=value, tag=tag, offset=offset, properties=properties, produceTime=produce_time)
+
+
+def read_messages(reader: CompactReader, count: int) -> list[Message]:
+    """``count`` Messages laid out as the proxy writes them, in one loop without the generic field reader.
+
+    Every read index is checked by Python (``IndexError``) and every slice ends before the next
+    index read, so a message that runs past the payload or is laid out any other way (a key or tag
+    of 128 bytes or more, properties, a missing field) is read again by :func:`read_message`,
+    which also reports what is wrong with it.
+    """
+    data = reader._data
+    pos = reader._pos
+    new = object.__new__
+    # the layout's field headers as locals: this loop runs for every message of a reply
+    key_header, value_header, tag_header = KEY_HEADER, VALUE_HEADER, TAG_HEADER
+    offset_header, properties_header, produce_time_header = OFFSET_HEADER, PROPERTIES_HEADER, PRODUCE_TIME_HEADER
+    messages: list[Message] = []
+    append = messages.append
+    for _ in range(count):
+        start = pos
+        try:
+            # key: a length under 128
+            if data[pos] != key_header or data[pos + 1] & 0x80:
+                raise _OtherLayout
+            end = pos + 2 + data[pos + 1]
+            key = data[pos + 2 : end]
+            # value: any length (bodies are often 128 bytes or more)
+            if data[end] != value_header:
+                raise _OtherLayout
+            size, pos = read_varint(data, end + 1)
+            end = pos + size
+            value = data[pos:end]
+            # tag, as the key
+            if data[end] != tag_header or data[end + 1] & 0x80:
+                raise _OtherLayout
+            pos = end + 2 + data[end + 1]
+            tag = data[end + 2 : pos]
+            # offset: a zigzag varint
+            if data[pos] != offset_header:
+                raise _OtherLayout
+            number, pos = read_varint(data, pos + 1)
+            offset = (number >> 1) ^ -(number & 1)
+            # properties: an empty map; then produceTime
+            if data[pos] != properties_header or data[pos + 1] != 0 or data[pos + 2] != produce_time_header:
+                raise _OtherLayout
+            number, pos = read_varint(data, pos + 3)
+            if data[pos] != CompactType.STOP:  # also proves no slice above ran past the payload
+                raise _OtherLayout
+            pos += 1
+        except (_OtherLayout, IndexError, VarintTooLongError):
+            reader._pos = start
+            append(read_message(reader))
+            pos = reader._pos
+            continue
+        message = new(Message)
+        message.key = key.decode("utf-8")
+        message.value = value
+        message.tag = tag.decode("utf-8")
+        message.offset = offset
+        message.properties = {}
+        message.produceTime = (number >> 1) ^ -(number & 1)
+        append(message)
+    reader._pos = pos
+    return messages

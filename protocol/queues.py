@@ -1,0 +1,169 @@
+"""What makes a queue appendable: the produce script, and a topic's metadata.
+
+Every producer (``ddmq.protocol.producer``) writes through :data:`PRODUCE_LUA`, and the proxy calls
+:func:`ensure_topic` at start-up and :func:`repair_queue` after foreign entries; both sides share this
+module so they agree on the stream, sequence and metadata keys (:mod:`ddmq.protocol.keys`).
+
+Redis failures surface as :class:`ProduceError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ddmq.protocol import keys
+from ddmq.protocol.connection import REDIS_ERRORS, AsyncRedis, eval_script
+
+__all__ = [
+    "PRODUCE_LUA",
+    "ProduceError",
+    "TopicMismatchError",
+    "check_declared",
+    "check_queue_count",
+    "ensure_topic",
+    "parse_queues",
+    "redis_errors",
+    "repair_queue",
+    "topic_queues",
+]
+
+# KEYS[1] stream, KEYS[2] sequence. ARGV[1] message count, ARGV[2] MAXLEN ('' = no trimming), then per
+# message: the number of field/value items that follow, and the items. Returns the first offset.
+#
+# Entries another writer added (``XADD *``, or an id past the sequence) would make every later XADD
+# of ours fail. When the first XADD fails, or the sequence is missing, or no message is given (the
+# proxy's repair call), ``repair()`` makes room: the last offset becomes the highest ``0-<n>`` id in
+# the stream if that is above the sequence, and entries with time-based ids (all sorting after every
+# ``0-<n>``) are renumbered to the next offsets, fields unchanged, so the proxy reads them in place
+# and dead-letters them. The stream's last id is then set back to ``0-<last>``. At most 1000 such
+# entries are renumbered per call (an error beyond: the script must stay short).
+PRODUCE_LUA = """
+local n = tonumber(ARGV[1])
+local raw = redis.call('GET', KEYS[2])
+local last = tonumber(raw or '0')
+local function repair()
+  if redis.call('EXISTS', KEYS[1]) == 0 then return end
+  local foreign = redis.call('XRANGE', KEYS[1], '1-0', '+', 'COUNT', 1000 + 1)
+  if #foreign > 1000 then
+    return 'ERR ' .. KEYS[1] .. ' holds more than 1000 entries with ids not of the form 0-<offset>'
+  end
+  for _, entry in ipairs(foreign) do redis.call('XDEL', KEYS[1], entry[1]) end
+  local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  if #tail > 0 then
+    local top = tonumber(string.match(tail[1][1], '^0%-(%d+)$'))
+    if top > last then last = top end
+  end
+  redis.call('XSETID', KEYS[1], string.format('0-%d', last))
+  for _, entry in ipairs(foreign) do
+    last = last + 1
+    redis.call('XADD', KEYS[1], string.format('0-%d', last), unpack(entry[2]))
+  end
+end
+if not raw or n == 0 then
+  local err = repair()
+  if err then return redis.error_reply(err) end
+end
+local head = {'XADD', KEYS[1]}
+if ARGV[2] ~= '' then head = {'XADD', KEYS[1], 'MAXLEN', '~', ARGV[2]} end
+local i = 3
+for m = 1, n do
+  local cmd = {unpack(head)}
+  local id = #cmd + 1
+  cmd[id] = string.format('0-%d', last + m)
+  local count = tonumber(ARGV[i])
+  for j = i + 1, i + count do cmd[#cmd + 1] = ARGV[j] end
+  i = i + count + 1
+  if m == 1 then
+    local reply = redis.pcall(unpack(cmd))
+    if type(reply) == 'table' and reply.err then
+      local err = repair()
+      if err then return redis.error_reply(err) end
+      cmd[id] = string.format('0-%d', last + 1)
+      redis.call(unpack(cmd))
+    end
+  else
+    redis.call(unpack(cmd))
+  end
+end
+redis.call('SET', KEYS[2], string.format('%d', last + n))
+return last + 1
+"""
+
+
+class ProduceError(Exception):
+    """Redis failed or holds data the producer cannot use. The message names the topic."""
+
+
+class TopicMismatchError(ProduceError):
+    """A topic exists with a different number of queues than declared.
+
+    Changing the number of queues would move keys to other queues and break per-key order, so it is
+    never done implicitly.
+    """
+
+
+def parse_queues(topic: str, raw: object) -> int:
+    try:
+        queues = int(raw.decode() if isinstance(raw, bytes) else str(raw))
+    except ValueError:
+        queues = 0
+    if queues < 1:
+        meta = keys.topic_meta(topic)
+        raise ProduceError(f"topic {topic!r}: {meta!r} holds a bad queues value {raw!r}")
+    return queues
+
+
+def check_declared(topic: str, stored: int, declared: int) -> int:
+    if stored != declared:
+        raise TopicMismatchError(
+            f"topic {topic!r} has {stored} queues in Redis but {declared} are declared; changing the "
+            "number of queues would move keys between queues and break per-key order. Declare "
+            f"queues: {stored}, or use a new topic."
+        )
+    return stored
+
+
+def check_queue_count(queues: int) -> None:
+    if isinstance(queues, bool) or not isinstance(queues, int) or queues < 1:
+        raise ValueError(f"a topic has at least one queue, not {queues!r}")
+
+
+@contextmanager
+def redis_errors(topic: str) -> Iterator[None]:
+    """Map redis-py errors into :class:`ProduceError` at the edge."""
+    try:
+        yield
+    except REDIS_ERRORS as exc:
+        raise ProduceError(f"producing to topic {topic!r} failed: {exc}") from exc
+
+
+async def topic_queues(client: AsyncRedis, topic: str, queues: int) -> int:
+    with redis_errors(topic):
+        pipe = client.pipeline(transaction=False)
+        pipe.hsetnx(keys.topic_meta(topic), "queues", queues)
+        pipe.hget(keys.topic_meta(topic), "queues")
+        pipe.sadd(keys.topics(), topic)
+        _, raw, _ = await pipe.execute()
+    return parse_queues(topic, raw)
+
+
+async def ensure_topic(client: AsyncRedis, topic: str, queues: int) -> int:
+    """Create ``topic`` with ``queues`` queues if it is missing; otherwise check the stored number.
+
+    Returns the number of queues. Raises :class:`TopicMismatchError` when the topic exists with a
+    different number, :class:`ProduceError` when Redis fails. The proxy calls this at start-up for
+    every topic its config declares.
+    """
+    keys.check_name("topic", topic)
+    check_queue_count(queues)
+    return check_declared(topic, await topic_queues(client, topic, queues), queues)
+
+
+async def repair_queue(client: AsyncRedis, topic: str, qid: int) -> int:
+    """Make a queue appendable again after another writer added entries the producer would not have
+    (see the produce script): renumber time-based ids after the last offset, raise the sequence to the
+    highest ``0-<n>`` id. Returns the next offset to be produced; ProduceError when Redis fails."""
+    stream, sequence = keys.stream(topic, qid), keys.sequence(topic, qid)
+    with redis_errors(topic):
+        return int(await eval_script(client, PRODUCE_LUA, [stream, sequence], [0, b""]))
