@@ -1,7 +1,6 @@
 """``format("ddmq")`` in pull mode on a real local Spark, a real proxy process and a real Redis.
 
-20,000 messages over 2,000 keys (10 per key; a key advances one message per micro-batch in this
-mode, so the key count sets how many batches a run needs)."""
+20,000 messages over 2,000 keys (10 per key), unless a test says otherwise."""
 
 from __future__ import annotations
 
@@ -49,6 +48,31 @@ def test_available_now_delivers_everything_in_key_order_and_acks_it(
     assert not query.isActive
     assert_exactly_once_in_order(collector, produced)
     # The last data batch was acked before the query ended: nothing left in flight or unacked.
+    assert drained(proxy)
+
+
+@pytest.mark.timeout(300)
+def test_a_keys_backlog_moves_in_one_micro_batch_across_the_pulls_of_its_partition(
+    spark: Any, proxy: ProxyProcess, redis_url: str, tmp_path: Path
+) -> None:
+    # 1,000 messages, 10 per key; a pull carries 50. A partition's first pulls fill up with heads and
+    # short runs; its later pulls continue the runs of the keys it holds. Were a key's run limited to
+    # the pull that carried its head, the backlog would take three or more micro-batches.
+    produced = produce(redis_url, 100, 10)
+    collector = Collector()
+    query = (
+        stream(spark, proxy, numPartitions="2", maxBatchSize="50", pullsPerPartition="40")
+        .writeStream.foreachBatch(collector)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(240)
+    assert not query.isActive
+    assert_exactly_once_in_order(collector, produced)
+    assert [batch_id for batch_id, rows in collector.batches if rows] == [0], [
+        (batch_id, len(rows)) for batch_id, rows in collector.batches
+    ]
     assert drained(proxy)
 
 
