@@ -39,7 +39,7 @@ from ddmq.config import parse
 from ddmq.proxy.embedded import EmbeddedRedis
 from ddmq.proxy.pull_codec import encode_pull_reply
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.thrift_server import pull_response
+from ddmq.proxy.thrift_handler import pull_response
 from ddmq.proxy.types import PullBatch, QueueId, QueueResult, StoredMessage
 
 BATCH = 64

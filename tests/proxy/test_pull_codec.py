@@ -18,7 +18,7 @@ from ddmq.client import wire
 from ddmq.client.wire import ConsumerService, Message, PullResponse, TMessageType
 from ddmq.proxy import pull_codec
 from ddmq.proxy.pull_codec import encode_pull_reply
-from ddmq.proxy.thrift_server import pull_response
+from ddmq.proxy.thrift_handler import pull_response
 from ddmq.proxy.types import PullBatch, QueueId, StoredMessage
 
 _ALPHABET = "abcXYZ019 _-:/{}\"'\\\x00\x7féüß€日本語🙂\U0010fffd"
