@@ -59,11 +59,18 @@ def result_offsets(results: list[QueueResult]) -> int:
     """How many offsets ``results`` carry; raises BadRequestError over MAX_RESULT_OFFSETS."""
     total = sum(len(r.success) + len(r.fail) for r in results)
     if total > MAX_RESULT_OFFSETS:
-        raise BadRequestError(
-            f"a request may carry at most {MAX_RESULT_OFFSETS} offsets (acks and fails together), "
-            f"this one has {total}; split them over several"
-        )
+        raise too_many_offsets(total)
     return total
+
+
+def too_many_offsets(total: int | None = None) -> BadRequestError:
+    """The refusal of a request over MAX_RESULT_OFFSETS (``total`` when it is known: the Thrift
+    decoder stops counting at the limit)."""
+    has = f", this one has {total}" if total is not None else ""
+    return BadRequestError(
+        f"a request may carry at most {MAX_RESULT_OFFSETS} offsets (acks and fails together){has}; "
+        "split them over several"
+    )
 
 
 def in_group(results: list[QueueResult], group: str | None) -> list[QueueResult]:

@@ -33,6 +33,7 @@ from ddmq.client.wire import (
 from ddmq.proxy.api import ConsumeService
 from ddmq.proxy.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
 from ddmq.proxy.pull_codec import FAST_PULL_REPLY, encode_pull_reply
+from ddmq.proxy.requests import too_many_offsets
 from ddmq.proxy.types import PullBatch, PullLease, QueueResult, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -100,10 +101,7 @@ class ThriftHandler:
             return _application_error(
                 exc.name, exc.seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {exc.name!r}"
             )
-        error = BadRequestError(
-            f"a request may carry at most {exc.limit} offsets (acks and fails together); split them over several"
-        )
-        return _error_reply(exc.name, exc.seqid, error, peer)
+        return _error_reply(exc.name, exc.seqid, too_many_offsets(), peer)
 
     # handlers: decode the request, call the service once, encode the answer --------------------
 
