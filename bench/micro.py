@@ -40,7 +40,7 @@ from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.protocol.wire import ConsumeResult, ConsumerService, Context, PullRequest, TMessageType, decode, encode
 from ddmq.proxy.embedded import EmbeddedRedis
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.thrift_server import pull_response
+from ddmq.proxy.thrift_handler import pull_response
 from ddmq.proxy.types import PullBatch, QueueId, QueueResult, StoredMessage
 
 BATCH = 64

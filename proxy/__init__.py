@@ -1,6 +1,6 @@
 """ddmq consume proxy: ordered, per-key consumption of Redis Streams for thin pull clients.
 
-The engine lives in small modules, one noun each:
+The engine lives in small modules, one noun each (the main ones):
 
 - ``broker``: Redis Streams access (read, produce, commit, dead letters, topic metadata)
 - ``ordering``: :class:`UpstreamJobBlockingQueue`, the per-order-key gate
@@ -8,5 +8,9 @@ The engine lives in small modules, one noun each:
 - ``offsets``: :class:`OffsetTracker`, the committable prefix per queue
 - ``reader``: :class:`QueueReader`, one per queue, in order, backpressured
 - ``group``: the runtime of one consumer group (its topics, chains and readers)
-- ``service``: :class:`ProxyService`, the facade the Thrift (and later HTTP) adapters call
+- ``fetch``: the low-level ``fetch``/``ack`` (client-owned offsets, no ordering)
+- ``service``: :class:`ProxyService`, the process: lifecycle, groups, and the ConsumeService surface
+- ``requests``: the request rules (linger, batch size, maxPerKey, offsets per request) both servers share
+- ``api``: :class:`ConsumeService`, the one surface the server adapters call
+- ``thrift_server`` / ``thrift_handler`` and ``http_server``: the Thrift and HTTP adapters
 """

@@ -1,4 +1,9 @@
-"""The one surface the server adapters (Thrift, later HTTP) call. Adapters decode, call, encode."""
+"""The one surface the server adapters (Thrift and HTTP) call: they decode, call, encode.
+
+What a request may ask (linger, batch size, maxPerKey, offsets per request, which group a result
+belongs to) is decided behind this surface, in :mod:`ddmq.proxy.requests` and the service, never in
+an adapter: both protocols answer the same request the same way.
+"""
 
 from __future__ import annotations
 
@@ -24,17 +29,23 @@ class ConsumeService(Protocol):
         lease: PullLease | None = None,
         max_per_key: int | None = None,
     ) -> PullBatch:
-        """Apply the piggy-backed ``results`` first (at most :data:`MAX_RESULT_OFFSETS` offsets),
-        then return ready messages of one queue,
-        waiting up to ``linger_ms`` (None = the proxy default) when none are ready. With a ``lease``,
-        a repeated pull of the same lease and index answers the same messages (until acked/expired).
+        """Apply the piggy-backed ``results`` first (at most :data:`MAX_RESULT_OFFSETS` offsets, all
+        or none; a result naming no group is ``group``'s), then return ready messages of one queue,
+        waiting up to ``linger_ms`` when none are ready (as the client asked it: None = the default;
+        the service bounds it). ``max_batch`` and ``max_per_key`` as asked (None = the defaults).
+        With a ``lease``, a repeated pull of the same lease and index answers the same messages
+        (until acked/expired). Results count even when the group was just removed.
 
         Raises UnknownGroupError / UnknownTopicError / BadRequestError / UnavailableError.
         """
         ...
 
-    async def submit(self, results: list[QueueResult]) -> None:
-        """Apply acks/fails without pulling. Unknown offsets are ignored (counted)."""
+    async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
+        """Apply acks/fails without pulling, all or none (at most :data:`MAX_RESULT_OFFSETS`
+        offsets). Offsets of queues the proxy does not serve are ignored (counted). With ``group``
+        (the request's group, when its protocol names one): a result naming no group is its, and an
+        unknown group is refused (UnknownGroupError) with nothing applied; a group being removed
+        still takes acks while it drains."""
         ...
 
     async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
@@ -55,7 +66,8 @@ class ConsumeService(Protocol):
     ) -> list[FetchedQueue]:
         """Low-level read (no ordering gates): per named topic -> qid -> offset (-1 = the stored
         position), up to ``max_batch`` messages each; none named = every queue of the group from its
-        stored position. Waits up to ``linger_ms`` when there are no messages at all.
+        stored position. Waits up to ``linger_ms`` (as asked; bounded like pull's) when there are no
+        messages at all.
         """
         ...
 

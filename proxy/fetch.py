@@ -1,19 +1,23 @@
-"""The low-level API (DESIGN.md §4): ``fetch`` from offsets the client names, ``ack`` the client's positions.
+"""The low-level API (DESIGN.md, "Low-level fetch/ack"): ``fetch`` from offsets the client names,
+``ack`` the client's positions.
 
 Unlike ``pull``, nothing here is ordered by key, leased, retried or timed out: the client owns its
 progress. ``fetch`` reads each named (topic, qid) from an offset, in offset order, and says where to
-continue (``next_offset``); ``ack`` stores, per (group, topic, qid), the next offset the client wants
-to read, kept apart from the ordered pull path's committed offsets (``keys.fetch_position``). Any
-proxy serves both, whoever owns the queue's lease: reads are side-effect free and positions belong to
-the client.
+continue (``next_offset``); naming none reads every queue of the group's topics from its stored
+position. ``ack`` stores, per (group, topic, qid), the next offset the client wants to read, kept
+apart from the ordered pull path's committed offsets (``keys.fetch_position``). Any proxy that serves
+the group serves both, whoever owns the queue's lease: reads are side-effect free and positions
+belong to the client.
 
 Intended users: Spark batch and ``mode=queue`` streaming reads (deterministic offset ranges, replayable),
 replaying a queue from an offset for backfills or audits, and tools that page through a queue.
 
 Offsets: a queue's first message has offset 1; ``-1`` means "from the stored position" (1 when none
-was stored). Per queue at most ``max_batch`` messages, and a response stops adding messages once
-``MAX_FETCH_BYTES`` of values were added (at least one message always fits), so a page never
-outgrows a frame; ``next_offset`` picks up exactly where it stopped.
+was stored). A request names at most ``MAX_FETCH_QUEUES`` queues of topics the group consumes. Per
+queue at most ``max_batch`` messages (``0..MAX_FETCH_BATCH``; 0 answers the start positions only),
+and a response stops adding messages once ``MAX_FETCH_BYTES`` of values were added (its first
+message always fits), so a page does not outgrow a frame unless one message does; ``next_offset``
+picks up exactly where it stopped, past entries that are not messages of ours too.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 It owns the Redis connection (and the embedded redis-server when configured), one
 :class:`~ddmq.proxy.group.ConsumerGroup` per configured group, the offset committer and the server
-adapters. Adapters call :meth:`pull`, :meth:`submit`, :meth:`consume_stats`, :meth:`fetch` and :meth:`ack` (the
-:class:`~ddmq.proxy.api.ConsumeService` surface) and nothing else.
+adapters. Each adapter holds an :class:`~ddmq.proxy.requests.Endpoint` (:meth:`endpoint`): the
+:class:`~ddmq.proxy.api.ConsumeService` surface (:meth:`pull`, :meth:`submit`, :meth:`ack_leases`,
+:meth:`consume_stats`, :meth:`fetch`, :meth:`ack`) with that server's limits, and calls nothing else.
+The request rules (:mod:`ddmq.proxy.requests`) and the group and topic checks are applied here.
 
 >>> async with ProxyService(load("proxy.yaml")) as service:
 ...     await service.wait_closed()
@@ -22,7 +24,6 @@ from types import TracebackType
 from ddmq.config.schema import ProxyConfig
 from ddmq.protocol.connection import AsyncRedis, async_redis, is_cluster_url, quiet_dropped_cluster_nodes
 from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
-from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, ConnectionCounter, map_redis_errors
 from ddmq.proxy.commits import commit_periodically, flush_groups
@@ -43,13 +44,12 @@ from ddmq.proxy.membership import Membership
 from ddmq.proxy.metrics import ProxyMetrics
 from ddmq.proxy.pull_leases import PullLeases
 from ddmq.proxy.reload import ConfigChange, apply_config
+from ddmq.proxy.requests import Endpoint, RequestRules, batch_size, in_group, per_key, result_offsets
 from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueId, QueueResult
 
 log = logging.getLogger(__name__)
 
-#: Long-poll wait when a client does not say (``maxLingerTime`` unset).
-DEFAULT_LINGER_MS = 1000
 #: Results with more offsets than this are applied in slices of it, letting other connections'
 #: requests run in between (a slice takes a few milliseconds; bench/edges.py measures the effect).
 APPLY_SLICE_OFFSETS = 4096
@@ -152,11 +152,10 @@ class ProxyService:
         )
         thrift = config.thrift
         self._thrift = ThriftServer(
-            self,
+            self.endpoint(thrift.max_linger_ms),
             thrift.host,
             thrift.port,
             thrift.max_frame_bytes,
-            thrift.max_linger_ms,
             max_connections=thrift.max_connections,
             idle_timeout_ms=thrift.idle_timeout_ms,
             frame_timeout_ms=thrift.request_timeout_ms,
@@ -268,9 +267,19 @@ class ProxyService:
 
     # the ConsumeService surface ----------------------------------------------------------------
 
-    def _group(self, name: str) -> ConsumerGroup:
+    def endpoint(self, max_linger_ms: int) -> Endpoint:
+        """The ConsumeService a server adapter calls, bounding long polls to ``max_linger_ms``."""
+        return Endpoint(self, RequestRules(max_linger_ms))
+
+    @property
+    def rules(self) -> RequestRules:
+        """The rules of calls made on the service itself (tests, embedding): the Thrift server's."""
+        return RequestRules(self.config.thrift.max_linger_ms)
+
+    def _group(self, name: str, draining: bool = False) -> ConsumerGroup:
+        """The group ``name``; a removed group is unknown, unless ``draining`` (it still takes acks)."""
         group = self.groups.get(name)
-        if group is None or group.removed:
+        if group is None or (group.removed and not draining):
             serves = sorted(n for n, g in self.groups.items() if not g.removed)
             raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {serves}")
         return group
@@ -284,11 +293,13 @@ class ProxyService:
         results: list[QueueResult],
         lease: PullLease | None = None,
         max_per_key: int | None = None,
+        *,
+        rules: RequestRules | None = None,
     ) -> PullBatch:
         """Serve one pull: apply ``results``, then answer ready messages of one queue. ``max_per_key``
         (None or 1: one per key) lets the reply carry ordered runs of a key (see ``PullBuffer``)."""
         if results:  # first: acks count even when the group was just removed
-            await self._apply(results)
+            await self._apply(in_group(results, group))
         consumer_group = self._group(group)
         topic = topic or None
         if topic is not None:
@@ -298,13 +309,9 @@ class ProxyService:
             consumers = [consumer]
         else:
             consumers = list(consumer_group.consumers.values())
-        cap = max(c.config.max_pull_batch_size for c in consumers)
-        if max_batch is not None and max_batch < 0:
-            raise BadRequestError(f"maxBatchSize must not be negative, got {max_batch}")
-        batch = min(max_batch, cap) if max_batch else cap
-        if max_per_key is not None and max_per_key < 0:
-            raise BadRequestError(f"maxPerKey must not be negative, got {max_per_key}")
-        per_key = max_per_key or 1
+        batch = batch_size(max_batch, max(c.config.max_pull_batch_size for c in consumers))
+        run = per_key(max_per_key)
+        linger = self._linger(linger_ms, rules)
         buffer = consumer_group.buffer
         started = perf_counter()
         if results and not buffer.ready:
@@ -317,10 +324,10 @@ class ProxyService:
             if timeout_ms is None:
                 timeout_ms = max(c.config.timeout_ms for c in consumers)
             answer = await self._pull_leases(consumer_group).pull(
-                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, self._linger(linger_ms), per_key
+                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, linger, run
             )
         else:
-            answer = await buffer.pull(topic, batch, self._linger(linger_ms), None, per_key)
+            answer = await buffer.pull(topic, batch, linger, None, run)
         self.metrics.observe_pull(group, answer, perf_counter() - started)
         return answer
 
@@ -333,13 +340,18 @@ class ProxyService:
     async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
         return self._pull_leases(self._group(group)).ack(lease_ids)
 
-    async def submit(self, results: list[QueueResult]) -> None:
+    async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
+        if group is not None:
+            self._group(group, draining=True)
+            results = in_group(results, group)
         await self._apply(results)
 
-    def _linger(self, linger_ms: int | None) -> int:
-        if linger_ms is None:
-            linger_ms = min(DEFAULT_LINGER_MS, self.config.thrift.max_linger_ms)
-        return max(0, linger_ms) if self._state == "running" else 0
+    def _linger(self, linger_ms: int | None, rules: RequestRules | None) -> int:
+        """The wait a request gets: as the rules bound it, none once shutdown began (parked pulls
+        are answered then, and new ones must not park)."""
+        if self._state != "running":
+            return 0
+        return (rules or self.rules).linger(linger_ms)
 
     async def fetch(
         self,
@@ -347,11 +359,13 @@ class ProxyService:
         offsets: dict[str, dict[str, int]] | None,
         max_batch: int | None,
         linger_ms: int | None,
+        *,
+        rules: RequestRules | None = None,
     ) -> list[FetchedQueue]:
         consumer_group = self._group(group)
         if self._low_level is None:
             raise UnavailableError("the proxy is not started")
-        return await self._low_level.fetch(consumer_group, offsets, max_batch, self._linger(linger_ms))
+        return await self._low_level.fetch(consumer_group, offsets, max_batch, self._linger(linger_ms, rules))
 
     async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
         consumer_group = self._group(group)
@@ -361,13 +375,11 @@ class ProxyService:
 
     async def _apply(self, results: list[QueueResult]) -> None:
         """Apply acks and fails: all of them, or none when there are more than MAX_RESULT_OFFSETS."""
-        total = sum(len(r.success) + len(r.fail) for r in results)
-        if total > MAX_RESULT_OFFSETS:
+        try:
+            total = result_offsets(results)
+        except BadRequestError:
             self.counters["results_refused"] += 1
-            raise BadRequestError(
-                f"a request may carry at most {MAX_RESULT_OFFSETS} offsets (acks and fails together), "
-                f"this one has {total}; split them over several"
-            )
+            raise
         if total <= APPLY_SLICE_OFFSETS:
             self._apply_now(results)
             return

@@ -1,27 +1,25 @@
 """``POST /v1/pull`` and ``POST /v1/ack``: DDMQ's pull API as JSON, for clients without Thrift.
 
-Same semantics as the Thrift ``pull`` and ``submit``: a pull applies the piggy-backed ``results``
-first, then answers messages of one (topic, qid), waiting up to ``linger_ms`` when none are ready;
-acks for offsets the proxy does not hold are ignored (counted). Bodies are validated by the models
-below (unknown fields, wrong types and offsets < 1 are a 400 naming the field).
+Same semantics as the Thrift ``pull`` and ``submit``, decided by the service (:mod:`ddmq.proxy.requests`):
+a pull applies the piggy-backed ``results`` first, then answers messages of one (topic, qid), waiting
+up to ``linger_ms`` when none are ready; acks for offsets the proxy does not hold are ignored
+(counted). This module only translates: bodies are validated by the models below (unknown fields,
+wrong types and offsets < 1 are a 400 naming the field), answers are encoded as JSON.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ddmq.proxy.api import MAX_RESULT_OFFSETS
-from ddmq.proxy.errors import BadRequestError, UnknownGroupError
+from ddmq.proxy.api import MAX_RESULT_OFFSETS, ConsumeService
+from ddmq.proxy.errors import BadRequestError
 from ddmq.proxy.http_server.errors import validation_message
 from ddmq.proxy.types import PullBatch, QueueResult, StoredMessage
-
-if TYPE_CHECKING:
-    from ddmq.proxy.service import ProxyService
 
 #: Offsets are dense per queue, from 1; the wire type is i64.
 Offset = Annotated[int, Field(ge=1, le=2**63 - 1)]
@@ -69,9 +67,9 @@ def parse(model: type[_M], raw: bytes) -> _M:
         raise BadRequestError(f"invalid request body: {validation_message(exc)}") from exc
 
 
-def queue_results(group: str, results: list[ResultIn]) -> list[QueueResult]:
-    """As engine values; the service refuses more than MAX_RESULT_OFFSETS offsets in all."""
-    return [QueueResult(r.group or group, r.topic, str(r.qid), list(r.success), list(r.fail)) for r in results]
+def results_from_json(results: list[ResultIn]) -> list[QueueResult]:
+    """As engine values, as sent (the service gives a result without ``group`` the request's)."""
+    return [QueueResult(r.group or "", r.topic, str(r.qid), list(r.success), list(r.fail)) for r in results]
 
 
 def message_json(message: StoredMessage) -> dict[str, Any]:
@@ -106,9 +104,8 @@ def pull_json(group: str, topic: str | None, batch: PullBatch) -> dict[str, Any]
 class PullApi:
     """The two routes, bound to one service."""
 
-    def __init__(self, service: ProxyService, max_linger_ms: int, read_body: BodyReader) -> None:
+    def __init__(self, service: ConsumeService, read_body: BodyReader) -> None:
         self._service = service
-        self._max_linger_ms = max_linger_ms
         self._read_body = read_body
 
     def add_routes(self, app: web.Application) -> None:
@@ -117,20 +114,17 @@ class PullApi:
 
     async def pull(self, request: web.Request) -> web.Response:
         body = parse(PullIn, await self._read_body(request))
-        linger_ms = min(body.linger_ms, self._max_linger_ms) if body.linger_ms is not None else None
         batch = await self._service.pull(
             body.group,
             body.topic,
             body.max_batch,
-            linger_ms,
-            queue_results(body.group, body.results),
+            body.linger_ms,
+            results_from_json(body.results),
             max_per_key=body.max_per_key,
         )
         return web.json_response(pull_json(body.group, body.topic or None, batch))
 
     async def ack(self, request: web.Request) -> web.Response:
         body = parse(AckIn, await self._read_body(request))
-        if body.group not in self._service.groups:
-            raise UnknownGroupError(f"unknown group {body.group!r}; this proxy serves {sorted(self._service.groups)}")
-        await self._service.submit(queue_results(body.group, body.results))
+        await self._service.submit(results_from_json(body.results), body.group)
         return web.json_response({"ok": True})

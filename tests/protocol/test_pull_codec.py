@@ -17,7 +17,7 @@ from thriftpy2.transport import TMemoryBuffer
 from ddmq.protocol import layout, pull_codec, wire
 from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.protocol.wire import ConsumerService, Message, PullResponse, TMessageType
-from ddmq.proxy.thrift_server import pull_response
+from ddmq.proxy.thrift_handler import pull_response
 from ddmq.proxy.types import PullBatch, QueueId, StoredMessage
 
 _ALPHABET = "abcXYZ019 _-:/{}\"'\\\x00\x7féüß€日本語🙂\U0010fffd"

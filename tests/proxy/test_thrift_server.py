@@ -109,7 +109,7 @@ class FakeService:
         self.pulls.append(PullCall(group, topic, max_batch, linger_ms, results))
         if self.errors:
             raise self.errors.popleft()
-        if not self.ready and linger_ms:
+        if not self.ready and linger_ms is not None and linger_ms > 0:
             self._arrived.clear()
             self.parked.set()
             try:
@@ -127,7 +127,7 @@ class FakeService:
             batch = PullBatch(batch.queue, batch.messages[:max_batch])
         return batch
 
-    async def submit(self, results: list[QueueResult]) -> None:
+    async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
         self.submits.append(results)
 
     async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
@@ -159,7 +159,7 @@ async def service() -> FakeService:
 
 @pytest.fixture
 async def server(service: FakeService) -> AsyncIterator[ThriftServer]:
-    async with ThriftServer(service, "127.0.0.1", 0, max_frame_bytes=4096, max_linger_ms=5000) as running:
+    async with ThriftServer(service, "127.0.0.1", 0, max_frame_bytes=4096) as running:
         yield running
 
 
@@ -209,7 +209,7 @@ async def test_pull_round_trip(server: ThriftServer, service: FakeService) -> No
     results = wire.link_results(
         [
             ConsumeResult(Context("g", "t", "3"), [7, 8], [9]),
-            ConsumeResult(Context(None, "u", "0"), None, [4]),  # no groupId: the request's group
+            ConsumeResult(Context(None, "u", "0"), None, [4]),  # no groupId: the service gives it the pull's
             ConsumeResult(None, [1], None),
         ]
     )
@@ -225,8 +225,8 @@ async def test_pull_round_trip(server: ThriftServer, service: FakeService) -> No
             250,
             [
                 QueueResult("g", "t", "3", [7, 8], [9]),
-                QueueResult("g", "u", "0", [], [4]),
-                QueueResult("g", "", "", [1], []),
+                QueueResult("", "u", "0", [], [4]),
+                QueueResult("", "", "", [1], []),
             ],
         )
     ]
@@ -250,12 +250,13 @@ async def test_empty_pull_names_the_asked_topic(server: ThriftServer, service: F
     assert [call.results for call in service.pulls] == [[], []]
 
 
-@pytest.mark.parametrize(("asked", "passed"), [(None, None), (-5, 0), (0, 0), (4999, 4999), (10**9, 5000)])
-async def test_linger_is_clamped(server: ThriftServer, service: FakeService, asked: int | None, passed: int) -> None:
+@pytest.mark.parametrize("asked", [None, -5, 0, 4999, 10**9])
+async def test_linger_is_passed_as_asked(server: ThriftServer, service: FakeService, asked: int | None) -> None:
+    """The service bounds it (tests/proxy/test_requests.py, tests/test_adapters.py)."""
     service.add(QueueId("t", 0), [1])  # ready, so the fake never waits
     async with AsyncProxyClient("127.0.0.1", server.port, timeout_s=GUARD_S) as client:
         await client.pull(PullRequest(groupId="g", maxLingerTime=asked))
-    assert service.pulls[0].linger_ms == passed
+    assert service.pulls[0].linger_ms == asked
 
 
 async def test_submit_and_consume_stats(server: ThriftServer, service: FakeService) -> None:
@@ -389,7 +390,7 @@ async def test_a_big_frame_is_decoded(service: FakeService) -> None:
     offsets = list(range(10**12, 10**12 + 30_000))  # ~180 KB: decoded off the event loop
     results = wire.link_results([ConsumeResult(Context("g", "t", "0"), offsets, [])])
     async with (
-        ThriftServer(service, "127.0.0.1", 0, max_frame_bytes=1 << 20, max_linger_ms=100) as server,
+        ThriftServer(service, "127.0.0.1", 0, max_frame_bytes=1 << 20) as server,
         AsyncProxyClient("127.0.0.1", server.port, timeout_s=GUARD_S) as client,
     ):
         assert await client.submit(results) is True
@@ -415,7 +416,7 @@ async def test_connections_are_served_concurrently(server: ThriftServer, service
 
 
 async def test_lifecycle(service: FakeService) -> None:
-    server = ThriftServer(service, "127.0.0.1", 0, max_frame_bytes=1024, max_linger_ms=100)
+    server = ThriftServer(service, "127.0.0.1", 0, max_frame_bytes=1024)
     with pytest.raises(RuntimeError):
         _ = server.port
     await server.start()
@@ -548,7 +549,7 @@ async def test_stock_thriftpy2_client(server: ThriftServer, service: FakeService
 
 async def test_sync_client_round_trip_and_reconnect(service: FakeService) -> None:
     service.add(QueueId("t", 1), [5])
-    first = ThriftServer(service, "127.0.0.1", 0, max_frame_bytes=4096, max_linger_ms=100)
+    first = ThriftServer(service, "127.0.0.1", 0, max_frame_bytes=4096)
     await first.start()
     port = first.port
     client = ProxyClient("127.0.0.1", port, timeout_s=GUARD_S)
@@ -557,7 +558,7 @@ async def test_sync_client_round_trip_and_reconnect(service: FakeService) -> Non
         assert response.context == Context("g", "t", "1")
         assert [m.offset for m in response.messages] == [5]
         await first.close()  # drops the client's connection
-        second = ThriftServer(service, "127.0.0.1", port, max_frame_bytes=4096, max_linger_ms=100)
+        second = ThriftServer(service, "127.0.0.1", port, max_frame_bytes=4096)
         await second.start()
         try:
             with pytest.raises(ProxyConnectionError):
@@ -767,8 +768,8 @@ async def test_pull_consumer_spreads_threads_over_servers(service: FakeService) 
         return message.offset % 2 == 0
 
     async with (
-        ThriftServer(service, "127.0.0.1", 0, 4096, 5000) as first,
-        ThriftServer(other, "127.0.0.1", 0, 4096, 5000) as second,
+        ThriftServer(service, "127.0.0.1", 0, 4096) as first,
+        ThriftServer(other, "127.0.0.1", 0, 4096) as second,
     ):
         consumer = PullConsumer(
             [f"127.0.0.1:{first.port}", f"127.0.0.1:{second.port}"],
