@@ -55,6 +55,7 @@ class TopicConsumer:
         self.config = config
         self.broker = broker
         self.buffer = buffer
+        self.redelivery = buffer.redelivery
         self.leases = leases
         self.lease_config = lease_config
         self.membership = membership
@@ -62,6 +63,7 @@ class TopicConsumer:
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         self.chain: list[Action] = build_chain(config.actions, self)
+        self._last_action = len(self.chain) - 1
         #: One duration observer per action of the chain (set by ProxyMetrics.instrument), or None.
         self.action_timers: list[Callable[[float], None]] | None = None
         #: The topic's number of queues, once its metadata is known (0 until then).
@@ -100,9 +102,18 @@ class TopicConsumer:
         """The queues this proxy should own, from the last heartbeat."""
         return self.ownership.assigned
 
+    # the job's owner (JobOwner) ---------------------------------------------------------------
+
     def may_serve(self, qid: int) -> bool:
         """True while this proxy's lease on ``qid`` is surely valid (checked before every delivery)."""
         return self.serving and self.ownership.confirmed(qid)
+
+    def is_head(self, job: UpstreamJob) -> bool:
+        return self.blocking_queue.is_head(job)
+
+    def pull_only(self, job: UpstreamJob) -> bool:
+        return job.index == self._last_action
+
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -233,7 +244,7 @@ class TopicConsumer:
             if status is _ASYNC:
                 return
             if status is Status.FAIL:
-                self.buffer.dead_letter(job, job.last_error or "action failed")
+                self.redelivery.dead_letter(job, job.last_error or "action failed")
                 return
             break
         job.state = JobState.FINISHED
