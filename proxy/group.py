@@ -114,7 +114,6 @@ class TopicConsumer:
     def pull_only(self, job: UpstreamJob) -> bool:
         return job.index == self._last_action
 
-
     # lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -156,8 +155,12 @@ class TopicConsumer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await close_chain(self.chain)  # push workers and their connection pools
-        log.info("%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
-                 self.group, self.topic, left)
+        log.info(
+            "%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
+            self.group,
+            self.topic,
+            left,
+        )
 
     def reconfigure(self, config: TopicGroupConfig) -> None:
         """Apply settings the engine reads as it goes (see ``ddmq.proxy.reload.IN_PLACE_FIELDS``)."""
@@ -211,8 +214,13 @@ class TopicConsumer:
         await self.broker.repair_queue(self.topic, qid)
         if entry.offset is None:
             self.count("foreign_renumbered")
-            log.error("%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
-                      self.group, self.topic, qid, entry)
+            log.error(
+                "%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
+                self.group,
+                self.topic,
+                qid,
+                entry,
+            )
             return
         log.error("%s/%s#%d: %s; dead-lettering it and reading on", self.group, self.topic, qid, entry)
         await self.broker.dead_letter(self.group, self.topic, qid, entry.as_message(), 0, str(entry))
@@ -280,8 +288,13 @@ class ConsumerGroup:
     """A group's consumers (one per topic) sharing one PullBuffer."""
 
     def __init__(
-        self, name: str, topics: dict[str, TopicGroupConfig], broker: Broker, leases: LeaseStore,
-        lease_config: LeaseConfig, membership: Membership,
+        self,
+        name: str,
+        topics: dict[str, TopicGroupConfig],
+        broker: Broker,
+        leases: LeaseStore,
+        lease_config: LeaseConfig,
+        membership: Membership,
     ) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
@@ -299,8 +312,9 @@ class ConsumerGroup:
 
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
-        consumer = TopicConsumer(self.name, topic, config, self._broker, self.buffer, self._leases,
-                                 self._lease_config, self._membership)
+        consumer = TopicConsumer(
+            self.name, topic, config, self._broker, self.buffer, self._leases, self._lease_config, self._membership
+        )
         consumer.read_audit = self.read_audit
         return consumer
 

@@ -98,9 +98,7 @@ class UpstreamJob:
         "tracker",
     )
 
-    def __init__(
-        self, consumer: JobOwner, queue: QueueId, message: StoredMessage, tracker: OffsetTracker
-    ) -> None:
+    def __init__(self, consumer: JobOwner, queue: QueueId, message: StoredMessage, tracker: OffsetTracker) -> None:
         self.consumer = consumer
         #: Built once per queue by its reader, not per job: the buffer keys its maps by it.
         self.queue = queue

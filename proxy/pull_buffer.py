@@ -480,11 +480,7 @@ class PullBuffer:
 def _may_join(successor: UpstreamJob, queue: QueueId) -> bool:
     """Whether ``successor`` may go out in its head's run: waiting, of the reply's queue, and with
     nothing left to run but PullServer (a chain with actions after Order runs them on the head only)."""
-    return (
-        successor.state is _WAITING
-        and successor.queue == queue
-        and successor.consumer.pull_only(successor)
-    )
+    return successor.state is _WAITING and successor.queue == queue and successor.consumer.pull_only(successor)
 
 
 def _may_continue(held: UpstreamJob) -> bool:
