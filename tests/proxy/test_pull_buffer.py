@@ -17,8 +17,13 @@ Q0 = QueueId("t", 0)
 
 
 @pytest.fixture
-async def buffer() -> AsyncIterator[PullBuffer]:
-    buffer = PullBuffer("g", Clock())
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def buffer(clock: Clock) -> AsyncIterator[PullBuffer]:
+    buffer = PullBuffer("g", clock)
     buffer.start()
     yield buffer
     await buffer.close()
@@ -94,13 +99,13 @@ async def test_results_for_offsets_not_out_are_counted_and_ignored(buffer: PullB
     assert owner.finished == [out] and stats.acked == 1
 
 
-async def test_a_fail_makes_the_job_ready_again_after_its_retry_delay(buffer: PullBuffer, owner: Owner) -> None:
+async def test_a_fail_makes_the_job_ready_again_after_its_retry_delay(
+    buffer: PullBuffer, owner: Owner, clock: Clock
+) -> None:
     job = owner.job("a")
     await pull(buffer)
     buffer.fail(Q0, [job.offset])
     assert job.state is JobState.RETRY_WAIT and (await pull(buffer)).messages == []
-    clock = buffer.redelivery._clock
-    assert isinstance(clock, Clock)
     buffer.redelivery.expire(clock.advance(0.1))
     assert picked(await pull(buffer)) == [(0, job.offset)] and job.attempts == 2
 
@@ -122,7 +127,9 @@ async def test_a_reply_without_room_for_runs_carries_heads_only(buffer: PullBuff
     assert keys(batch) == ["a", "b"] and batch.runs is None
 
 
-async def test_a_fail_inside_a_run_returns_the_rest_behind_the_failed_message(buffer: PullBuffer, owner: Owner) -> None:
+async def test_a_fail_inside_a_run_returns_the_rest_behind_the_failed_message(
+    buffer: PullBuffer, owner: Owner, clock: Clock
+) -> None:
     first, second, third = owner.job("a"), owner.job("a"), owner.job("a")
     await pull(buffer, per_key=3)
     buffer.ack(Q0, [first.offset])
@@ -132,8 +139,6 @@ async def test_a_fail_inside_a_run_returns_the_rest_behind_the_failed_message(bu
     assert buffer.redelivery.timed == 0
     buffer.ack(Q0, [third.offset])  # not out any more: ignored
     assert third.state is JobState.WAITING
-    clock = buffer.redelivery._clock
-    assert isinstance(clock, Clock)
     buffer.redelivery.expire(clock.advance(0.1))
     batch = await pull(buffer, per_key=3)
     assert [m.offset for m in batch.messages] == [second.offset]  # out again after a fail: alone
@@ -143,11 +148,9 @@ async def test_a_fail_inside_a_run_returns_the_rest_behind_the_failed_message(bu
     assert owner.finished == [first, second, third]
 
 
-async def test_a_timeout_inside_a_run_returns_the_rest(buffer: PullBuffer, owner: Owner) -> None:
+async def test_a_timeout_inside_a_run_returns_the_rest(buffer: PullBuffer, owner: Owner, clock: Clock) -> None:
     first, second = owner.job("a"), owner.job("a")
     await buffer.pull(None, 10, 0, 1000, 2)
-    clock = buffer.redelivery._clock
-    assert isinstance(clock, Clock)
     buffer.redelivery.expire(clock.advance(2))
     assert first.state is JobState.RETRY_WAIT and second.state is JobState.WAITING
     assert buffer.queue_stats[Q0].timed_out == 1 and buffer.redelivery.timed == 0

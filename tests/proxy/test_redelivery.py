@@ -22,10 +22,14 @@ class Harness:
         self.ready: list[UpstreamJob] = []
         self.finished: list[UpstreamJob] = []
         self.behind: set[UpstreamJob] = set()
+        #: head -> the run member its failed attempt returns to waiting (as the buffer does).
+        self.returns: dict[UpstreamJob, UpstreamJob] = {}
         self.redelivery = Redelivery("g", self.stats, self._expired, self.ready.append, self._finish, self.clock)
 
     def _expired(self, job: UpstreamJob) -> bool:
         self.expired.append(job)
+        if (member := self.returns.get(job)) is not None:
+            member.state = JobState.WAITING
         return job not in self.behind
 
     def _finish(self, job: UpstreamJob) -> None:
@@ -165,14 +169,7 @@ def test_a_run_member_returned_by_its_head_is_not_timed_again() -> None:
     head, member = h.owner.job("a"), h.owner.job("a")
     h.out(head, member)
     h.behind.add(member)
-
-    def expired(job: UpstreamJob) -> bool:
-        h.expired.append(job)
-        if job is head:
-            member.state = JobState.WAITING  # the head's failed attempt returns the rest of its run
-        return job not in h.behind
-
-    h.redelivery._expired = expired
+    h.returns[head] = member
     h.tick(1 + TICK_S)
     assert head in h.expired
     assert h.redelivery.timed == 0
