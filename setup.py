@@ -25,6 +25,7 @@ COMPILED = [
     "proxy/ownership.py",
     "proxy/pull_buffer.py",
     "proxy/pull_codec.py",
+    "proxy/redelivery.py",
     "proxy/types.py",
     "actions/order.py",
     "actions/pull_server.py",
