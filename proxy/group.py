@@ -63,6 +63,7 @@ class TopicConsumer:
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         self.chain: list[Action] = build_chain(config.actions, self)
+        #: A pull chain ends with PullServer: a job at this index has nothing else left to run.
         self._last_action = len(self.chain) - 1
         #: One duration observer per action of the chain (set by ProxyMetrics.instrument), or None.
         self.action_timers: list[Callable[[float], None]] | None = None
