@@ -24,6 +24,7 @@ COMPILED = [
     "proxy/ordering.py",
     "proxy/ownership.py",
     "proxy/pull_buffer.py",
+    "proxy/redelivery.py",
     "proxy/types.py",
     "actions/order.py",
     "actions/pull_server.py",

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ddmq.proxy.job import UpstreamJob
     from ddmq.proxy.ordering import UpstreamJobBlockingQueue
     from ddmq.proxy.pull_buffer import PullBuffer
+    from ddmq.proxy.redelivery import Redelivery
 
 
 class Status(Enum):
@@ -52,6 +53,7 @@ class ChainContext(Protocol):
     config: TopicGroupConfig
     blocking_queue: UpstreamJobBlockingQueue
     buffer: PullBuffer
+    redelivery: Redelivery
 
     def count(self, what: str, n: int = 1) -> None:
         """Add to one of the consumer's named counters (exported as metrics)."""

@@ -5,9 +5,9 @@ A push action ends the chain. ``act()`` only appends the job to the action's rea
 the outcome:
 
 - success: the job is finished (its key's successor becomes runnable, its offset committable);
-- a failed attempt (non-2xx, timeout, connection error): ``PullBuffer.retry_later``, the same code a
+- a failed attempt (non-2xx, timeout, connection error): ``Redelivery.retry_later``, the same code a
   pull client's fail goes through: retried after ``retry_intervals_ms``, dead-lettered after
-  ``max_retry`` retries. When the retry is due the buffer hands the job back here;
+  ``max_retry`` retries. When the retry is due the group's redelivery hands the job back here;
 - a permanent failure (the message cannot be turned into a request, e.g. a Redis key part missing):
   dead-lettered at once, like an action answering ``FAIL``.
 
@@ -49,13 +49,13 @@ class PushAction(ABC):
 
     def __init__(self, ctx: ChainContext, workers: int, batch_size: int = 1) -> None:
         self._ctx = ctx
-        self._buffer = ctx.buffer
+        self._redelivery = ctx.redelivery
         self._workers_wanted = max(1, min(workers, ctx.config.concurrency))
         self._batch_size = batch_size
         self._ready: asyncio.Queue[UpstreamJob] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0
-        ctx.buffer.route_retries(ctx.topic, self._enqueue)
+        ctx.redelivery.route_retries(ctx.topic, self._enqueue)
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -150,11 +150,11 @@ class PushAction(ABC):
         elif outcome.permanent:
             self._ctx.count("push_rejected")
             log.info("%r cannot be pushed (%s); dead-lettering it", job, outcome.reason)
-            self._buffer.dead_letter(job, outcome.reason)
+            self._redelivery.dead_letter(job, outcome.reason)
         else:
             self._ctx.count("push_failed")
             log.debug("push of %r failed: %s", job, outcome.reason)
-            self._buffer.retry_later(job, outcome.reason)
+            self._redelivery.retry_later(job, outcome.reason)
 
     @staticmethod
     def _finish(job: UpstreamJob) -> None:

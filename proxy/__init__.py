@@ -4,7 +4,9 @@ The engine lives in small modules, one noun each (the main ones):
 
 - ``broker``: Redis Streams access (read, produce, commit, dead letters, topic metadata)
 - ``ordering``: :class:`UpstreamJobBlockingQueue`, the per-order-key gate
-- ``pull_buffer``: :class:`PullBuffer`, ready jobs, long polls, in-flight, retries, timeouts
+- ``pull_buffer``: :class:`PullBuffer`, ready jobs, long polls, in-flight jobs, ordered runs
+- ``redelivery``: :class:`Redelivery`, deadlines of jobs in flight, retries, dead-letter writes
+- ``replays``: :class:`ReplayLeases`, replayable pulls (Spark)
 - ``offsets``: :class:`OffsetTracker`, the committable prefix per queue
 - ``reader``: :class:`QueueReader`, one per queue, in order, backpressured
 - ``group``: the runtime of one consumer group (its topics, chains and readers)

@@ -55,6 +55,7 @@ class TopicConsumer:
         self.config = config
         self.broker = broker
         self.buffer = buffer
+        self.redelivery = buffer.redelivery
         self.leases = leases
         self.lease_config = lease_config
         self.membership = membership
@@ -62,6 +63,8 @@ class TopicConsumer:
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         self.chain: list[Action] = build_chain(config.actions, self)
+        #: A pull chain ends with PullServer: a job at this index has nothing else left to run.
+        self._last_action = len(self.chain) - 1
         #: One duration observer per action of the chain (set by ProxyMetrics.instrument), or None.
         self.action_timers: list[Callable[[float], None]] | None = None
         #: The topic's number of queues, once its metadata is known (0 until then).
@@ -100,9 +103,17 @@ class TopicConsumer:
         """The queues this proxy should own, from the last heartbeat."""
         return self.ownership.assigned
 
+    # the job's owner (JobOwner) ---------------------------------------------------------------
+
     def may_serve(self, qid: int) -> bool:
         """True while this proxy's lease on ``qid`` is surely valid (checked before every delivery)."""
         return self.serving and self.ownership.confirmed(qid)
+
+    def is_head(self, job: UpstreamJob) -> bool:
+        return self.blocking_queue.is_head(job)
+
+    def pull_only(self, job: UpstreamJob) -> bool:
+        return job.index == self._last_action
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -145,8 +156,12 @@ class TopicConsumer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await close_chain(self.chain)  # push workers and their connection pools
-        log.info("%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
-                 self.group, self.topic, left)
+        log.info(
+            "%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
+            self.group,
+            self.topic,
+            left,
+        )
 
     def reconfigure(self, config: TopicGroupConfig) -> None:
         """Apply settings the engine reads as it goes (see ``ddmq.proxy.reload.IN_PLACE_FIELDS``)."""
@@ -200,8 +215,13 @@ class TopicConsumer:
         await self.broker.repair_queue(self.topic, qid)
         if entry.offset is None:
             self.count("foreign_renumbered")
-            log.error("%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
-                      self.group, self.topic, qid, entry)
+            log.error(
+                "%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
+                self.group,
+                self.topic,
+                qid,
+                entry,
+            )
             return
         log.error("%s/%s#%d: %s; dead-lettering it and reading on", self.group, self.topic, qid, entry)
         await self.broker.dead_letter(self.group, self.topic, qid, entry.as_message(), 0, str(entry))
@@ -233,7 +253,7 @@ class TopicConsumer:
             if status is _ASYNC:
                 return
             if status is Status.FAIL:
-                self.buffer.dead_letter(job, job.last_error or "action failed")
+                self.redelivery.dead_letter(job, job.last_error or "action failed")
                 return
             break
         job.state = JobState.FINISHED
@@ -269,8 +289,13 @@ class ConsumerGroup:
     """A group's consumers (one per topic) sharing one PullBuffer."""
 
     def __init__(
-        self, name: str, topics: dict[str, TopicGroupConfig], broker: Broker, leases: LeaseStore,
-        lease_config: LeaseConfig, membership: Membership,
+        self,
+        name: str,
+        topics: dict[str, TopicGroupConfig],
+        broker: Broker,
+        leases: LeaseStore,
+        lease_config: LeaseConfig,
+        membership: Membership,
     ) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
@@ -288,8 +313,9 @@ class ConsumerGroup:
 
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
-        consumer = TopicConsumer(self.name, topic, config, self._broker, self.buffer, self._leases,
-                                 self._lease_config, self._membership)
+        consumer = TopicConsumer(
+            self.name, topic, config, self._broker, self.buffer, self._leases, self._lease_config, self._membership
+        )
         consumer.read_audit = self.read_audit
         return consumer
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ddmq.proxy.types import QueueId, StoredMessage
 
 if TYPE_CHECKING:
-    from ddmq.proxy.group import TopicConsumer
     from ddmq.proxy.offsets import OffsetTracker
 
 
@@ -32,6 +31,53 @@ INVALID_JSON: Any = object()
 NOT_PARSED: Any = object()
 
 
+class RetrySettings(Protocol):
+    """The settings of a job's topic that decide its redelivery."""
+
+    @property
+    def timeout_ms(self) -> int: ...
+
+    @property
+    def max_retry(self) -> int: ...
+
+    def retry_delay_ms(self, retry: int) -> int: ...
+
+
+class JobOwner(Protocol):
+    """What the pull buffer, redelivery and push actions may ask of the consumer a job belongs to
+    (:class:`~ddmq.proxy.group.TopicConsumer`): nothing deeper, so neither can reach into its chain,
+    key gate or readers."""
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def config(self) -> RetrySettings: ...
+
+    def may_serve(self, qid: int) -> bool:
+        """Whether messages of queue ``qid`` may be handed out now (its lease confirmed lately)."""
+        ...
+
+    def is_head(self, job: UpstreamJob) -> bool:
+        """Whether ``job`` is the unfinished head of its order key."""
+        ...
+
+    def pull_only(self, job: UpstreamJob) -> bool:
+        """Whether all ``job`` has left to run is PullServer (so it may join its head's run)."""
+        ...
+
+    async def dead_letter(self, job: UpstreamJob) -> None:
+        """Write ``job`` to the group's dead-letter stream (raises DdmqError when Redis fails)."""
+        ...
+
+    def finish(self, job: UpstreamJob) -> None:
+        """``job`` is done: release its key, mark its offset finished."""
+        ...
+
+
 class UpstreamJob:
     """A message plus its progress: chain position, order key, attempts, successor in its key chain."""
 
@@ -52,9 +98,7 @@ class UpstreamJob:
         "tracker",
     )
 
-    def __init__(
-        self, consumer: TopicConsumer, queue: QueueId, message: StoredMessage, tracker: OffsetTracker
-    ) -> None:
+    def __init__(self, consumer: JobOwner, queue: QueueId, message: StoredMessage, tracker: OffsetTracker) -> None:
         self.consumer = consumer
         #: Built once per queue by its reader, not per job: the buffer keys its maps by it.
         self.queue = queue

@@ -4,17 +4,12 @@ One buffer per consumer group holds:
 
 - *ready* jobs per queue, served round-robin across queues, a batch of one queue per pull;
 - *parked* long-poll requests, answered as soon as jobs are ready or empty at their linger time;
-- every unfinished job that entered the buffer, by (queue, offset), so acks and fails find it;
-- one timer task (not a handle per message) that redelivers pulled jobs not acked within
-  ``timeout_ms`` and makes failed jobs ready again after their retry interval. Pulled jobs wait in
-  a timing wheel of ``_TICK_S`` buckets and leave it when acked or failed, so the wheel holds only
-  what is in flight, whatever the throughput.
+- every unfinished job that entered the buffer, by (queue, offset), so acks and fails find it.
 
-A failed attempt (client fail, or timeout) is retried after ``retry_intervals_ms``; after
-``max_retry`` retries the job is written to the group's dead-letter stream and then finished. A job
-stays the head of its order key through all of this, so its key's order holds. Push actions
-(``AsyncHttp``, ``Redis``) report their failed attempts through :meth:`PullBuffer.retry_later`, so they
-share this schedule and dead-letter path; their retries go back to them (:meth:`route_retries`).
+Deadlines of jobs in flight, the retry schedule and dead-letter writes are the group's
+:class:`~ddmq.proxy.redelivery.Redelivery` (:attr:`PullBuffer.redelivery`); push actions report their
+failed attempts there too. A job stays the head of its order key through all of this, so its key's
+order holds. The buffer reaches a job's consumer only through :class:`~ddmq.proxy.job.JobOwner`.
 
 An ack counts only for a job that was handed to a client of the group at least once
 (``attempts > 0``); then it finishes the job whatever state it is in now (a late ack after a timeout
@@ -37,7 +32,7 @@ predecessor is unfinished is ignored (counted with the unknown acks): finishing 
 undone if the predecessor then fails.
 
 A reader that holds a key's earlier messages and reads its pulls in order (a replayable lease, see
-:mod:`ddmq.proxy.pull_leases`) may have that key's run continued in a later pull: the successors of
+:mod:`ddmq.proxy.replays`) may have that key's run continued in a later pull: the successors of
 the last message it holds join that reply as run members, after the queue's ready heads and their
 runs, or alone when no queue has ready heads.
 """
@@ -45,21 +40,20 @@ runs, or alone when no queue has ready heads.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
-import math
+import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 
-from ddmq.proxy.errors import DdmqError
 from ddmq.proxy.job import JobState, UpstreamJob
+from ddmq.proxy.redelivery import BufferStats, Redelivery
 from ddmq.proxy.types import PullBatch, QueueId
 
 log = logging.getLogger(__name__)
 
-_TICK_S = 0.02
+__all__ = ["BufferStats", "PullBuffer"]
+
 _EMPTY = PullBatch(None, [])
 
 # Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
@@ -67,21 +61,6 @@ _READY = JobState.READY
 _IN_FLIGHT = JobState.IN_FLIGHT
 _WAITING = JobState.WAITING
 _FINISHED = JobState.FINISHED
-
-
-@dataclass
-class BufferStats:
-    """Counts of what happened to a queue's messages (monotonic: exported as Prometheus counters)."""
-
-    delivered: int = 0
-    acked: int = 0
-    failed: int = 0
-    timed_out: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    unknown_acks: int = 0
-    unknown_fails: int = 0
-    late_acks: int = 0
 
 
 @dataclass(eq=False)
@@ -94,7 +73,7 @@ class _Waiter:
 
 
 class PullBuffer:
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.group = group
         #: Per queue; :attr:`stats` sums them. A queue's entry lives as long as the buffer.
         self.queue_stats: defaultdict[QueueId, BufferStats] = defaultdict(BufferStats)
@@ -105,38 +84,27 @@ class PullBuffer:
         self._runs: dict[QueueId, dict[int, UpstreamJob]] = {}  # run members in flight behind their heads
         self._waiters: deque[_Waiter] = deque()
         self._wake_scheduled = False
-        self._wheel: dict[int, set[UpstreamJob]] = {}  # tick number -> jobs in flight due then
-        self._wheel_cursor = 0  # the first tick not expired yet
-        self._retries: list[tuple[float, int, UpstreamJob]] = []
-        self._seq = itertools.count()
-        self._timer: asyncio.Task[None] | None = None
-        self._dead_letter_tasks: set[asyncio.Task[None]] = set()
-        self._requeue: dict[str, Callable[[UpstreamJob], None]] = {}  # topic -> its push action
+        self.redelivery = Redelivery(group, self.queue_stats, self._timed_out, self._make_ready, self._finish, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     # lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._timer is not None:
+        if self._loop is not None:
             raise RuntimeError("PullBuffer already started")
         self._loop = asyncio.get_running_loop()
-        self._wheel_cursor = int(self._loop.time() / _TICK_S)
-        self._timer = asyncio.create_task(self._run_timers(), name=f"pull-buffer-timers:{self.group}")
+        self.redelivery.start()
 
     async def close(self) -> None:
         """Answer parked pulls (empty), stop timers, wait for dead-letter writes under way."""
-        self._closed = True
+        self._closed = self.redelivery.closed = True
         self._answer_all_empty()
-        if self._timer is not None:
-            self._timer.cancel()
-            await asyncio.gather(self._timer, return_exceptions=True)
-        if self._dead_letter_tasks:
-            await asyncio.gather(*self._dead_letter_tasks, return_exceptions=True)
+        await self.redelivery.close()
 
     def stop_serving(self) -> None:
         """From now on pulls answer empty at once (shutdown); acks keep working."""
-        self._closed = True
+        self._closed = self.redelivery.closed = True
         self._answer_all_empty()
 
     # jobs in -----------------------------------------------------------------------------------
@@ -329,43 +297,20 @@ class PullBuffer:
         return batch, sizes
 
     def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
-        assert self._loop is not None
         if timeout_ms is None:
             timeout_ms = batch[0].consumer.config.timeout_ms
-        due = self._loop.time() + timeout_ms / 1000
-        tick = max(math.ceil(due / _TICK_S), self._wheel_cursor)
-        slot = self._wheel.get(tick)
-        if slot is None:
-            slot = self._wheel[tick] = set()
         for job in batch:
             job.state = _IN_FLIGHT
             job.attempts += 1
-            job.deadline = tick
-            slot.add(job)
+        self.redelivery.watch(batch, timeout_ms)
         self.queue_stats[batch[0].queue].delivered += len(batch)
-
-    def _time(self, job: UpstreamJob, tick: int) -> None:
-        slot = self._wheel.get(tick)
-        if slot is None:
-            slot = self._wheel[tick] = set()
-        job.deadline = tick
-        slot.add(job)
-
-    def _untime(self, job: UpstreamJob) -> None:
-        """``job`` leaves the in-flight state: take it off the wheel."""
-        slot = self._wheel.get(job.deadline)
-        if slot is not None:
-            slot.discard(job)
-            if not slot:
-                # A set never shrinks as it empties: dropped here, its table does not sit in memory until
-                # the tick passes (timeout_ms later), which grew RSS with throughput x timeout_ms.
-                del self._wheel[job.deadline]
 
     # results -----------------------------------------------------------------------------------
 
     def ack(self, queue: QueueId, offsets: Iterable[int]) -> None:
         jobs = self._jobs.get(queue)
         stats = self.queue_stats[queue]
+        unwatch = self.redelivery.unwatch
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
             if job is None and queue in self._runs:
@@ -376,7 +321,7 @@ class PullBuffer:
                 log.debug("ignoring ack for undelivered offset %s@%s of group %s", queue, offset, self.group)
                 continue
             if job.state is _IN_FLIGHT:
-                self._untime(job)
+                unwatch(job)
             else:
                 stats.late_acks += 1
             stats.acked += 1
@@ -402,15 +347,15 @@ class PullBuffer:
                 log.debug("ignoring fail for offset %s@%s not in flight (group %s)", queue, offset, self.group)
                 continue
             stats.failed += 1
-            self._untime(job)
+            self.redelivery.unwatch(job)
             self._return_run(job)
-            self._failed_attempt(job, reason)
+            self.redelivery.failed_attempt(job, reason)
 
     def _run_head(self, queue: QueueId, offset: int) -> UpstreamJob | None:
         """The run member at ``offset`` when it is its key's head now (moved to the heads), else None."""
         members = self._runs[queue]
         job = members.get(offset)
-        if job is None or not job.consumer.blocking_queue.is_head(job):
+        if job is None or not job.consumer.is_head(job):
             return None
         self._promote(job)
         return job
@@ -439,7 +384,7 @@ class PullBuffer:
         members = self._runs[member.queue]
         job: UpstreamJob | None = member
         while job is not None and job.state is _IN_FLIGHT:
-            self._untime(job)
+            self.redelivery.unwatch(job)
             job.state = _WAITING
             job.attempts -= 1
             del members[job.offset]
@@ -447,53 +392,18 @@ class PullBuffer:
         if not members:
             del self._runs[member.queue]
 
-    def route_retries(self, topic: str, requeue: Callable[[UpstreamJob], None]) -> None:
-        """Jobs of ``topic`` are pushed, not pulled: when a retry is due, hand the job to ``requeue``."""
-        self._requeue[topic] = requeue
-
-    def retry_later(self, job: UpstreamJob, reason: str) -> None:
-        """A push attempt of ``job`` failed: retry on schedule, or dead-letter after the last retry."""
-        self.queue_stats[job.queue].failed += 1
-        self._failed_attempt(job, reason)
-
-    def _failed_attempt(self, job: UpstreamJob, reason: str) -> None:
-        job.last_error = reason
-        config = job.consumer.config
-        if job.attempts > config.max_retry:
-            self.dead_letter(job, reason)
-            return
-        job.state = JobState.RETRY_WAIT
-        assert self._loop is not None
-        due = self._loop.time() + config.retry_delay_ms(job.attempts) / 1000
-        heapq.heappush(self._retries, (due, next(self._seq), job))
-
-    def dead_letter(self, job: UpstreamJob, reason: str) -> None:
-        """Write ``job`` to the dead-letter stream, then finish it (its key's successor runs next)."""
-        job.last_error = reason
-        job.state = JobState.RETRY_WAIT  # neither ready nor in flight while the write is under way
-        task = asyncio.create_task(self._dead_letter(job), name=f"dead-letter:{job.queue}@{job.offset}")
-        self._dead_letter_tasks.add(task)
-        task.add_done_callback(self._dead_letter_tasks.discard)
-
-    async def _dead_letter(self, job: UpstreamJob) -> None:
-        delay = 0.1
-        while True:
-            if job.state is JobState.FINISHED:  # acked late while we were trying
-                return
-            if self._closed and delay > 1:
-                return  # shutting down with Redis away: unfinished, so redelivered after restart
-            try:
-                await job.consumer.dead_letter(job)
-                break
-            except DdmqError as exc:
-                # Not finishing keeps the offset uncommitted: nothing is lost if we never succeed.
-                log.warning("dead-letter write for %r failed (%s); retrying in %.1fs", job, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        if not _finished(job):  # an ack may have come in during the write
-            self.queue_stats[job.queue].dead_lettered += 1
-            log.info("dead-lettered %r after %d attempts: %s", job, job.attempts, job.last_error)
-            self._finish(job)
+    def _timed_out(self, job: UpstreamJob) -> bool:
+        """In-flight ``job`` passed its deadline: a failed attempt, its run's later members returned.
+        False for a run member behind its key's unfinished head: the head, due with it, returns it."""
+        members = self._runs.get(job.queue)
+        if members is not None and job.offset in members:
+            if not job.consumer.is_head(job):
+                return False
+            self._promote(job)
+        self.queue_stats[job.queue].timed_out += 1
+        self._return_run(job)
+        self.redelivery.failed_attempt(job, f"not acked within {job.consumer.config.timeout_ms} ms")
+        return True
 
     def _finish(self, job: UpstreamJob) -> None:
         job.state = _FINISHED
@@ -508,7 +418,7 @@ class PullBuffer:
         dropped = [*self._jobs.pop(queue, {}).values(), *self._runs.pop(queue, {}).values()]
         for job in dropped:
             if job.state is JobState.IN_FLIGHT:
-                self._untime(job)
+                self.redelivery.unwatch(job)
             job.state = JobState.FINISHED
         ready = self._ready.pop(queue, None)
         if ready:
@@ -518,50 +428,6 @@ class PullBuffer:
             except ValueError:
                 pass
         return dropped
-
-    # timers ------------------------------------------------------------------------------------
-
-    async def _run_timers(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(_TICK_S)
-            try:
-                self._expire(loop.time())
-            except Exception:  # a bug here must not stop redelivery forever
-                log.exception("pull buffer timer failed for group %s", self.group)
-
-    def _expire(self, now: float) -> None:
-        current = int(now / _TICK_S)
-        wheel = self._wheel
-        for tick in range(self._wheel_cursor, current + 1):
-            slot = wheel.pop(tick, None)
-            if not slot:
-                continue
-            behind: list[UpstreamJob] = []
-            for job in slot:
-                if job.state is JobState.IN_FLIGHT:
-                    if job.queue in self._runs and job.offset in self._runs[job.queue]:
-                        if not job.consumer.blocking_queue.is_head(job):
-                            behind.append(job)  # its run's unfinished head, due with it, returns it
-                            continue
-                        self._promote(job)
-                    self.queue_stats[job.queue].timed_out += 1
-                    self._return_run(job)
-                    self._failed_attempt(job, f"not acked within {job.consumer.config.timeout_ms} ms")
-            for job in behind:
-                if job.state is _IN_FLIGHT:  # not returned by its head: must not stay in flight untimed
-                    self._time(job, current + 1)
-        self._wheel_cursor = current + 1
-        retries = self._retries
-        while retries and retries[0][0] <= now:
-            _, _, job = heapq.heappop(retries)
-            if job.state is JobState.RETRY_WAIT:
-                self.queue_stats[job.queue].retried += 1
-                requeue = self._requeue.get(job.queue.topic)
-                if requeue is None:
-                    self._make_ready(job)
-                else:
-                    requeue(job)
 
     # views -------------------------------------------------------------------------------------
 
@@ -607,16 +473,6 @@ class PullBuffer:
         return sum(len(jobs) for jobs in self._jobs.values()) + sum(len(m) for m in self._runs.values())
 
     @property
-    def timed(self) -> int:
-        """Jobs on the timing wheel: equals in-flight jobs, however many were delivered before."""
-        return sum(len(slot) for slot in self._wheel.values())
-
-    @property
-    def wheel_ticks(self) -> int:
-        """Ticks of the timing wheel holding jobs (a tick whose jobs were all acked is dropped)."""
-        return len(self._wheel)
-
-    @property
     def parked(self) -> int:
         return sum(1 for w in self._waiters if not w.future.done())
 
@@ -624,21 +480,13 @@ class PullBuffer:
 def _may_join(successor: UpstreamJob, queue: QueueId) -> bool:
     """Whether ``successor`` may go out in its head's run: waiting, of the reply's queue, and with
     nothing left to run but PullServer (a chain with actions after Order runs them on the head only)."""
-    return (
-        successor.state is _WAITING
-        and successor.queue == queue
-        and successor.index == len(successor.consumer.chain) - 1
-    )
+    return successor.state is _WAITING and successor.queue == queue and successor.consumer.pull_only(successor)
 
 
 def _may_continue(held: UpstreamJob) -> bool:
     """Whether a reader holding ``held`` may get the messages behind it: still in flight on its first
     delivery (a message out again after a failed attempt goes alone, as a head does)."""
     return held.state is _IN_FLIGHT and held.attempts == 1 and held.next is not None
-
-
-def _finished(job: UpstreamJob) -> bool:
-    return job.state is JobState.FINISHED
 
 
 def _resolve(future: asyncio.Future[PullBatch], batch: PullBatch) -> None:

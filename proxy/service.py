@@ -42,8 +42,8 @@ from ddmq.proxy.http_server import HttpServer
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
 from ddmq.proxy.metrics import ProxyMetrics
-from ddmq.proxy.pull_leases import PullLeases
 from ddmq.proxy.reload import ConfigChange, apply_config
+from ddmq.proxy.replays import ReplayLeases
 from ddmq.proxy.requests import Endpoint, RequestRules, batch_size, in_group, per_key, result_offsets
 from ddmq.proxy.thrift_server import ThriftServer
 from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueId, QueueResult
@@ -84,7 +84,8 @@ class ProxyService:
         self._low_level: LowLevelApi | None = None
         self._audit: ReadAudit | None = None
         self._committer: asyncio.Task[None] | None = None
-        self._leases: dict[str, PullLeases] = {}
+        #: Per group: its replay leases (Spark's replayable pulls); ``leases`` are the queue leases.
+        self.replays: dict[str, ReplayLeases] = {}
         self._state = "new"
         self._closed = asyncio.Event()
         self._reloading = asyncio.Lock()
@@ -323,7 +324,7 @@ class ProxyService:
             timeout_ms = lease.timeout_ms
             if timeout_ms is None:
                 timeout_ms = max(c.config.timeout_ms for c in consumers)
-            answer = await self._pull_leases(consumer_group).pull(
+            answer = await self._replays(consumer_group).pull(
                 lease.lease_id, lease.pull_index, timeout_ms, topic, batch, linger, run
             )
         else:
@@ -331,14 +332,14 @@ class ProxyService:
         self.metrics.observe_pull(group, answer, perf_counter() - started)
         return answer
 
-    def _pull_leases(self, group: ConsumerGroup) -> PullLeases:
-        leases = self._leases.get(group.name)
-        if leases is None:
-            leases = self._leases[group.name] = PullLeases(group.buffer)
-        return leases
+    def _replays(self, group: ConsumerGroup) -> ReplayLeases:
+        replays = self.replays.get(group.name)
+        if replays is None:
+            replays = self.replays[group.name] = ReplayLeases(group.buffer)
+        return replays
 
     async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
-        return self._pull_leases(self._group(group)).ack(lease_ids)
+        return self._replays(self._group(group)).ack(lease_ids)
 
     async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
         if group is not None:

@@ -51,7 +51,7 @@ class PullBatch(NamedTuple):
 
 class PullLease(NamedTuple):
     """A replayable pull: pull number ``pull_index`` of lease ``lease_id``, held ``timeout_ms`` (None:
-    the topic's ``timeout_ms``) until acked. See :mod:`ddmq.proxy.pull_leases`."""
+    the topic's ``timeout_ms``) until acked. See :mod:`ddmq.proxy.replays`."""
 
     lease_id: str
     pull_index: int

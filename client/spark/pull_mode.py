@@ -2,7 +2,7 @@
 
 Offsets are micro-batch numbers, ``{"seq": n, "flush": bool, "parts": P, "rows": R}``. Batch ``n`` has
 ``P`` partitions; partition ``p`` pulls up to ``R`` messages under the lease ``<consumerId>/<n>/<p>``
-from server ``p mod len(servers)`` (see :mod:`ddmq.proxy.pull_leases`), so every read of it (each
+from server ``p mod len(servers)`` (see :mod:`ddmq.proxy.replays`), so every read of it (each
 action of a ``foreachBatch``, a task retry, a rerun after a restart) sees the same rows. Nothing is
 acked until Spark has committed the batch:
 

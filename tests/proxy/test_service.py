@@ -251,12 +251,12 @@ async def test_memory_for_timeouts_is_bounded_by_what_is_in_flight(redis_url: st
         while delivered < 500:
             batch = await pull(service, max_batch=50, results=results)
             delivered += len(batch.messages)
-            assert buffer.timed == buffer.in_flight == len(batch.messages)
-            assert buffer.wheel_ticks == 1  # the acked batches' ticks are gone, not left empty
+            assert buffer.redelivery.timed == buffer.in_flight == len(batch.messages)
+            assert buffer.redelivery.wheel_ticks == 1  # the acked batches' ticks are gone, not left empty
             results = ack(batch)
         await service.submit(results)
         # Everything acked long before its 60 s deadline: nothing is left to time out.
-        assert buffer.timed == 0 and buffer.held == 0 and buffer.wheel_ticks == 0
+        assert buffer.redelivery.timed == 0 and buffer.held == 0 and buffer.redelivery.wheel_ticks == 0
 
 
 async def test_concurrency_bounds_unfinished_jobs_across_all_readers(redis_url: str) -> None:

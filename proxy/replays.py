@@ -1,10 +1,14 @@
-"""PullLeases: replayable pulls, for readers that may read the same batch more than once (Spark).
+"""ReplayLeases: replayable pulls, for readers that may read the same batch more than once (Spark).
+
+A *replay lease* (named by the client: ``PullRequest.leaseId``) is unrelated to the queue leases of
+:mod:`ddmq.proxy.leases`, which decide which proxy reads a queue.
+
 
 A pull that names a lease (``PullRequest.leaseId`` + ``leaseIndex``) is remembered: the first pull of
 ``(lease, index)`` takes messages from the group's :class:`~ddmq.proxy.pull_buffer.PullBuffer` as
 usual (they stay in flight for the lease's timeout instead of the topic's ``timeout_ms``), and every
 later pull of the same ``(lease, index)`` answers the very same messages, until the lease is acked
-(:meth:`PullLeases.ack`) or expires. An empty answer is remembered too, so a replay stops where the
+(:meth:`ReplayLeases.ack`) or expires. An empty answer is remembered too, so a replay stops where the
 first read stopped.
 
 Why: a Spark task may read its partition several times (each action of ``foreachBatch``, task
@@ -76,14 +80,14 @@ class _Lease:
         return all(job.state is JobState.IN_FLIGHT and job.attempts == attempts for job, attempts in self.jobs)
 
 
-class PullLeases:
-    """The leases of one consumer group, on top of its pull buffer."""
+class ReplayLeases:
+    """The replay leases of one consumer group, on top of its pull buffer."""
 
     def __init__(self, buffer: PullBuffer) -> None:
         self._buffer = buffer
         self._leases: dict[str, _Lease] = {}
         self._next_sweep = 0.0
-        self.replays = 0
+        self.replayed = 0
         self.dropped = 0
 
     def __len__(self) -> int:
@@ -116,10 +120,10 @@ class PullLeases:
             if index > 0:
                 return _EMPTY  # unknown (acked, or swept long ago): a reader continuing it stops here
             if len(self._leases) >= MAX_LEASES_PER_GROUP:
-                raise UnavailableError(f"too many pull leases ({MAX_LEASES_PER_GROUP}) in group {self._buffer.group}")
+                raise UnavailableError(f"too many replay leases ({MAX_LEASES_PER_GROUP}) in group {self._buffer.group}")
             lease = self._leases[lease_id] = _Lease(now + timeout_ms / 1000, timeout_ms / 1000)
         if index < len(lease.batches):
-            self.replays += 1
+            self.replayed += 1
             future = lease.batches[index]
             try:
                 return await asyncio.shield(future)
@@ -187,7 +191,7 @@ class PullLeases:
         lease.batches.clear()
         lease.jobs.clear()
         self.dropped += 1
-        log.debug("pull lease of group %s dropped: %s", self._buffer.group, why)
+        log.debug("replay lease of group %s dropped: %s", self._buffer.group, why)
 
 
 def _tails(tails: list[UpstreamJob], taken: list[UpstreamJob]) -> list[UpstreamJob]:

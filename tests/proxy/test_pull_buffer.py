@@ -1,0 +1,171 @@
+"""The pull buffer on its own (a fake owner, a fake clock, no Redis): queues, long polls, results, runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from ddmq.proxy.job import JobState, UpstreamJob
+from ddmq.proxy.pull_buffer import PullBuffer
+from ddmq.proxy.types import PullBatch, QueueId
+
+from .engine_fakes import Clock, Owner
+
+Q0 = QueueId("t", 0)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def buffer(clock: Clock) -> AsyncIterator[PullBuffer]:
+    buffer = PullBuffer("g", clock)
+    buffer.start()
+    yield buffer
+    await buffer.close()
+
+
+@pytest.fixture
+def owner(buffer: PullBuffer) -> Owner:
+    return Owner(buffer, retry_intervals_ms=[100], max_retry=3)
+
+
+def picked(batch: PullBatch) -> list[tuple[int, int]]:
+    """(qid, offset) of each message of ``batch``."""
+    assert batch.queue is not None
+    return [(batch.queue.qid, m.offset) for m in batch.messages]
+
+
+def keys(batch: PullBatch) -> list[str]:
+    return [m.key for m in batch.messages]
+
+
+async def pull(
+    buffer: PullBuffer, max_batch: int = 10, per_key: int = 1, held: Sequence[UpstreamJob] = ()
+) -> PullBatch:
+    return await buffer.pull(None, max_batch, 0, None, per_key, held)
+
+
+async def test_pulls_go_round_robin_over_the_queues_with_ready_jobs(buffer: PullBuffer, owner: Owner) -> None:
+    for i in range(3):
+        owner.job(f"a{i}", qid=0)
+    for i in range(2):
+        owner.job(f"b{i}", qid=1)
+    assert picked(await pull(buffer, max_batch=2)) == [(0, 0), (0, 1)]
+    assert picked(await pull(buffer, max_batch=2)) == [(1, 0), (1, 1)]
+    assert picked(await pull(buffer, max_batch=2)) == [(0, 2)]
+    assert (await pull(buffer)).messages == []
+
+
+async def test_a_parked_pull_is_answered_when_a_job_arrives(buffer: PullBuffer, owner: Owner) -> None:
+    parked = asyncio.create_task(buffer.pull(None, 10, 60_000))
+    while not buffer.parked:  # noqa: ASYNC110  (the pull parks on its first step)
+        await asyncio.sleep(0)
+    job = owner.job("a")
+    assert picked(await parked) == [(0, job.offset)]
+    assert job.state is JobState.IN_FLIGHT
+
+
+async def test_a_parked_pull_answers_empty_at_its_linger(buffer: PullBuffer, owner: Owner) -> None:
+    batch = await buffer.pull(None, 10, 10)
+    assert batch.queue is None and batch.messages == []
+    assert buffer.parked == 0
+
+
+async def test_nothing_of_a_queue_goes_out_while_it_may_not_be_served(buffer: PullBuffer, owner: Owner) -> None:
+    owner.unconfirmed.add(0)
+    owner.job("a", qid=0)
+    owner.job("b", qid=1)
+    assert picked(await pull(buffer)) == [(1, 0)]
+    assert (await pull(buffer)).messages == []
+    owner.unconfirmed.clear()
+    assert picked(await pull(buffer)) == [(0, 0)]
+
+
+async def test_results_for_offsets_not_out_are_counted_and_ignored(buffer: PullBuffer, owner: Owner) -> None:
+    out = owner.job("a")
+    await pull(buffer)
+    ready = owner.job("b")
+    buffer.ack(Q0, [999, ready.offset])
+    buffer.fail(Q0, [998, ready.offset])
+    stats = buffer.queue_stats[Q0]
+    assert (stats.unknown_acks, stats.unknown_fails, stats.acked, stats.failed) == (2, 2, 0, 0)
+    assert ready.state is JobState.READY and owner.finished == []
+    buffer.ack(Q0, [out.offset])
+    assert owner.finished == [out] and stats.acked == 1
+
+
+async def test_a_fail_makes_the_job_ready_again_after_its_retry_delay(
+    buffer: PullBuffer, owner: Owner, clock: Clock
+) -> None:
+    job = owner.job("a")
+    await pull(buffer)
+    buffer.fail(Q0, [job.offset])
+    assert job.state is JobState.RETRY_WAIT and (await pull(buffer)).messages == []
+    buffer.redelivery.expire(clock.advance(0.1))
+    assert picked(await pull(buffer)) == [(0, job.offset)] and job.attempts == 2
+
+
+async def test_a_run_carries_a_keys_messages_consecutively_in_key_order(buffer: PullBuffer, owner: Owner) -> None:
+    for key in ("a", "b", "a", "c", "b", "a", "a"):
+        owner.job(key)
+    batch = await pull(buffer, per_key=3)
+    assert keys(batch) == ["a", "a", "a", "b", "b", "c"]
+    assert [m.offset for m in batch.messages] == [0, 2, 5, 1, 4, 3]
+    assert batch.runs == [3, 2, 1]
+    assert (await pull(buffer, per_key=3)).messages == []  # a's fourth waits behind its run
+
+
+async def test_a_reply_without_room_for_runs_carries_heads_only(buffer: PullBuffer, owner: Owner) -> None:
+    for key in ("a", "b", "a"):
+        owner.job(key)
+    batch = await pull(buffer, max_batch=2, per_key=3)
+    assert keys(batch) == ["a", "b"] and batch.runs is None
+
+
+async def test_a_fail_inside_a_run_returns_the_rest_behind_the_failed_message(
+    buffer: PullBuffer, owner: Owner, clock: Clock
+) -> None:
+    first, second, third = owner.job("a"), owner.job("a"), owner.job("a")
+    await pull(buffer, per_key=3)
+    buffer.ack(Q0, [first.offset])
+    buffer.fail(Q0, [second.offset])
+    assert second.state is JobState.RETRY_WAIT
+    assert third.state is JobState.WAITING and third.attempts == 0  # not an attempt of its own
+    assert buffer.redelivery.timed == 0
+    buffer.ack(Q0, [third.offset])  # not out any more: ignored
+    assert third.state is JobState.WAITING
+    buffer.redelivery.expire(clock.advance(0.1))
+    batch = await pull(buffer, per_key=3)
+    assert [m.offset for m in batch.messages] == [second.offset]  # out again after a fail: alone
+    buffer.ack(Q0, [second.offset])
+    assert [m.offset for m in (await pull(buffer, per_key=3)).messages] == [third.offset]
+    buffer.ack(Q0, [third.offset])
+    assert owner.finished == [first, second, third]
+
+
+async def test_a_timeout_inside_a_run_returns_the_rest(buffer: PullBuffer, owner: Owner, clock: Clock) -> None:
+    first, second = owner.job("a"), owner.job("a")
+    await buffer.pull(None, 10, 0, 1000, 2)
+    buffer.redelivery.expire(clock.advance(2))
+    assert first.state is JobState.RETRY_WAIT and second.state is JobState.WAITING
+    assert buffer.queue_stats[Q0].timed_out == 1 and buffer.redelivery.timed == 0
+
+
+async def test_a_held_keys_run_continues_in_a_later_pull(buffer: PullBuffer, owner: Owner) -> None:
+    first = owner.job("a")
+    owner.job("a")
+    owner.job("a")
+    owner.job("b")
+    batch = await pull(buffer, max_batch=1, per_key=3)
+    assert [m.offset for m in batch.messages] == [first.offset]
+    assert keys(await pull(buffer, max_batch=1, per_key=3)) == ["b"]
+    assert (await pull(buffer, per_key=3)).messages == []  # without what it holds: nothing
+    batch = await pull(buffer, per_key=3, held=[first])
+    assert [m.offset for m in batch.messages] == [1, 2] and batch.runs == [2]
+    buffer.ack(Q0, [0, 1, 2])
+    assert [job.offset for job in owner.finished] == [0, 1, 2]
