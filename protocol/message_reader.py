@@ -105,7 +105,11 @@ def read_messages(reader: CompactReader, count: int) -> list[Message]:
             # value: any length (bodies are often 128 bytes or more)
             if data[end] != value_header:
                 raise _OtherLayout
-            size, pos = read_varint(data, end + 1)
+            size = data[end + 1]
+            if size & 0x80:
+                size, pos = read_varint(data, end + 1)
+            else:  # a body under 128 bytes: no call for its length
+                pos = end + 2
             end = pos + size
             value = data[pos:end]
             # tag, as the key

@@ -25,6 +25,7 @@ from ddmq.protocol.layout import (
     CompactType,
     VarintTooLongError,
     read_varint,
+    read_zigzag_varints,
     split_spec,
 )
 from ddmq.protocol.message_reader import read_message, read_messages
@@ -311,13 +312,8 @@ class CompactReader:
 
     def _zigzag_list(self, size: int) -> list[int]:
         data = self._data
-        pos = self._pos
-        items: list[int] = []
-        append = items.append
         try:
-            for _ in range(size):
-                result, pos = read_varint(data, pos)
-                append((result >> 1) ^ -(result & 1))
+            items, pos = read_zigzag_varints(data, self._pos, size)
         except IndexError:
             raise FrameDecodeError(f"payload truncated at byte {len(data)}") from None
         except VarintTooLongError as exc:
