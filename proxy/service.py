@@ -349,8 +349,9 @@ class ProxyService:
 
     def _linger(self, linger_ms: int | None, rules: RequestRules | None) -> int:
         """The wait a request gets: as the rules bound it, none once shutdown began (parked pulls
-        are answered then, and new ones must not park)."""
-        if self._state != "running":
+        are answered then, and new ones must not park). A pull that arrives while the service is
+        still starting (the Thrift server listens before the HTTP server) waits like any other."""
+        if self._state not in ("starting", "running"):
             return 0
         return (rules or self.rules).linger(linger_ms)
 
