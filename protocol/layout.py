@@ -114,6 +114,10 @@ def _varint_loop(n: int) -> bytes:
 # bytes long, and a byte-at-a-time loop over them would be a large part of the pull reply encoder's time.
 _LAST14: Final = [_varint_loop(n) for n in range(1 << 14)]  # a final chunk: 1 or 2 bytes
 _MORE14: Final = [bytes(((n & 0x7F) | 0x80, (n >> 7) | 0x80)) for n in range(1 << 14)]  # 2 bytes, more follow
+#: ``SHORT_VARINTS[n]`` is ``varint(n)`` for ``n`` below :data:`SHORT_VARINT_LIMIT`: an encoder that writes
+#: many short lengths looks them up instead of calling :func:`varint` for each.
+SHORT_VARINTS: Final = _LAST14
+SHORT_VARINT_LIMIT: Final = 1 << 14
 
 
 def varint(n: int) -> bytes:

@@ -27,12 +27,13 @@ from ddmq.protocol.layout import (
     PRODUCE_TIME_HEADER,
     PROPERTIES_HEADER,
     PROTOCOL_ID,
+    SHORT_VARINT_LIMIT,
+    SHORT_VARINTS,
     TAG_HEADER,
     VALUE_HEADER,
     VERSION,
     shape,
     varint,
-    zigzag64,
 )
 from ddmq.protocol.structs import ConsumerService, Context, Message, PullResponse
 from ddmq.protocol.writer import encode
@@ -110,28 +111,29 @@ _MESSAGE: Final = b"%c%%b%%b%c%%b%%b%c%%b%%b%c%%b%c%%b%c%%b\x00" % (
 )
 
 
-def _i64(n: int) -> bytes:
-    if not _I64_MIN <= n <= _I64_MAX:
-        raise ValueError(f"{n} does not fit a thrift i64")
-    return zigzag64(n)
-
-
 def encode_message(message: ReplyMessage) -> bytes:
     """One ``Message`` struct as the reply carries it (properties always present, maybe empty)."""
     key = message.key.encode("utf-8")
     value = message.value
     tag = message.tag.encode("utf-8")
     properties = message.properties
+    offset = message.offset
+    produced = message.produce_ms
+    if not (_I64_MIN <= offset <= _I64_MAX and _I64_MIN <= produced <= _I64_MAX):
+        raise ValueError(f"offset {offset} or produce time {produced} does not fit a thrift i64")
+    # Written out rather than a zigzag or varint call per field: this runs once per message delivered.
+    # Lengths below 2^14 (nearly all) are looked up.
+    n_key, n_value, n_tag = len(key), len(value), len(tag)
     return _MESSAGE % (
-        varint(len(key)),
+        SHORT_VARINTS[n_key] if n_key < SHORT_VARINT_LIMIT else varint(n_key),
         key,
-        varint(len(value)),
+        SHORT_VARINTS[n_value] if n_value < SHORT_VARINT_LIMIT else varint(n_value),
         value,
-        varint(len(tag)),
+        SHORT_VARINTS[n_tag] if n_tag < SHORT_VARINT_LIMIT else varint(n_tag),
         tag,
-        _i64(message.offset),
+        varint((offset << 1) ^ (offset >> 63)),
         _encode_properties(properties) if properties else _EMPTY_MAP,
-        _i64(message.produce_ms),
+        varint((produced << 1) ^ (produced >> 63)),
     )
 
 

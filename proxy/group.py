@@ -76,6 +76,8 @@ class TopicConsumer:
         self._tags = frozenset(config.tags)
         self._room = asyncio.Event()
         self._room.set()
+        #: True while a reader waits for room: finish() reads a plain attribute, not Event.is_set().
+        self._short_of_room = False
         self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -171,6 +173,7 @@ class TopicConsumer:
         self._tags = frozenset(config.tags)
         self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
         if self.unfinished < config.concurrency:
+            self._short_of_room = False
             self._room.set()
 
     # reading -----------------------------------------------------------------------------------
@@ -181,29 +184,38 @@ class TopicConsumer:
             room = self.config.concurrency - self.unfinished
             if room > 0:
                 return room
+            self._short_of_room = True
             self._room.clear()
             await self._room.wait()
 
     async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None:
         """Messages read from ``queue``, in order (one read's batch: one call, not one per message)."""
         tracker = self.trackers[queue.qid]
+        track = tracker.track
         tags = self._tags
         counters = self.counters
-        for message in messages:
-            if self.unfinished >= self.config.concurrency:
-                # Several readers size their reads before the others' land: hold the rest of this
-                # batch (untracked, so a stop here loses nothing) until there is room again.
-                await self.wait_for_room()
-            if tracker.track(message.offset):
-                counters["skipped_finished"] += 1  # a previous owner finished it
-                continue
-            if tags and message.tag not in tags:
-                tracker.finish(message.offset)
-                counters["filtered"] += 1
-                continue
-            self.unfinished += 1
-            counters["read"] += 1
-            self.run(UpstreamJob(self, queue, message, tracker))
+        run = self.run
+        concurrency = self.config.concurrency
+        read = 0
+        try:
+            for message in messages:
+                if self.unfinished >= concurrency:
+                    # Several readers size their reads before the others' land: hold the rest of this
+                    # batch (untracked, so a stop here loses nothing) until there is room again.
+                    await self.wait_for_room()
+                    concurrency = self.config.concurrency  # a reload may have changed it meanwhile
+                if track(message.offset):
+                    counters["skipped_finished"] += 1  # a previous owner finished it
+                    continue
+                if tags and message.tag not in tags:
+                    tracker.finish(message.offset)
+                    counters["filtered"] += 1
+                    continue
+                self.unfinished += 1
+                read += 1
+                run(UpstreamJob(self, queue, message, tracker))
+        finally:
+            counters["read"] += read
 
     async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None:
         """The queue's next entry was not written by the ddmq producer. An entry with an id ``0-<n>``
@@ -278,7 +290,8 @@ class TopicConsumer:
         self.blocking_queue.release(job)
         job.tracker.finish(job.offset)
         self.unfinished -= 1
-        if not self._room.is_set() and self.unfinished <= self.config.concurrency - self._refill:
+        if self._short_of_room and self.unfinished <= self.config.concurrency - self._refill:
+            self._short_of_room = False
             self._room.set()
 
     async def dead_letter(self, job: UpstreamJob) -> None:

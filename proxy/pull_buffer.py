@@ -309,12 +309,20 @@ class PullBuffer:
 
     def ack(self, queue: QueueId, offsets: Iterable[int]) -> None:
         jobs = self._jobs.get(queue)
+        members = self._runs.get(queue)
         stats = self.queue_stats[queue]
         unwatch = self.redelivery.unwatch
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
-            if job is None and queue in self._runs:
-                job = self._run_head(queue, offset)
+            if job is None and members is not None:
+                # A run member counts once it is its key's head (what was ahead of it finished, maybe
+                # earlier in this very list); finished from here, it need not move to the heads first.
+                job = members.get(offset)
+                if job is not None:
+                    if job.consumer.is_head(job):
+                        del members[offset]
+                    else:
+                        job = None
             if job is None or not job.attempts or job.state is _FINISHED:
                 # Never handed out (or not held): finishing it would erase a message nobody processed.
                 stats.unknown_acks += 1
@@ -326,6 +334,8 @@ class PullBuffer:
                 stats.late_acks += 1
             stats.acked += 1
             self._finish(job)
+        if members is not None and not members and self._runs.get(queue) is members:
+            del self._runs[queue]
 
     def fail(self, queue: QueueId, offsets: Iterable[int], reason: str = "client reported failure") -> None:
         jobs = self._jobs.get(queue)
