@@ -17,6 +17,7 @@ from typing import Any
 
 from bench.report import Row, cpu_available, format_table, load_average, meta
 from bench.scenarios import SCENARIOS, Settings
+from bench.scenarios.throughput import PROFILED_ROWS
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -33,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--only", default="", help=f"comma-separated scenario ids ({','.join(SCENARIOS)}); default all")
     parser.add_argument(
-        "--profile", nargs="?", const="P1", default=None, choices=["P1", "P1j", "P1q"], metavar="ROW",
-        help="profile the proxy of one throughput row (P1, P1j or P1q; default P1): py-spy flame graph "
+        "--profile", nargs="?", const="P1", default=None, choices=PROFILED_ROWS, metavar="ROW",
+        help=f"profile the proxy of one throughput row ({', '.join(PROFILED_ROWS)}; default P1): py-spy flame graph "
         "(else pyinstrument HTML) in the results folder, named after the row",
     )
     return parser

@@ -142,6 +142,19 @@ def _spread(rates: list[float]) -> float:
     return (max(rates) - min(rates)) / 2 / (sum(rates) / len(rates))
 
 
+#: The rows ``--profile`` can name.
+PROFILED_ROWS = ("P1", "P1j", "P1q", "P1-runs", "P1q-runs")
+
+
+def _profiler(settings: Settings, row_id: str) -> Profiler | None:
+    """A profiler for ``row_id``'s proxy when ``--profile`` named that row."""
+    if settings.profile != row_id:
+        return None
+    profiler = Profiler(settings.results_dir, f"{row_id.lower()}-profile")
+    log(f"{row_id}: profiling the proxy with {profiler.tool or '(no profiler installed)'}")
+    return profiler
+
+
 def throughput(settings: Settings) -> list[Row]:
     messages = settings.size(30_000, 200_000)
     rows = []
@@ -152,21 +165,17 @@ def throughput(settings: Settings) -> list[Row]:
             row_id = ROW_IDS[variant]
             log(f"{row_id}: baseline XREADGROUP+XACK drains")
             before = drain_baseline(redis_server, [f"raw-{row_id}-a{i}" for i in range(BASELINE_RUNS)], messages)
-            profiler = None
-            if settings.profile == row_id:
-                profiler = Profiler(settings.results_dir, f"{row_id.lower()}-profile")
-                log(f"{row_id}: profiling the proxy with {profiler.tool or '(no profiler installed)'}")
             log(f"{row_id}: proxy drain, order_key {order_key}")
             proxy = drain_via_proxy(
                 redis_server, f"cg-{row_id}", messages, {"actions": actions, "order_key": order_key},
-                profiler=profiler,
+                profiler=_profiler(settings, row_id),
             )
             runs = None
             if row_id in RUNS_TARGETS:
                 log(f"{row_id}-runs: proxy drain, order_key {order_key}, maxPerKey {RUNS_PER_KEY}")
                 runs = drain_via_proxy(
                     redis_server, f"cg-{row_id}-runs", messages, {"actions": actions, "order_key": order_key},
-                    max_per_key=RUNS_PER_KEY,
+                    max_per_key=RUNS_PER_KEY, profiler=_profiler(settings, f"{row_id}-runs"),
                 )
             log(f"{row_id}: baseline drains again")
             after = drain_baseline(redis_server, [f"raw-{row_id}-b{i}" for i in range(BASELINE_RUNS)], messages)
