@@ -17,6 +17,7 @@ from ddmq.protocol.layout import (
     STRING_MAP_SPEC,
     TAG_HEADER,
     VALUE_HEADER,
+    VARINT_MAX_BYTES,
     CompactType,
     VarintTooLongError,
     read_varint,
@@ -92,6 +93,7 @@ def read_messages(reader: CompactReader, count: int) -> list[Message]:
     # the layout's field headers as locals: this loop runs for every message of a reply
     key_header, value_header, tag_header = KEY_HEADER, VALUE_HEADER, TAG_HEADER
     offset_header, properties_header, produce_time_header = OFFSET_HEADER, PROPERTIES_HEADER, PRODUCE_TIME_HEADER
+    stop, max_shift = CompactType.STOP, 7 * VARINT_MAX_BYTES
     messages: list[Message] = []
     append = messages.append
     for _ in range(count):
@@ -117,16 +119,36 @@ def read_messages(reader: CompactReader, count: int) -> list[Message]:
                 raise _OtherLayout
             pos = end + 2 + data[end + 1]
             tag = data[end + 2 : pos]
-            # offset: a zigzag varint
+            # offset and, after an empty properties map, produceTime: zigzag varints. read_varint's
+            # loop is written out here (twice) because a call per varint costs a tenth of this loop.
             if data[pos] != offset_header:
                 raise _OtherLayout
-            number, pos = read_varint(data, pos + 1)
+            pos += 1
+            number = shift = 0
+            while True:
+                byte = data[pos]
+                pos += 1
+                number |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+                if shift >= max_shift:
+                    raise _OtherLayout
             offset = (number >> 1) ^ -(number & 1)
-            # properties: an empty map; then produceTime
             if data[pos] != properties_header or data[pos + 1] != 0 or data[pos + 2] != produce_time_header:
                 raise _OtherLayout
-            number, pos = read_varint(data, pos + 3)
-            if data[pos] != CompactType.STOP:  # also proves no slice above ran past the payload
+            pos += 3
+            number = shift = 0
+            while True:
+                byte = data[pos]
+                pos += 1
+                number |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+                if shift >= max_shift:
+                    raise _OtherLayout
+            if data[pos] != stop:  # also proves no slice above ran past the payload
                 raise _OtherLayout
             pos += 1
         except (_OtherLayout, IndexError, VarintTooLongError):
