@@ -263,19 +263,8 @@ class PullBuffer:
         continued = [[job] for job in held if job.queue == queue and _may_continue(job)]
         growing += [(run, max_per_key + 1) for run in continued]
         room = max_batch - len(heads)
-        while room and growing:
-            still = []
-            for run, limit in growing:
-                successor = run[-1].next
-                if successor is None or not _may_join(successor, queue):
-                    continue
-                run.append(successor)
-                room -= 1
-                if not room:
-                    break
-                if len(run) < limit:
-                    still.append((run, limit))
-            growing = still
+        if growing:
+            room = _grow(growing, queue, room)
         if len(heads) + room == max_batch:  # no successor joined
             return heads, None
         members = self._runs.get(queue)
@@ -487,10 +476,43 @@ class PullBuffer:
         return sum(1 for w in self._waiters if not w.future.done())
 
 
-def _may_join(successor: UpstreamJob, queue: QueueId) -> bool:
-    """Whether ``successor`` may go out in its head's run: waiting, of the reply's queue, and with
-    nothing left to run but PullServer (a chain with actions after Order runs them on the head only)."""
-    return successor.state is _WAITING and successor.queue == queue and successor.consumer.pull_only(successor)
+def _grow(growing: list[tuple[list[UpstreamJob], int]], queue: QueueId, room: int) -> int:
+    """Append to each run (a key's messages so far, and its size limit) the successors waiting behind
+    it, one per key per round while ``room`` lasts; returns the room left. A successor joins while it
+    waits in the chain, belongs to the reply's queue and has nothing left to run but PullServer (the
+    actions after Order run on a key's head only)."""
+    if len(growing) == 1:
+        # One key grows (QID order, a hot key): walk its chain, without the rounds across keys. A chain
+        # lives in one consumer's key gate, so its jobs share that owner.
+        run, limit = growing[0]
+        job = run[-1]
+        pull_only = job.consumer.pull_only
+        for _ in range(min(room, limit - len(run))):
+            successor = job.next
+            if successor is None or successor.state is not _WAITING or successor.queue != queue:
+                break
+            if not pull_only(successor):
+                break
+            run.append(successor)
+            room -= 1
+            job = successor
+        return room
+    while room and growing:
+        still = []
+        for run, limit in growing:
+            successor = run[-1].next
+            if successor is None or successor.state is not _WAITING or successor.queue != queue:
+                continue
+            if not successor.consumer.pull_only(successor):
+                continue
+            run.append(successor)
+            room -= 1
+            if not room:
+                break
+            if len(run) < limit:
+                still.append((run, limit))
+        growing = still
+    return room
 
 
 def _may_continue(held: UpstreamJob) -> bool:
