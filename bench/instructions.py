@@ -1,0 +1,193 @@
+"""Instructions per message of the proxy's engine path, counted by valgrind's callgrind.
+
+``python bench/instructions.py [--order-key KEY|QID] [--max-per-key N] [--thrift]``
+
+CPU time on a shared virtual machine drifts by a quarter from run to run; instruction counts do not,
+so this is the figure to compare two versions of the hot path by. Two drains of a backlog run under
+callgrind, a small and a large one; their difference divided by the difference in messages is what one
+more message costs, with start-up and shutdown cancelled out.
+
+- default: a real :class:`~ddmq.proxy.service.ProxyService` and an embedded Redis in the traced
+  process, drained by 8 pullers calling ``ProxyService.pull`` (acks on the next pull): reading, the
+  chain, the key gate, the buffer and acks, no Thrift;
+- ``--thrift``: the same service drained through its Thrift server by the benchmark's pull clients in
+  a child process (not traced), so the figure is the proxy's whole cost, request decoding and reply
+  encoding included.
+
+The backlog is produced by a child process too. Needs ``valgrind`` (Debian: ``apt-get install
+valgrind``); each run takes a minute or two, as callgrind runs the interpreter about 50 times slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    here = Path(__file__).resolve().parent
+    if sys.path and Path(sys.path[0] or ".").resolve() == here:
+        del sys.path[0]
+    sys.path.append(str(here.parent))
+
+PULLERS = 8
+BATCH = 64
+
+
+def _produce(url: str, topic: str, messages: int) -> None:
+    from ddmq.client.producer import AsyncProducer
+
+    async def send() -> None:
+        producer = AsyncProducer(url)
+        rng = random.Random(1)
+        try:
+            for start in range(0, messages, 1000):
+                batch = []
+                for seq in range(start, min(start + 1000, messages)):
+                    key = f"k{rng.randrange(1000):04d}"
+                    batch.append({"value": f'{{"k":"{key}","seq":{seq}}}', "key": key})
+                await producer.send_batch(topic, batch)
+        finally:
+            await producer.close()
+
+    asyncio.run(send())
+
+
+def _config(url: str, topic: str, order_key: str) -> object:
+    from ddmq.config import parse
+
+    return parse(
+        {
+            "instance_id": "instructions",
+            "redis": url,
+            "thrift": {"host": "127.0.0.1", "port": 0},
+            "shutdown_grace_ms": 0,
+            "topics": {topic: {"queues": 8}},
+            "groups": {"g": {topic: {"order_key": order_key, "actions": ["Order", "PullServer"]}}},
+        }
+    )
+
+
+async def _drain_in_process(url: str, topic: str, messages: int, order_key: str, max_per_key: int) -> None:
+    from ddmq.proxy.service import ProxyService
+    from ddmq.proxy.types import QueueResult
+
+    received = 0
+
+    async def puller(service: ProxyService) -> None:
+        nonlocal received
+        results: list[QueueResult] = []
+        while received < messages:
+            batch = await service.pull("g", topic, BATCH, 200, results, max_per_key=max_per_key)
+            received += len(batch.messages)
+            results = []
+            if batch.queue is not None:
+                offsets = [m.offset for m in batch.messages]
+                results = [QueueResult("g", topic, str(batch.queue.qid), offsets, [])]
+        if results:
+            await service.submit(results)
+
+    async with ProxyService(_config(url, topic, order_key)) as service:  # type: ignore[arg-type]
+        await asyncio.gather(*(puller(service) for _ in range(PULLERS)))
+
+
+async def _drain_over_thrift(url: str, topic: str, messages: int, order_key: str, max_per_key: int) -> None:
+    from ddmq.proxy.service import ProxyService
+
+    async with ProxyService(_config(url, topic, order_key)) as service:  # type: ignore[arg-type]
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--clients", str(service.thrift_port), str(messages), str(max_per_key),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"the pull clients failed ({child.returncode})")
+        result = json.loads(out)
+        if result["unique"] != messages:
+            raise RuntimeError(f"the pull clients got {result['unique']} of {messages} messages")
+
+
+def _clients(port: int, messages: int, max_per_key: int) -> None:
+    from bench.clients import ProxyDrain, drain_proxy
+    spec = ProxyDrain(port, "g", messages, PULLERS, BATCH, wait_commit=False,
+                      max_per_key=max_per_key if max_per_key > 1 else None)
+    print(json.dumps(asyncio.run(drain_proxy(spec, lambda: None))))
+
+
+def _traced(messages: int, order_key: str, max_per_key: int, thrift: bool) -> None:
+    """The body of one traced run: embedded Redis, backlog from a child process, one drain."""
+    from bench.dataset import TOPIC
+    from ddmq.proxy.embedded import EmbeddedRedis
+
+    with tempfile.TemporaryDirectory() as data_dir:
+        redis_server = EmbeddedRedis(data_dir).start()
+        try:
+            subprocess.run(
+                [sys.executable, __file__, "--produce", redis_server.url, TOPIC, str(messages)], check=True
+            )
+            drain = _drain_over_thrift if thrift else _drain_in_process
+            asyncio.run(drain(redis_server.url, TOPIC, messages, order_key, max_per_key))
+        finally:
+            redis_server.stop()
+
+
+def _count(messages: int, args: argparse.Namespace, out_dir: Path) -> int:
+    out = out_dir / f"callgrind.{messages}"
+    command = [
+        "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__, "--traced",
+        str(messages), args.order_key, str(args.max_per_key), "1" if args.thrift else "0",
+    ]
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"the traced run of {messages} messages failed:\n{run.stderr[-3000:]}")
+    summary = re.search(r"^summary: (\d+)", out.read_text(), re.MULTILINE)
+    if summary is None:
+        raise SystemExit(f"no summary line in {out}")
+    return int(summary.group(1))
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--produce":
+        _produce(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--clients":
+        _clients(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--traced":
+        _traced(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1")
+        return 0
+    parser = argparse.ArgumentParser(prog="python bench/instructions.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--order-key", default="QID", help="KEY, QID or a JSONPath (default QID)")
+    parser.add_argument("--max-per-key", type=int, default=64, help="ordered runs per pull (1: none; default 64)")
+    parser.add_argument("--thrift", action="store_true", help="drain through the Thrift server (clients in a child)")
+    parser.add_argument("--small", type=int, default=None, help="messages of the small drain")
+    parser.add_argument("--large", type=int, default=None, help="messages of the large drain")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    # Over Thrift with one message per pull every message is a request: fewer of them say as much.
+    one_per_pull = args.thrift and args.max_per_key <= 1
+    small = args.small or (500 if one_per_pull else 10_000)
+    large = args.large or (2_500 if one_per_pull else 30_000)
+    with tempfile.TemporaryDirectory() as out_dir:
+        counts = {n: _count(n, args, Path(out_dir)) for n in (small, large)}
+    per_message = (counts[large] - counts[small]) / (large - small)
+    mode = "Thrift server, clients in a child process" if args.thrift else "in-process pulls"
+    print(f"order_key={args.order_key} max_per_key={args.max_per_key} ({mode})")
+    print(f"instructions: {counts[small]:,} for {small:,} messages, {counts[large]:,} for {large:,}")
+    print(f"instructions per message: {per_message:,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())
