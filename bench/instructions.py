@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -39,70 +38,28 @@ if __package__ in (None, ""):
     sys.path.append(str(here.parent))
 
 PULLERS = 8
-BATCH = 64
+BATCH = 64  # as bench/micro.py's pullers
 
 
 def _produce(url: str, topic: str, messages: int) -> None:
-    from ddmq.client.producer import AsyncProducer
+    from bench.micro import produce_engine_backlog
 
-    async def send() -> None:
-        producer = AsyncProducer(url)
-        rng = random.Random(1)
-        try:
-            for start in range(0, messages, 1000):
-                batch = []
-                for seq in range(start, min(start + 1000, messages)):
-                    key = f"k{rng.randrange(1000):04d}"
-                    batch.append({"value": f'{{"k":"{key}","seq":{seq}}}', "key": key})
-                await producer.send_batch(topic, batch)
-        finally:
-            await producer.close()
-
-    asyncio.run(send())
-
-
-def _config(url: str, topic: str, order_key: str) -> object:
-    from ddmq.config import parse
-
-    return parse(
-        {
-            "instance_id": "instructions",
-            "redis": url,
-            "thrift": {"host": "127.0.0.1", "port": 0},
-            "shutdown_grace_ms": 0,
-            "topics": {topic: {"queues": 8}},
-            "groups": {"g": {topic: {"order_key": order_key, "actions": ["Order", "PullServer"]}}},
-        }
-    )
+    asyncio.run(produce_engine_backlog(url, messages, topic))
 
 
 async def _drain_in_process(url: str, topic: str, messages: int, order_key: str, max_per_key: int) -> None:
+    from bench.micro import drain_engine, engine_config
     from ddmq.proxy.service import ProxyService
-    from ddmq.proxy.types import QueueResult
 
-    received = 0
-
-    async def puller(service: ProxyService) -> None:
-        nonlocal received
-        results: list[QueueResult] = []
-        while received < messages:
-            batch = await service.pull("g", topic, BATCH, 200, results, max_per_key=max_per_key)
-            received += len(batch.messages)
-            results = []
-            if batch.queue is not None:
-                offsets = [m.offset for m in batch.messages]
-                results = [QueueResult("g", topic, str(batch.queue.qid), offsets, [])]
-        if results:
-            await service.submit(results)
-
-    async with ProxyService(_config(url, topic, order_key)) as service:  # type: ignore[arg-type]
-        await asyncio.gather(*(puller(service) for _ in range(PULLERS)))
+    async with ProxyService(engine_config(url, order_key, topic)) as service:
+        await drain_engine(service, messages, max_per_key, topic)
 
 
 async def _drain_over_thrift(url: str, topic: str, messages: int, order_key: str, max_per_key: int) -> None:
+    from bench.micro import engine_config
     from ddmq.proxy.service import ProxyService
 
-    async with ProxyService(_config(url, topic, order_key)) as service:  # type: ignore[arg-type]
+    async with ProxyService(engine_config(url, order_key, topic)) as service:
         child = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--clients", str(service.thrift_port), str(messages), str(max_per_key),
             stdout=asyncio.subprocess.PIPE,

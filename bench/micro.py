@@ -118,7 +118,8 @@ def codec(repeat: int = 300) -> dict[str, float]:
     }
 
 
-async def _engine(url: str, messages: int, max_per_key: int | None = None) -> float:
+async def produce_engine_backlog(url: str, messages: int, topic: str = "t") -> None:
+    """The engine figures' backlog: ``messages`` JSON bodies over 1,000 keys."""
     producer = AsyncProducer(url)
     rng = random.Random(1)
     try:
@@ -127,26 +128,34 @@ async def _engine(url: str, messages: int, max_per_key: int | None = None) -> fl
             for seq in range(start, min(start + 1000, messages)):
                 key = f"k{rng.randrange(1000):04d}"
                 batch.append({"value": f'{{"k":"{key}","seq":{seq}}}', "key": key})
-            await producer.send_batch("t", batch)
+            await producer.send_batch(topic, batch)
     finally:
         await producer.close()
-    config = parse(
+
+
+def engine_config(url: str, order_key: str = "KEY", topic: str = "t") -> Any:
+    """One group reading ``topic`` (8 queues) with the chain ``Order, PullServer``."""
+    return parse(
         {
             "instance_id": "micro",
             "redis": url,
-            "thrift": {"port": 0},
+            "thrift": {"host": "127.0.0.1", "port": 0},
             "shutdown_grace_ms": 0,
-            "topics": {"t": {"queues": 8}},
-            "groups": {"g": {"t": {"order_key": "KEY", "actions": ["Order", "PullServer"]}}},
+            "topics": {topic: {"queues": 8}},
+            "groups": {"g": {topic: {"order_key": order_key, "actions": ["Order", "PullServer"]}}},
         }
     )
+
+
+async def drain_engine(service: ProxyService, messages: int, max_per_key: int | None = None, topic: str = "t") -> None:
+    """8 pullers call ``service.pull`` (acks on their next pull) until ``messages`` arrived."""
     received = 0
 
-    async def puller(service: ProxyService) -> None:
+    async def puller() -> None:
         nonlocal received
         results: list[QueueResult] = []
         while received < messages:
-            batch = await service.pull("g", "t", BATCH, 200, results, max_per_key=max_per_key)
+            batch = await service.pull("g", topic, BATCH, 200, results, max_per_key=max_per_key)
             received += len(batch.messages)
             results = []
             if batch.queue is not None:
@@ -155,9 +164,14 @@ async def _engine(url: str, messages: int, max_per_key: int | None = None) -> fl
         if results:
             await service.submit(results)
 
-    async with ProxyService(config) as service:
+    await asyncio.gather(*(puller() for _ in range(8)))
+
+
+async def _engine(url: str, messages: int, max_per_key: int | None = None) -> float:
+    await produce_engine_backlog(url, messages)
+    async with ProxyService(engine_config(url)) as service:
         began = time.process_time()
-        await asyncio.gather(*(puller(service) for _ in range(8)))
+        await drain_engine(service, messages, max_per_key)
         return (time.process_time() - began) / messages * 1e6
 
 
