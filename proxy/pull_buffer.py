@@ -18,23 +18,15 @@ job went to: DDMQ clients resend a batch's results on a new connection after a r
 jobs never delivered, and for offsets the buffer does not hold, are counted and ignored, so no
 client can finish a backlog it never pulled. A fail counts only for a job in flight.
 
-Ordered runs (``max_per_key`` > 1): after a pull has taken the ready heads of one queue, the room left
-in the reply goes, round-robin over those heads, to the successors waiting behind each head in its
-key's chain (same queue, nothing left to run but PullServer), at most ``max_per_key`` messages per key;
-a head out again after a failed attempt goes alone.
-A reply's messages of a key are consecutive, in key order. Such *run members* go in flight with their
-head but stay in the key's chain; they are kept apart from the heads (``_runs``), so acks and fails of
-clients without runs pay nothing for them. When the message ahead of a member finishes, the member is
-its key's head and is finished by its own ack like any other job. When the message ahead fails or
-times out, every later member still in flight goes back to waiting in the chain, its attempt not
-counted, and is delivered again once the failed message is finished. An ack for a member whose
-predecessor is unfinished is ignored (counted with the unknown acks): finishing it could not be
-undone if the predecessor then fails.
-
-A reader that holds a key's earlier messages and reads its pulls in order (a replayable lease, see
-:mod:`ddmq.proxy.replays`) may have that key's run continued in a later pull: the successors of
-the last message it holds join that reply as run members, after the queue's ready heads and their
-runs, or alone when no queue has ready heads.
+Ordered runs (``max_per_key`` > 1): the room a queue's ready heads leave in a reply goes, one message
+per key per round, to the successors waiting behind them in their keys' chains, at most
+``max_per_key`` per key; a reply's messages of a key are consecutive, in key order. Such *run members*
+go in flight but stay in their key's chain, in a map of their own (``_runs``), so clients without runs
+pay nothing for them. A member is finished by its own ack once it is its key's head; an ack before
+that is ignored (counted unknown: what is ahead of it may still fail). When a message fails or times
+out, the later members of its run return to waiting, their attempt uncounted, and go out again once
+it is finished. A replayable lease's later pulls may continue the runs of the keys it holds (see
+:mod:`ddmq.proxy.replays`). DESIGN.md ("Engine", ordered runs) has the whole story.
 """
 
 from __future__ import annotations
