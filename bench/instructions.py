@@ -1,6 +1,6 @@
 """Instructions per message of the proxy's engine path, counted by valgrind's callgrind.
 
-``python bench/instructions.py [--order-key KEY|QID] [--max-per-key N] [--thrift]``
+``python bench/instructions.py [--order-key KEY|QID] [--max-per-key N] [--thrift] [--python PATH]``
 
 CPU time on a shared virtual machine drifts by a quarter from run to run; instruction counts do not,
 so this is the figure to compare two versions of the hot path by. Two drains of a backlog run under
@@ -14,7 +14,10 @@ more message costs, with start-up and shutdown cancelled out.
   a child process (not traced), so the figure is the proxy's whole cost, request decoding and reply
   encoding included.
 
-The backlog is produced by a child process too. Needs ``valgrind`` (Debian: ``apt-get install
+The backlog is produced by a child process too. ``--python`` traces another install's interpreter
+(say, a venv of an older release) with this same harness: the traced side imports only what every
+release has (``ddmq.config.parse``, ``ProxyService``, ``QueueResult``, ``AsyncProducer``,
+``EmbeddedRedis``), while the pull clients run on this interpreter. Needs ``valgrind`` (Debian: ``apt-get install
 valgrind``); each run takes a minute or two, as callgrind runs the interpreter about 50 times slower.
 """
 
@@ -24,12 +27,14 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):
     here = Path(__file__).resolve().parent
@@ -38,30 +43,86 @@ if __package__ in (None, ""):
     sys.path.append(str(here.parent))
 
 PULLERS = 8
-BATCH = 64  # as bench/micro.py's pullers
+BATCH = 64
+
+# The traced side (everything down to _traced) imports ddmq lazily and only what every release has.
 
 
-def _produce(url: str, topic: str, messages: int) -> None:
-    from bench.micro import produce_engine_backlog
+async def produce_engine_backlog(url: str, messages: int, topic: str = "t") -> None:
+    """The engine figures' backlog: ``messages`` JSON bodies over 1,000 keys."""
+    from ddmq.client.producer import AsyncProducer
 
-    asyncio.run(produce_engine_backlog(url, messages, topic))
+    producer = AsyncProducer(url)
+    rng = random.Random(1)
+    try:
+        for start in range(0, messages, 1000):
+            batch = []
+            for seq in range(start, min(start + 1000, messages)):
+                key = f"k{rng.randrange(1000):04d}"
+                batch.append({"value": f'{{"k":"{key}","seq":{seq}}}', "key": key})
+            await producer.send_batch(topic, batch)
+    finally:
+        await producer.close()
 
 
-async def _drain_in_process(url: str, topic: str, messages: int, order_key: str, max_per_key: int) -> None:
-    from bench.micro import drain_engine, engine_config
+def engine_config(url: str, order_key: str = "KEY", topic: str = "t") -> Any:
+    """One group reading ``topic`` (8 queues) with the chain ``Order, PullServer``."""
+    from ddmq.config import parse
+
+    return parse(
+        {
+            "instance_id": "engine-bench",
+            "redis": url,
+            "thrift": {"host": "127.0.0.1", "port": 0},
+            "shutdown_grace_ms": 0,
+            "topics": {topic: {"queues": 8}},
+            "groups": {"g": {topic: {"order_key": order_key, "actions": ["Order", "PullServer"]}}},
+        }
+    )
+
+
+async def drain_engine(service: Any, messages: int, max_per_key: int | None = None, topic: str = "t") -> None:
+    """:data:`PULLERS` pullers call ``service.pull`` (acks on their next pull) until ``messages`` arrived."""
+    from ddmq.proxy.types import QueueResult
+
+    received = 0
+
+    async def puller() -> None:
+        nonlocal received
+        results: list[Any] = []
+        while received < messages:
+            batch = await service.pull("g", topic, BATCH, 200, results, max_per_key=max_per_key)
+            received += len(batch.messages)
+            results = []
+            if batch.queue is not None:
+                offsets = [m.offset for m in batch.messages]
+                results = [QueueResult("g", batch.queue.topic, str(batch.queue.qid), offsets, [])]
+        if results:
+            await service.submit(results)
+
+    await asyncio.gather(*(puller() for _ in range(PULLERS)))
+
+
+async def _drain_in_process(url: str, topic: str, messages: int, order_key: str, max_per_key: int, _: str) -> None:
     from ddmq.proxy.service import ProxyService
 
     async with ProxyService(engine_config(url, order_key, topic)) as service:
         await drain_engine(service, messages, max_per_key, topic)
 
 
-async def _drain_over_thrift(url: str, topic: str, messages: int, order_key: str, max_per_key: int) -> None:
-    from bench.micro import engine_config
+async def _drain_over_thrift(
+    url: str, topic: str, messages: int, order_key: str, max_per_key: int, clients_python: str
+) -> None:
     from ddmq.proxy.service import ProxyService
 
     async with ProxyService(engine_config(url, order_key, topic)) as service:
         child = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--clients", str(service.thrift_port), str(messages), str(max_per_key),
+            clients_python,
+            __file__,
+            "--clients",
+            str(service.thrift_port),
+            str(messages),
+            str(max_per_key),
             stdout=asyncio.subprocess.PIPE,
         )
         out, _ = await child.communicate()
@@ -74,33 +135,43 @@ async def _drain_over_thrift(url: str, topic: str, messages: int, order_key: str
 
 def _clients(port: int, messages: int, max_per_key: int) -> None:
     from bench.clients import ProxyDrain, drain_proxy
-    spec = ProxyDrain(port, "g", messages, PULLERS, BATCH, wait_commit=False,
-                      max_per_key=max_per_key if max_per_key > 1 else None)
+
+    runs = max_per_key if max_per_key > 1 else None
+    spec = ProxyDrain(port, "g", messages, PULLERS, BATCH, wait_commit=False, max_per_key=runs)
     print(json.dumps(asyncio.run(drain_proxy(spec, lambda: None))))
 
 
-def _traced(messages: int, order_key: str, max_per_key: int, thrift: bool) -> None:
+def _traced(messages: int, topic: str, order_key: str, max_per_key: int, thrift: bool, clients_python: str) -> None:
     """The body of one traced run: embedded Redis, backlog from a child process, one drain."""
-    from bench.dataset import TOPIC
     from ddmq.proxy.embedded import EmbeddedRedis
 
     with tempfile.TemporaryDirectory() as data_dir:
         redis_server = EmbeddedRedis(data_dir).start()
         try:
-            subprocess.run(
-                [sys.executable, __file__, "--produce", redis_server.url, TOPIC, str(messages)], check=True
-            )
+            subprocess.run([sys.executable, __file__, "--produce", redis_server.url, topic, str(messages)], check=True)
             drain = _drain_over_thrift if thrift else _drain_in_process
-            asyncio.run(drain(redis_server.url, TOPIC, messages, order_key, max_per_key))
+            asyncio.run(drain(redis_server.url, topic, messages, order_key, max_per_key, clients_python))
         finally:
             redis_server.stop()
 
 
 def _count(messages: int, args: argparse.Namespace, out_dir: Path) -> int:
+    from bench.dataset import TOPIC
+
     out = out_dir / f"callgrind.{messages}"
     command = [
-        "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__, "--traced",
-        str(messages), args.order_key, str(args.max_per_key), "1" if args.thrift else "0",
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        args.python,
+        __file__,
+        "--traced",
+        str(messages),
+        TOPIC,  # the benchmark clients' topic
+        args.order_key,
+        str(args.max_per_key),
+        "1" if args.thrift else "0",
+        sys.executable,
     ]
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
@@ -113,18 +184,19 @@ def _count(messages: int, args: argparse.Namespace, out_dir: Path) -> int:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--produce":
-        _produce(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        asyncio.run(produce_engine_backlog(sys.argv[2], int(sys.argv[4]), sys.argv[3]))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--clients":
         _clients(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--traced":
-        _traced(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1")
+        _traced(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1", sys.argv[7])
         return 0
     parser = argparse.ArgumentParser(prog="python bench/instructions.py", description=__doc__.splitlines()[0])
     parser.add_argument("--order-key", default="QID", help="KEY, QID or a JSONPath (default QID)")
     parser.add_argument("--max-per-key", type=int, default=64, help="ordered runs per pull (1: none; default 64)")
     parser.add_argument("--thrift", action="store_true", help="drain through the Thrift server (clients in a child)")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter to measure (default: this one)")
     parser.add_argument("--small", type=int, default=None, help="messages of the small drain")
     parser.add_argument("--large", type=int, default=None, help="messages of the large drain")
     args = parser.parse_args()
@@ -139,7 +211,7 @@ def main() -> int:
         counts = {n: _count(n, args, Path(out_dir)) for n in (small, large)}
     per_message = (counts[large] - counts[small]) / (large - small)
     mode = "Thrift server, clients in a child process" if args.thrift else "in-process pulls"
-    print(f"order_key={args.order_key} max_per_key={args.max_per_key} ({mode})")
+    print(f"order_key={args.order_key} max_per_key={args.max_per_key} ({mode}; {args.python})")
     print(f"instructions: {counts[small]:,} for {small:,} messages, {counts[large]:,} for {large:,}")
     print(f"instructions per message: {per_message:,.0f}")
     return 0

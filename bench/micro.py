@@ -34,14 +34,13 @@ if __package__ in (None, ""):
 from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.transport import TMemoryBuffer
 
-from ddmq.client.producer import AsyncProducer
-from ddmq.config import parse
+from bench.instructions import drain_engine, engine_config, produce_engine_backlog
 from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.protocol.wire import ConsumeResult, ConsumerService, Context, PullRequest, TMessageType, decode, encode
 from ddmq.proxy.embedded import EmbeddedRedis
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.thrift_handler import pull_response
-from ddmq.proxy.types import PullBatch, QueueId, QueueResult, StoredMessage
+from ddmq.proxy.types import PullBatch, QueueId, StoredMessage
 
 BATCH = 64
 
@@ -80,9 +79,13 @@ def codec(repeat: int = 300) -> dict[str, float]:
     # QID ordering's pull: one ack per request, so the request's fixed cost is all there is per message.
     one_ack = ConsumerService.pull_args(
         request=PullRequest(
-            groupId="g", topic="t", maxBatchSize=BATCH, maxLingerTime=200,
-            result=ConsumeResult(context=Context(groupId="g", topic="t", qid="3"), successOffsets=[100_000],
-                                 failOffsets=[]),
+            groupId="g",
+            topic="t",
+            maxBatchSize=BATCH,
+            maxLingerTime=200,
+            result=ConsumeResult(
+                context=Context(groupId="g", topic="t", qid="3"), successOffsets=[100_000], failOffsets=[]
+            ),
         )
     )
     one_ack_frame = encode("pull", TMessageType.CALL, 7, one_ack)
@@ -116,55 +119,6 @@ def codec(repeat: int = 300) -> dict[str, float]:
             lambda: decode(one_ack_frame[4:], lambda name, mtype: ConsumerService.pull_args()), repeat * 20, 1
         ),
     }
-
-
-async def produce_engine_backlog(url: str, messages: int, topic: str = "t") -> None:
-    """The engine figures' backlog: ``messages`` JSON bodies over 1,000 keys."""
-    producer = AsyncProducer(url)
-    rng = random.Random(1)
-    try:
-        for start in range(0, messages, 1000):
-            batch = []
-            for seq in range(start, min(start + 1000, messages)):
-                key = f"k{rng.randrange(1000):04d}"
-                batch.append({"value": f'{{"k":"{key}","seq":{seq}}}', "key": key})
-            await producer.send_batch(topic, batch)
-    finally:
-        await producer.close()
-
-
-def engine_config(url: str, order_key: str = "KEY", topic: str = "t") -> Any:
-    """One group reading ``topic`` (8 queues) with the chain ``Order, PullServer``."""
-    return parse(
-        {
-            "instance_id": "micro",
-            "redis": url,
-            "thrift": {"host": "127.0.0.1", "port": 0},
-            "shutdown_grace_ms": 0,
-            "topics": {topic: {"queues": 8}},
-            "groups": {"g": {topic: {"order_key": order_key, "actions": ["Order", "PullServer"]}}},
-        }
-    )
-
-
-async def drain_engine(service: ProxyService, messages: int, max_per_key: int | None = None, topic: str = "t") -> None:
-    """8 pullers call ``service.pull`` (acks on their next pull) until ``messages`` arrived."""
-    received = 0
-
-    async def puller() -> None:
-        nonlocal received
-        results: list[QueueResult] = []
-        while received < messages:
-            batch = await service.pull("g", topic, BATCH, 200, results, max_per_key=max_per_key)
-            received += len(batch.messages)
-            results = []
-            if batch.queue is not None:
-                offsets = [m.offset for m in batch.messages]
-                results = [QueueResult("g", batch.queue.topic, str(batch.queue.qid), offsets, [])]
-        if results:
-            await service.submit(results)
-
-    await asyncio.gather(*(puller() for _ in range(8)))
 
 
 async def _engine(url: str, messages: int, max_per_key: int | None = None) -> float:
