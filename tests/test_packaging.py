@@ -8,6 +8,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -135,3 +136,39 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
         cwd=neutral, env=_clean_env(), capture_output=True, text=True, timeout=60, check=True,
     )
     assert "pyspark_ddmq" in found.stdout
+
+
+def test_wheel_and_sdist_carry_the_license_and_type_markers_and_build_without_warnings(tmp_path: Path) -> None:
+    src = _copy_sources(tmp_path / "src")
+    out = tmp_path / "out"
+    pip = [sys.executable, "-m", "pip"]
+    # -v shows what setuptools prints while building: deprecations and "absent from packages" warnings.
+    built = subprocess.run(
+        [*pip, "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(out), str(src)],
+        cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=180, check=True,
+    )
+    noise = [
+        line for line in built.stdout.splitlines() + built.stderr.splitlines()
+        if ("Warning" in line or "deprecated" in line.lower()) and "byte-compiling" not in line
+    ]
+    assert not noise, noise
+    (wheel,) = out.glob("ddmq_proxy-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
+        metadata = archive.read(f"{dist_info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in metadata
+    assert f"{dist_info}/licenses/LICENSE" in names
+    packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py") and n.count("/") == 2}
+    assert packages == {"ddmq/" + folder for folder in (*FOLDERS.values(), "protocol")}
+    for package in sorted(packages):  # PEP 561: every installed package says it is typed
+        assert f"{package}/py.typed" in names, package
+
+    subprocess.run(
+        [sys.executable, "-c", f"from setuptools import build_meta as b; b.build_sdist({str(out)!r})"],
+        cwd=src, env=_clean_env(), capture_output=True, timeout=180, check=True,
+    )
+    (sdist,) = out.glob("ddmq_proxy-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        members = {m.name.split("/", 1)[1] for m in archive.getmembers() if "/" in m.name}
+    assert "LICENSE" in members and "config/py.typed" in members
