@@ -5,7 +5,9 @@ It reads Redis directly (not a proxy), so it works while proxies are down or mov
     ddmq status --redis redis://127.0.0.1:6379/0 --group cg_rides
 
 A group is known when a proxy heartbeats for it or it has a committed offset in some topic; the
-command fails (status 1) on a group that is neither. A member whose last heartbeat is older than
+command fails (status 1) on a group that is neither, and on a ``--topic`` that does not exist. The
+time lag is the age of the first message the group has not finished (``?`` when that entry is gone
+from the stream). A member whose last heartbeat is older than
 ``--member-ttl-ms`` (the proxies' ``leases.ttl_ms``) is shown as expired: its proxy stopped without
 leaving the group, and the others have already taken or will take its queues.
 """
@@ -39,14 +41,14 @@ def format_status(status: GroupStatus) -> str:
     lines = [f"group {status.group}: {members}"]
     lines.append(
         f"{'topic':<20} {'qid':>4} {'owner':<24} {'term':>5} {'lease ms':>9} "
-        f"{'committed':>10} {'produced':>10} {'lag':>8} {'rollbacks':>9}"
+        f"{'committed':>10} {'produced':>10} {'lag':>8} {'time lag':>9} {'rollbacks':>9}"
     )
     for row in status.queues:
         lines.append(
             f"{row.topic:<20} {row.qid:>4} {row.owner or '-':<24} {row.term or '-':>5} "
             f"{row.lease_expires_in_ms if row.lease_expires_in_ms is not None else '-':>9} "
             f"{row.committed if row.committed is not None else '-':>10} {row.produced:>10} {row.lag:>8} "
-            f"{row.rollbacks:>9}"
+            f"{_age(row.lag_ms):>9} {row.rollbacks:>9}"
         )
     rolled = [row for row in status.queues if row.last_rollback_ms]
     if rolled:
@@ -59,9 +61,23 @@ def format_status(status: GroupStatus) -> str:
     return "\n".join(lines)
 
 
+def _age(ms: int | None) -> str:
+    """A time lag in the unit that reads best: 0, 850ms, 12.5s, 7m03s, 2h05m; '?' when unknown."""
+    if ms is None:
+        return "?"
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    minutes, seconds = divmod(ms // 1000, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
 def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
-        "status", help="owners, lease expiry, committed and produced offsets, lag, rollbacks",
+        "status", help="owners, lease expiry, committed and produced offsets, lag in messages and time, rollbacks",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     clitools.env_option(
@@ -84,6 +100,11 @@ def _status_command(args: argparse.Namespace) -> int:
             status = group_status(client, args.group, args.topic, args.member_ttl_ms)
     except _STATUS_ERRORS as exc:
         raise clitools.CliError(f"{args.redis}: {exc}") from exc
+    if status.missing_topics:
+        raise clitools.CliError(
+            f"no topic {', '.join(map(repr, status.missing_topics))} in {args.redis}"
+            " (a topic exists once a proxy serving it started or a producer wrote to it)"
+        )
     if not status.known:
         raise clitools.CliError(
             f"group {args.group!r} is unknown to {args.redis}: no proxy has served it and it has no committed offset"

@@ -35,6 +35,11 @@ class QueueStatus:
     lag: int
     rollbacks: int = 0  # times a proxy of the group found Redis had lost writes under this queue
     last_rollback_ms: int | None = None  # when it last did (ms since the epoch)
+    #: Produce time (ms since the epoch) of the first unfinished message; None when caught up or when
+    #: that entry is gone from the stream.
+    oldest_unfinished_ms: int | None = None
+    #: Lag in time: the age of the first unfinished message (0 when caught up, None when unknown).
+    lag_ms: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class GroupStatus:
     expired: list[str]
     #: False when no proxy ever heartbeated for the group and it has no committed offset.
     known: bool
+    #: Topics asked for by name that do not exist (no metadata in Redis).
+    missing_topics: list[str]
 
 
 def group_status(
@@ -59,9 +66,11 @@ def group_status(
     if topics is None:
         topics = sorted(t.decode() for t in client.smembers(keys.topics()))
     rows: list[QueueStatus] = []
+    missing: list[str] = []
     for topic in topics:
         raw_queues = client.hget(keys.topic_meta(topic), "queues")
         if raw_queues is None:
+            missing.append(topic)
             continue
         queues = int(raw_queues)
         pipe = client.pipeline(transaction=False)
@@ -72,19 +81,34 @@ def group_status(
             pipe.get(keys.sequence(topic, qid))
             pipe.hmget(keys.rollbacks(group, topic, qid), ["count", "at_ms"])
         replies = pipe.execute()
+        firsts = _first_unfinished(client, topic, [int(c) if c else 1 for c in replies[2::5]])
         topic_rows = []
         for qid in range(queues):
             lease, ttl, committed, sequence, (rollbacks, rollback_ms) = replies[5 * qid : 5 * qid + 5]
             owner, _, term = lease.decode().rpartition(" ") if lease else (None, "", None)
             produced = int(sequence) + 1 if sequence is not None else 1
             consumed = int(committed) if committed is not None else None
+            lag = produced - (consumed if consumed is not None else 1)
+            oldest = firsts[qid] if lag > 0 else None
+            lag_ms = 0 if lag <= 0 else (max(0, now - oldest) if oldest is not None else None)
             topic_rows.append(QueueStatus(
                 topic, qid, owner, int(term) if term else None, int(ttl) if lease else None, consumed, produced,
-                produced - (consumed if consumed is not None else 1),
-                int(rollbacks or 0), int(rollback_ms) if rollback_ms else None,
+                lag, int(rollbacks or 0), int(rollback_ms) if rollback_ms else None, oldest, lag_ms,
             ))
         # Discovered topics are shown only where the group has started consuming.
         if explicit or any(r.committed is not None for r in topic_rows):
             rows.extend(topic_rows)
     known = bool(members) or any(r.committed is not None or r.owner is not None for r in rows)
-    return GroupStatus(group, members, rows, expired, known)
+    return GroupStatus(group, members, rows, expired, known, missing)
+
+
+def _first_unfinished(client: SyncRedis, topic: str, offsets: list[int]) -> list[int | None]:
+    """Per qid, the produce time of the entry at ``offsets[qid]`` (or the first one after it)."""
+    pipe = client.pipeline(transaction=False)
+    for qid, offset in enumerate(offsets):
+        pipe.xrange(keys.stream(topic, qid), f"0-{offset}", "+", count=1)
+    times: list[int | None] = []
+    for entries in pipe.execute():
+        raw = entries[0][1].get(b"ts") if entries else None
+        times.append(int(raw) if raw is not None and raw.isdigit() else None)
+    return times

@@ -89,3 +89,32 @@ def test_status_into_a_closed_pipe_ends_quietly(redis_url: str) -> None:
         proc.stdout.close()  # the reader is gone before the command prints anything
         assert proc.wait(timeout=30) == 1
         assert proc.stderr.read() == b""
+
+
+def test_status_shows_the_time_lag_of_the_first_unfinished_message(redis_url: str) -> None:
+    from ddmq.client.producer import Producer
+
+    with Producer(redis_url) as producer:
+        for i in range(3):
+            producer.send("t", f"m{i}", qid=0)
+    with redis.Redis.from_url(redis_url) as client:
+        client.set(keys.committed("g", "t", 0), 2)  # offset 1 finished, 2 and 3 not
+        ((_, fields),) = client.xrange(keys.stream("t", 0), "0-2", "0-2")
+        time.sleep(1.1)
+        status = group_status(client, "g", ["t"])
+    q0 = status.queues[0]
+    assert (q0.committed, q0.lag, q0.oldest_unfinished_ms) == (2, 2, int(fields[b"ts"]))
+    assert q0.lag_ms is not None and 1100 <= q0.lag_ms < 60_000
+    assert all(q.lag == 0 and q.lag_ms == 0 and q.oldest_unfinished_ms is None for q in status.queues[1:])
+    result = _ddmq("status", "--redis", redis_url, "--group", "g", "--topic", "t")
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.splitlines()[1:3]
+    assert "time lag" in header and row.split()[-2].endswith("s"), result.stdout  # e.g. "1.1s"
+
+
+def test_status_of_an_unknown_topic_fails_naming_it(redis_url: str) -> None:
+    with redis.Redis.from_url(redis_url) as client:
+        client.zadd(keys.members("g"), {"p-1": int(time.time() * 1000)})
+    result = _ddmq("status", "--redis", redis_url, "--group", "g", "--topic", "nosuch")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("ddmq status: no topic 'nosuch' in "), result.stderr
