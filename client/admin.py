@@ -199,11 +199,22 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         chosen.add_argument("--all", action="store_true", help="every dead letter of the group and topic")
         action.set_defaults(func=func)
 
-    for name, func, what, default in (
-        ("in-flight", _in_flight, "messages a proxy holds unfinished: in flight, waiting, retrying", 100),
-        ("blocked-keys", _blocked_keys, "order keys whose head message holds others back, longest first", 20),
+    for name, func, what, default, details in (
+        ("in-flight", _in_flight, "messages a proxy holds unfinished: in flight, waiting, retrying", 100,
+         "Each row is a message the proxy has read and not finished: delivered and awaiting its ack (in\n"
+         "flight, with its deadline), ready behind its key's head (waiting), or failed and due again later\n"
+         "(retrying, with its attempt count and last error)."),
+        ("blocked-keys", _blocked_keys, "order keys whose head message holds others back, longest first", 20,
+         "Each row is an order key with messages waiting behind its head: the head's offset, state and\n"
+         "attempts, how long it has been the head, and how many messages its chain holds (head included)."),
     ):
-        parser = sub.add_parser(name, help=f"{what} (HTTP admin API)", description=__doc__,
+        description = (
+            f"ddmq {name}: {what}.\n\n{details}\n\n"
+            "The answer comes from one proxy's memory (its HTTP admin API at --http or $DDMQ_HTTP, with\n"
+            "http.enabled: true): ask each proxy of the group. $DDMQ_ADMIN_TOKEN, when set, is sent as the\n"
+            "bearer token; without one the proxy answers loopback clients only."
+        )
+        parser = sub.add_parser(name, help=f"{what} (HTTP admin API)", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         _common(parser, topic_required=False)
         parser.add_argument("--limit", type=int, default=default, help=f"at most this many (default {default})")

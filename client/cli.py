@@ -44,7 +44,28 @@ def build_parser() -> argparse.ArgumentParser:
     spark = sub.add_parser("spark-pipeline", help="ride events -> per-rider trips -> parquet, with Spark")
     _add_spark_pipeline_arguments(spark)
     spark.set_defaults(func=_spark_pipeline)
+
+    completion = sub.add_parser(
+        "completion", help="print a shell completion script for ddmq (bash or zsh)",
+        description=_COMPLETION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"])
+    completion.set_defaults(func=_completion)
     return parser
+
+
+_COMPLETION_HELP = """ddmq completion: print a completion script for ddmq's commands and flags.
+
+bash, for this shell:    eval "$(ddmq completion bash)"
+bash, for every shell:   ddmq completion bash > ~/.local/share/bash-completion/completions/ddmq
+zsh:                     ddmq completion zsh > "${fpath[1]}/_ddmq"   (then start a new shell)"""
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab  # generates the script from the parser itself, so it never lags behind a new flag
+
+    print(shtab.complete(build_parser(), shell=args.shell))
+    return 0
 
 
 def _add_spark_pipeline_arguments(parser: argparse.ArgumentParser) -> None:

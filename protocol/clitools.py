@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import select
 import sys
 from collections.abc import Callable
@@ -33,6 +34,7 @@ __all__ = [
     "add_version",
     "detach_stdout",
     "env_option",
+    "plain",
     "run_command",
     "stdout_closed",
     "version",
@@ -56,12 +58,38 @@ class CliError(Exception):
         self.status = status
 
 
+#: reST markup of the docstrings that serve as help texts: roles (``:class:`X` ``), literals and
+#: references, a paragraph ending in ``::`` (a literal block follows).
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``|`([^`]+)`_?")
+_BLOCK = re.compile(r"::$", re.MULTILINE)
+
+
+def plain(text: str) -> str:
+    """A docstring as a terminal shows it: reST markup removed, the words kept."""
+    text = _ROLE.sub(r"\1", text)
+    text = _LITERAL.sub(lambda m: m.group(1) or m.group(2), text)
+    return _BLOCK.sub(":", text)
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors read ``<prog>: <message>`` (exit 2), and whose commands
-    remember their own ``prog`` (``ddmq offsets reset``) for :func:`run_command`'s messages."""
+    """An ArgumentParser whose usage errors read ``<prog>: <message>`` (exit 2), whose help is plain
+    text, whose missing-flag errors name the environment variable that would have supplied the flag,
+    and whose commands remember their own ``prog`` (``ddmq offsets reset``) for :func:`run_command`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: flag -> the environment variable it defaults to (see :func:`env_option`)
+        self.env_names: dict[str, str] = {}
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required:"):
+            for flag, env in self.env_names.items():
+                message = re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", f"{flag} (or set ${env})", message)
         self.exit(USAGE_ERROR, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+    def format_help(self) -> str:
+        return plain(super().format_help())
 
     def set_defaults(self, **kwargs: Any) -> None:
         if "func" in kwargs:
@@ -86,6 +114,8 @@ def env_option(
     """``flag`` (and its ``aliases``) defaults to the environment variable ``env``; it is required when
     that is unset or empty."""
     default = os.environ.get(env) or None
+    if isinstance(parser, Parser):
+        parser.env_names[flag] = env
     parser.add_argument(
         flag, *aliases, default=default, required=default is None, help=f"{help} (default: ${env})", **kwargs
     )

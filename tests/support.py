@@ -315,3 +315,23 @@ def check_order_by_term(records: list[dict[str, Any]], log: list[Delivery]) -> O
         if d.acked:
             checker.acked(d.key, d.seq, term)
     return checker
+
+
+def debian_tool(binary: str, package: str | None = None) -> str:
+    """The path of ``binary``; Debian's ``package`` (default: the binary's name) is installed with
+    apt-get when it is missing and the suite runs as root, else the test fails saying what to install."""
+    import os
+    import shutil
+
+    path = shutil.which(binary)
+    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", package or binary], check=True, env=env, timeout=1200,
+                       capture_output=True)
+        path = shutil.which(binary)
+    if path is None:
+        import pytest
+
+        pytest.fail(f"this test needs {binary}: run `apt-get install -y {package or binary}` as root")
+    return path

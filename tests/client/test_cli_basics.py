@@ -3,6 +3,8 @@ style, and a quiet end on a closed stdout (``ddmq-proxy``'s side: tests/proxy/te
 
 from __future__ import annotations
 
+import argparse
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -10,6 +12,8 @@ from importlib import metadata
 import pytest
 
 from ddmq.client.producer import Producer
+
+from ..support import debian_tool
 
 DDMQ = [sys.executable, "-m", "ddmq.client.cli"]
 
@@ -43,3 +47,61 @@ def test_a_closed_stdout_ends_the_command_quietly(redis_url: str) -> None:
         proc.stdout.close()  # the reader is gone before the command prints
         assert proc.wait(timeout=60) == 1
         assert proc.stderr.read() == b""
+
+
+def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path of a parser: (), ("status",), ("dead-letters", "list"), ..."""
+    found = [prefix]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += _subcommands(child, (*prefix, name))
+    return found
+
+
+def test_every_help_is_plain_text_of_its_own() -> None:
+    from ddmq.client.cli import build_parser
+
+    helps: dict[tuple[str, ...], str] = {}
+    for path in _subcommands(build_parser()):
+        result = subprocess.run([*DDMQ, *path, "--help"], capture_output=True, text=True, timeout=60,
+                                env={"PATH": "/usr/bin:/bin"})
+        assert result.returncode == 0, (path, result.stderr)
+        text = result.stdout
+        assert "``" not in text and not re.search(r":[a-z]+:`", text) and not re.search(r"::$", text, re.M), path
+        helps[path] = text.split("options:")[0].split("\n\n", 1)[-1]  # the description, after the usage
+    assert helps[("in-flight",)] != helps[("dead-letters",)] != helps[("blocked-keys",)] != helps[("in-flight",)]
+
+
+def test_a_missing_flag_names_its_environment_variable() -> None:
+    result = subprocess.run([*DDMQ, "dead-letters", "list", "--topic", "t"], capture_output=True, text=True,
+                            timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert "--http (or set $DDMQ_HTTP), --group" in result.stderr, result.stderr
+
+
+def test_bash_completion_completes_commands_and_flags() -> None:
+    bash = debian_tool("bash")
+    script = subprocess.run([*DDMQ, "completion", "bash"], capture_output=True, text=True, timeout=60, check=True)
+    probe = (
+        'source /dev/stdin; complete_line() { COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _shtab_ddmq;'
+        ' echo "${COMPREPLY[*]}"; }; complete_line ddmq sta; complete_line ddmq status --gr;'
+        ' complete_line ddmq dead-letters ""'
+    )
+    result = subprocess.run([bash, "-c", probe], input=script.stdout, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    commands, flags, actions = result.stdout.splitlines()
+    assert commands == "status" and flags == "--group"
+    assert set(actions.split()) >= {"list", "replay", "purge"}
+
+
+def test_zsh_completion_is_valid_and_names_every_command() -> None:
+    zsh = debian_tool("zsh")
+    script = subprocess.run([*DDMQ, "completion", "zsh"], capture_output=True, text=True, timeout=60, check=True)
+    assert script.stdout.startswith("#compdef ddmq")
+    checked = subprocess.run([zsh, "-n"], input=script.stdout, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    from ddmq.client.cli import build_parser
+
+    for path in _subcommands(build_parser())[1:]:
+        assert re.search(rf"^\s+{re.escape(path[-1])}:'", script.stdout, re.MULTILINE), path
