@@ -49,6 +49,11 @@ def _under(path: str | None, root: Path) -> bool:
 
 
 def test_editable_install_imports_from_the_repo(tmp_path: Path) -> None:
+    # What Spark's data source lookup scans (pkgutil.iter_modules over sys.path), in a fresh interpreter.
+    scan = "import pkgutil; print([m.name for m in pkgutil.iter_modules() if m.name.startswith('pyspark_')])"
+    found = subprocess.run([sys.executable, "-c", scan], cwd=tmp_path, env=_clean_env(), capture_output=True,
+                           text=True, timeout=60, check=True)
+    assert "pyspark_ddmq" in found.stdout, found.stdout
     probe = _probe(["-c", _PROBE], cwd=tmp_path)
     for name, where in probe["found"].items():
         assert isinstance(where, dict)

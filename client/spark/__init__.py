@@ -9,8 +9,9 @@ and dead letters, at-least-once, acked after Spark commits each micro-batch) and
 ranges per (topic, qid) through ``fetch``, deterministic replay; exactly-once with a checkpoint and
 an idempotent sink). README.md ("Spark") lists every option.
 
-Installing the package installs the top-level module ``pyspark_ddmq``, which Spark registers by
-itself; with an editable install (``pip install -e``) call :func:`register` once per session.
+Installing the package (a wheel or ``pip install -e``) installs the top-level module ``pyspark_ddmq``,
+which Spark registers by itself. :func:`register` does it by hand, for a session whose Python workers
+run another environment.
 """
 
 from __future__ import annotations

@@ -22,8 +22,6 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
-    from ddmq.client.spark import register
-
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     session = (
         SparkSession.builder.master("local[2]")
@@ -37,7 +35,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    # No register(session): format("ddmq") must be found the way a user's session finds it, through
+    # the installed top-level module pyspark_ddmq (editable installs included).
     try:
         yield session
     finally:
