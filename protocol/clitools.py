@@ -17,6 +17,7 @@ import os
 import re
 import select
 import sys
+import time
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any, Final, NoReturn
@@ -37,6 +38,8 @@ __all__ = [
     "plain",
     "run_command",
     "stdout_closed",
+    "table",
+    "utc_time",
     "version",
 ]
 
@@ -119,6 +122,21 @@ def env_option(
     parser.add_argument(
         flag, *aliases, default=default, required=default is None, help=f"{help} (default: ${env})", **kwargs
     )
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    """Left-aligned columns two spaces apart, the header first."""
+    cells = [header, *([str(cell) for cell in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def utc_time(ms: int | None) -> str:
+    """A time in ms since the epoch as the CLIs print it: ISO 8601 in UTC, to the second; '-' for none."""
+    if ms is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
 
 def stdout_closed() -> bool:
