@@ -19,6 +19,9 @@ from ddmq.protocol.connection import REDIS_ERRORS, SyncRedis, sync_redis
 
 __all__ = ["QueueInfo", "TopicInfo", "add_cli", "topic_info"]
 
+#: What the command reports as a failure: Redis errors, and a malformed URL (a ValueError).
+_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
+
 
 @dataclass(frozen=True)
 class QueueInfo:
@@ -100,7 +103,7 @@ def _read(args: argparse.Namespace, names: list[str] | None) -> list[TopicInfo]:
     try:
         with sync_redis(args.redis) as client:
             found = [topic_info(client, name) for name in (names if names is not None else topic_names(client))]
-    except (*REDIS_ERRORS, ValueError) as exc:
+    except _ERRORS as exc:
         raise clitools.CliError(f"{args.redis}: {exc}") from exc
     if names is not None and None in found:
         raise clitools.CliError(f"no topic {names[0]!r} in {args.redis}")
