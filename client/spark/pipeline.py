@@ -185,9 +185,6 @@ def run(spark: Any, args: argparse.Namespace) -> str:
     """Run the pipeline to the end (``--available-now``) or for ``--run-seconds``; returns the summary."""
     from pyspark.sql import functions as F
 
-    from ddmq.client.spark import register
-
-    register(spark)
     counter = _input_row_counter()
     spark.streams.addListener(counter)
     try:
@@ -274,6 +271,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: A warnings filter (PYTHONWARNINGS syntax: action:message-start:category) for Spark's Python workers.
+_QUIET_PANDAS = "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
+
+
 def main(args: argparse.Namespace, spark: Any = None) -> int:
     """The CLI entry: builds (or reuses) a SparkSession, runs, prints the summary line."""
     # Executors and Spark's Python workers must import ddmq: default them to this interpreter.
@@ -286,6 +287,9 @@ def main(args: argparse.Namespace, spark: Any = None) -> int:
             .config("spark.sql.session.timeZone", "UTC")
             # Spark's default of 200 state partitions makes every micro-batch run 200 Python tasks.
             .config("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
+            # PySpark's own pandas state code concatenates empty frames, which pandas 2.x warns about
+            # once per batch and partition; nothing the pipeline can change, so the workers ignore it.
+            .config("spark.executorEnv.PYTHONWARNINGS", _QUIET_PANDAS)
         )
         if args.master:
             builder = builder.master(args.master)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -100,3 +103,22 @@ def test_the_pipeline_writes_one_trip_per_rider_and_flags_out_of_order_riders(
     good = trips[~trips["out_of_order"]]
     assert (good["events"] == 3).all() and (good["status"] == "completed").all()
     assert (good["wait_s"] >= 0).all() and (good["ride_s"] >= 0).all() and good["fare"].notna().all()
+
+
+def test_the_pipelines_workers_ignore_pandas_concat_warnings_of_pysparks_state_code(tmp_path: Path) -> None:
+    """The filter that `ddmq spark-pipeline` gives Spark's Python workers (spark.executorEnv.PYTHONWARNINGS)
+    silences the warning PySpark's applyInPandasWithState code makes pandas print per batch and partition,
+    shaped as that code calls it (rows of data, then empty rows built from a dict of Nones)."""
+    script = tmp_path / "concat.py"
+    script.write_text(
+        "import pandas as pd\n"
+        "data = pd.DataFrame({'x': [1.0], 'y': ['a']})\n"
+        "empty = pd.DataFrame(dict.fromkeys(['x', 'y']), index=[0, 1])\n"
+        "pd.concat([data, empty], ignore_index=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    loud = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert "FutureWarning: The behavior of DataFrame concatenation" in loud.stderr  # the warning still exists
+    env["PYTHONWARNINGS"] = pipeline._QUIET_PANDAS
+    quiet = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert quiet.returncode == 0 and quiet.stderr == ""
