@@ -23,6 +23,7 @@ from importlib import metadata
 from typing import Any, Final, NoReturn
 
 __all__ = [
+    "EMBEDDED_REDIS_URL_FILE",
     "ENV_ADMIN_TOKEN",
     "ENV_HTTP",
     "ENV_REDIS",
@@ -34,6 +35,7 @@ __all__ = [
     "Parser",
     "add_version",
     "detach_stdout",
+    "embedded_redis_url",
     "env_option",
     "plain",
     "run_command",
@@ -111,16 +113,36 @@ def add_version(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
 
 
+#: Where a proxy with ``redis: embedded`` and the default ``embedded_redis.data_dir`` writes its Redis
+#: URL while it runs (tests/client/test_cli_basics.py keeps this in step with the proxy's side).
+EMBEDDED_REDIS_URL_FILE: Final = os.path.join("ddmq-data", "redis.url")
+
+
+def embedded_redis_url() -> str | None:
+    """The URL of the embedded Redis of a proxy running in the current directory, if there is one."""
+    try:
+        with open(EMBEDDED_REDIS_URL_FILE, encoding="utf-8") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
+
+
 def env_option(
     parser: argparse.ArgumentParser, flag: str, env: str, help: str, *aliases: str, **kwargs: Any
 ) -> None:
     """``flag`` (and its ``aliases``) defaults to the environment variable ``env``; it is required when
-    that is unset or empty."""
+    that is unset or empty. ``--redis`` falls back to the embedded Redis of a proxy started in the
+    current directory (``ddmq-data/redis.url``), so the README's walkthrough needs no export."""
     default = os.environ.get(env) or None
+    if default is None and env == ENV_REDIS:
+        default = embedded_redis_url()
+        help += f" (default: ${env}, else the URL in ./{EMBEDDED_REDIS_URL_FILE} of a proxy running here)"
+    else:
+        help += f" (default: ${env})"
     if isinstance(parser, Parser):
         parser.env_names[flag] = env
     parser.add_argument(
-        flag, *aliases, default=default, required=default is None, help=f"{help} (default: ${env})", **kwargs
+        flag, *aliases, default=default, required=default is None, help=help, **kwargs
     )
 
 

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -31,9 +32,10 @@ def test_version() -> None:
     (["dead-letters", "list", "--http", "ftp://x", "--group", "g", "--topic", "t"], "ddmq dead-letters list: --http"),
     (["nosuch"], "ddmq: argument COMMAND: invalid choice: 'nosuch'"),
 ])
-def test_usage_errors_exit_2_in_one_style(args: list[str], prefix: str) -> None:
+def test_usage_errors_exit_2_in_one_style(args: list[str], prefix: str, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin"}  # no DDMQ_* defaults from the caller's environment
-    result = subprocess.run([*DDMQ, *args], capture_output=True, text=True, timeout=60, env=env)
+    # (nor a ./ddmq-data/redis.url from a proxy the developer runs in the checkout)
+    result = subprocess.run([*DDMQ, *args], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.startswith(prefix), result.stderr
     assert result.stderr.count("\n") == 1
 
@@ -105,3 +107,26 @@ def test_zsh_completion_is_valid_and_names_every_command() -> None:
 
     for path in _subcommands(build_parser())[1:]:
         assert re.search(rf"^\s+{re.escape(path[-1])}:'", script.stdout, re.MULTILINE), path
+
+
+def test_redis_defaults_to_the_embedded_redis_of_a_proxy_running_in_this_directory(
+    tmp_path: Path, redis_url: str
+) -> None:
+    from ddmq.config.schema import EmbeddedRedisConfig
+    from ddmq.protocol.clitools import EMBEDDED_REDIS_URL_FILE
+    from ddmq.proxy.embedded import URL_FILE
+
+    # The proxy's side: the default data_dir and the file it writes its URL into.
+    assert Path(EMBEDDED_REDIS_URL_FILE) == Path(EmbeddedRedisConfig().data_dir) / URL_FILE
+    env = {"PATH": "/usr/bin:/bin"}
+    missing = subprocess.run([*DDMQ, "topics", "list"], capture_output=True, text=True, timeout=60, env=env,
+                             cwd=tmp_path)
+    assert missing.returncode == 2 and "--redis (or set $DDMQ_REDIS)" in missing.stderr
+    with Producer(redis_url) as producer:
+        producer.ensure_topic("rides", 2)
+    (tmp_path / "ddmq-data").mkdir()
+    (tmp_path / EMBEDDED_REDIS_URL_FILE).write_text(redis_url + "\n")
+    found = subprocess.run([*DDMQ, "topics", "list"], capture_output=True, text=True, timeout=60, env=env,
+                           cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.splitlines()[1].split() == ["rides", "2", "0", "0"]
