@@ -1,22 +1,18 @@
 """Operator endpoints: ``/metrics``, ``/healthz``, ``/readyz`` and the ``/admin/...`` JSON views.
 
 The handlers decode the query, call one function of :mod:`ddmq.proxy.views`,
-:mod:`ddmq.proxy.dead_letters` or :mod:`ddmq.protocol.status`, and encode the answer. Access to
-``/admin/...`` is checked by :func:`admin_guard` (bearer token, or loopback peers only).
+:mod:`ddmq.proxy.dead_letters` or :mod:`ddmq.protocol.status`, and encode the answer. Who may
+call ``/admin/...`` is decided before, by :mod:`ddmq.proxy.http_server.guard`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import logging
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import urlsplit
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ddmq.protocol.connection import REDIS_ERRORS, sync_redis
@@ -25,13 +21,10 @@ from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
     BadRequestError,
     BrokerError,
-    ForbiddenError,
-    UnauthorizedError,
     UnknownGroupError,
     UnknownTopicError,
 )
 from ddmq.proxy.group import ConsumerGroup
-from ddmq.proxy.http_server.errors import Handler
 from ddmq.proxy.http_server.pull_api import BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.lag import now_ms, produce_times
 from ddmq.proxy.types import StoredMessage
@@ -45,66 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ADMIN_PREFIX: Final = "/admin/"
-#: The console's page and files; ``/`` serves the page too.
-CONSOLE_PREFIX: Final = "/console"
 #: Largest ``offset`` of a paged view (far beyond any group's ``concurrency``).
 MAX_OFFSET: Final = 10_000_000
 #: How long /readyz waits for Redis to answer a PING.
 READY_PING_S: Final = 1.0
-
-
-def admin_guard(token: str | None) -> Middleware:
-    """Middleware: ``/admin/...`` needs ``Authorization: Bearer <token>`` when a token is set, and
-    otherwise a loopback peer. Other routes pass."""
-    expected = f"Bearer {token}".encode() if token else None
-
-    @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        # Decided by the route that matched, not by the raw path, so no spelling of a URL slips by.
-        resource = request.match_info.route.resource
-        path = resource.canonical if resource is not None else ""
-        if path.startswith(ADMIN_PREFIX):
-            if expected is not None:
-                given = request.headers.get("Authorization", "").encode()
-                if not hmac.compare_digest(given, expected):
-                    raise UnauthorizedError("admin endpoints need 'Authorization: Bearer <http.admin_token>'")
-            elif not _is_loopback(request.remote):
-                raise ForbiddenError(
-                    "admin endpoints answer loopback clients only; set http.admin_token to reach them from elsewhere"
-                )
-            if request.method not in ("GET", "HEAD"):
-                _same_origin(request)
-        elif expected is None and _is_console(path) and not _is_loopback(request.remote):
-            # The page holds no data, but without a token it would invite calls that answer 403 anyway.
-            raise ForbiddenError("the console answers loopback clients only; set http.admin_token to open it elsewhere")
-        return await handler(request)
-
-    return guard
-
-
-def _is_console(path: str) -> bool:
-    return path in ("/", CONSOLE_PREFIX) or path.startswith(CONSOLE_PREFIX + "/")
-
-
-def _same_origin(request: web.Request) -> None:
-    """A browser names the page that made a request in ``Origin``: a changing admin call made by
-    another site's page (which a loopback-only proxy would otherwise accept from the operator's
-    browser) is refused. Clients that are not browsers send no ``Origin``."""
-    origin = request.headers.get("Origin")
-    if origin is not None and urlsplit(origin).netloc != request.host:
-        raise ForbiddenError(f"admin calls from a page of another origin ({origin!r}) are refused")
-
-
-def _is_loopback(remote: str | None) -> bool:
-    if remote is None:
-        return False
-    try:
-        address = ipaddress.ip_address(remote)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack socket
-    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _offset(request: web.Request) -> int:

@@ -26,6 +26,7 @@ from ddmq.proxy.errors import (
     UnavailableError,
     UnknownGroupError,
     UnknownTopicError,
+    UnsupportedMediaTypeError,
 )
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ HTTP_STATUS: Final[dict[type[DdmqError], int]] = {
     UnknownGroupError: 404,
     UnknownTopicError: 404,
     BadRequestError: 400,
+    UnsupportedMediaTypeError: 415,
     NotSupportedError: 501,
     UnauthorizedError: 401,
     ForbiddenError: 403,

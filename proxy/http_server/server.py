@@ -25,10 +25,11 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ddmq.config.schema import HttpConfig
-from ddmq.proxy.http_server.admin import OperatorApi, admin_guard
+from ddmq.proxy.http_server.admin import OperatorApi
 from ddmq.proxy.http_server.connections import HttpConnections
 from ddmq.proxy.http_server.console import ConsoleApi
 from ddmq.proxy.http_server.errors import errors_middleware
+from ddmq.proxy.http_server.guard import access_guard
 from ddmq.proxy.http_server.pull_api import PullApi
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def build_app(service: ProxyService, config: HttpConfig, connections: HttpConnec
     connections = connections or HttpConnections(config)
     app = web.Application(
         client_max_size=config.max_body_bytes,
-        middlewares=[errors_middleware, connections.middleware, admin_guard(config.admin_token)],
+        middlewares=[errors_middleware, connections.middleware, access_guard(config)],
     )
     PullApi(service.endpoint(config.max_linger_ms), connections.read_body).add_routes(app)
     OperatorApi(service, connections.read_body).add_routes(app)
