@@ -7,7 +7,8 @@
     │   ├── UnknownGroupError     1001
     │   ├── UnknownTopicError     1002
     │   ├── BadRequestError       1003
-    │   │   └── UnsupportedMediaTypeError  1003  HTTP body not sent as application/json (415)
+    │   │   ├── UnsupportedMediaTypeError  1003  HTTP body not sent as application/json (415)
+    │   │   └── UnknownEntryError          1003  HTTP: no such dead letter (404)
     │   ├── NotSupportedError     1004
     │   ├── UnauthorizedError     1007  HTTP admin or data endpoint without the right bearer token
     │   └── ForbiddenError        1008  HTTP call refused: another site's page (Origin), a Host
@@ -48,6 +49,10 @@ class BadRequestError(RequestError):
 class UnsupportedMediaTypeError(BadRequestError):
     """A body in another format than JSON; HTTP answers 415 (a browser page of another site can send
     only form and text bodies without asking first)."""
+
+
+class UnknownEntryError(BadRequestError):
+    """An admin call names an entry (a dead letter) that is not there; HTTP answers 404."""
 
 
 class NotSupportedError(RequestError):

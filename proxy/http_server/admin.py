@@ -8,6 +8,7 @@ call ``/admin/...`` is decided before, by :mod:`ddmq.proxy.http_server.guard`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Final
@@ -21,6 +22,7 @@ from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
     BadRequestError,
     BrokerError,
+    UnknownEntryError,
     UnknownGroupError,
     UnknownTopicError,
 )
@@ -38,10 +40,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Room kept in an answer for the fields around its list.
+ANSWER_RESERVE: Final = 16 * 1024
 #: Largest ``offset`` of a paged view (far beyond any group's ``concurrency``).
 MAX_OFFSET: Final = 10_000_000
 #: How long /readyz waits for Redis to answer a PING.
 READY_PING_S: Final = 1.0
+
+
+def _next_offset(offset: int, shown: int, total: int) -> int | None:
+    return offset + shown if offset + shown < total else None
 
 
 def _offset(request: web.Request) -> int:
@@ -83,23 +91,61 @@ def _selection(raw: bytes) -> list[str] | None:
 
 
 def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
+    """A dead letter as the API shows it; a cut value keeps its text up to the last whole character."""
     message = message_json(
         StoredMessage(letter.offset, letter.value, letter.key, letter.tag, letter.properties, letter.produce_ms)
     )
+    if letter.value_truncated and message["value_text"] is None:
+        message["value_text"] = _text_prefix(letter.value)
     return {
         "id": letter.id,
         "qid": letter.qid,
         **message,
+        "value_bytes": letter.value_bytes,
+        "value_truncated": letter.value_truncated,
         "attempts": letter.attempts,
         "error": letter.error,
         "dead_ms": letter.dead_ms,
     }
 
 
+def _text_prefix(value: bytes) -> str | None:
+    """``value`` as text when it is UTF-8 cut inside a character (at most 3 bytes of it lost)."""
+    for drop in range(1, 4):
+        try:
+            return value[:-drop].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as ``web.json_response`` encodes it."""
+    return len(json.dumps(value))
+
+
+def fit(items: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The longest prefix of ``items`` whose JSON fits ``budget`` bytes; at least one item."""
+    used = 0
+    for count, item in enumerate(items):
+        used += json_size(item) + 2  # the separator
+        if count and used > budget:
+            return items[:count]
+    return items
+
+
 class OperatorApi:
     def __init__(self, service: ProxyService, read_body: BodyReader) -> None:
         self._service = service
         self._read_body = read_body
+        http = service.config.http
+        #: Bytes an answer's list may take: the cap less room for the fields around it.
+        self._list_bytes = http.max_answer_bytes - ANSWER_RESERVE
+        self._max_answer = http.max_answer_bytes
+        self._value_cut = http.max_listed_value_bytes
+        #: One replay or purge at a time per (group, topic) here, so a key's dead letters go back in order
+        #: (the claims in Redis keep calls of several proxies from producing an entry twice).
+        self._letter_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def add_routes(self, app: web.Application) -> None:
         router = app.router
@@ -114,6 +160,7 @@ class OperatorApi:
         router.add_get(letters, self.dead_letters)
         router.add_post(letters + "/replay", self.replay)
         router.add_post(letters + "/purge", self.purge)
+        router.add_get(letters + "/{id}", self.dead_letter)
 
     # health ----------------------------------------------------------------------------------
 
@@ -209,16 +256,23 @@ class OperatorApi:
     async def in_flight(self, request: web.Request) -> web.Response:
         group = self._group(request)
         topic = self._topic(group, request.query.get("topic"))
-        total, jobs = in_flight(group, topic, _limit(request, 100))
-        return web.json_response({"group": group.name, "total": total, "jobs": [asdict(job) for job in jobs]})
+        offset = _offset(request)
+        total, jobs = in_flight(group, topic, _limit(request, 100), offset)
+        shown = fit([asdict(job) for job in jobs], self._list_bytes)
+        return web.json_response(
+            {"group": group.name, "total": total, "offset": offset, "jobs": shown,
+             "next_offset": _next_offset(offset, len(shown), total)}
+        )
 
     async def blocked_keys(self, request: web.Request) -> web.Response:
         group = self._group(request)
         topic = self._topic(group, request.query.get("topic"))
         offset = _offset(request)
         total, keys = blocked_keys(group, topic, _limit(request, 20), offset)
+        shown = fit([asdict(key) for key in keys], self._list_bytes)
         return web.json_response(
-            {"group": group.name, "total": total, "offset": offset, "keys": [asdict(key) for key in keys]}
+            {"group": group.name, "total": total, "offset": offset, "keys": shown,
+             "next_offset": _next_offset(offset, len(shown), total)}
         )
 
     # dead letters ----------------------------------------------------------------------------
@@ -227,30 +281,53 @@ class OperatorApi:
         group = self._group(request)
         topic = self._topic(group, request.match_info["topic"])
         assert topic is not None and self._service.redis is not None
-        return DeadLetters(self._service.redis, group.name, topic)
+        # Redis reads are bounded below the answer's cap (JSON adds a third for base64, more for text).
+        return DeadLetters(self._service.redis, group.name, topic, max_bytes=self._list_bytes // 3)
 
     async def dead_letters(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
         after = request.query.get("after")
-        page = await letters.read(after, _limit(request, 100))
+        page = await letters.read(after, _limit(request, 100), self._value_cut)
+        entries = [dead_letter_json(letter) for letter in page.entries]
+        shown = fit(entries, self._list_bytes)
         return web.json_response(
             {
                 "group": letters.group,
                 "topic": letters.topic,
                 "total": await letters.count(),
-                "entries": [dead_letter_json(letter) for letter in page],
-                "next_after": page[-1].id if page else None,
+                "entries": shown,
+                "next_after": shown[-1]["id"] if shown else None,
+                "more": page.more or len(shown) < len(entries),
             }
         )
 
+    async def dead_letter(self, request: web.Request) -> web.Response:
+        """One dead letter with as much of its value as the answer's cap allows (all of it below that)."""
+        letters = self._letters(request)
+        entry_id = check_id(request.match_info["id"])
+        letter = await letters.get(entry_id, self._list_bytes * 3 // 4)  # base64 takes 4 bytes per 3
+        if letter is None:
+            raise UnknownEntryError(f"dead letter {entry_id} of {letters.group}/{letters.topic} is not in the stream")
+        answer = dead_letter_json(letter)
+        if json_size(answer) > self._max_answer:
+            answer["value_text"] = None  # the text doubles the value: value_base64 alone fits
+        return web.json_response(answer)
+
     async def replay(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        result = await letters.replay(_selection(await self._read_body(request)))
+        selection = _selection(await self._read_body(request))
+        async with self._letter_lock(letters):
+            result = await letters.replay(selection)
         log.info("replayed %d dead letters of %s/%s", result.replayed, letters.group, letters.topic)
         return web.json_response({"replayed": result.replayed, "missing": result.missing})
 
+    def _letter_lock(self, letters: DeadLetters) -> asyncio.Lock:
+        return self._letter_locks.setdefault((letters.group, letters.topic), asyncio.Lock())
+
     async def purge(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        purged = await letters.purge(_selection(await self._read_body(request)))
+        selection = _selection(await self._read_body(request))
+        async with self._letter_lock(letters):
+            purged = await letters.purge(selection)
         log.info("purged %d dead letters of %s/%s", purged, letters.group, letters.topic)
         return web.json_response({"purged": purged})
