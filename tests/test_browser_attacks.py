@@ -195,14 +195,18 @@ async def test_the_console_still_works_under_localhost(
     async with http_proxy(redis_url, {"order_key": "KEY"}, http=http) as (service, api):
         api.headers = headers
         await prepare(service, redis_url)
+        assert service.broker is not None  # and one whose value the listing cuts
+        big = StoredMessage(9, b"long text " * 10_000, "d", "", {}, 1)
+        await service.broker.dead_letter("g", "t", 0, big, 1, "x")
         page = await browser.new_page()
         await page.goto(f"http://localhost:{service.http_port}/")
         if token:
             await page.locator("#token").fill(token)
             await page.locator("#token").press("Enter")
         await expect(page.locator("#main")).to_be_visible()
-        await expect(page.locator("#dead tbody tr")).to_have_count(5)
+        await expect(page.locator("#dead tbody tr")).to_have_count(6)
+        await expect(page.locator("#dead tbody tr td.body").last).to_contain_text("… (100,000 bytes)")
         page.on("dialog", lambda dialog: dialog.accept())
         await page.locator("#purge-all").click()
-        await expect(page.locator("#dead-result")).to_have_text("purged 5")
+        await expect(page.locator("#dead-result")).to_have_text("purged 6")
         assert (await api.call("GET", LETTERS))[1]["total"] == 0

@@ -1,4 +1,4 @@
-"""Who may call what over HTTP: the one middleware that decides, before any handler runs.
+"""Who may call what over HTTP: decided by one middleware before any handler runs (and CORS by another).
 
 Every port is assumed reachable by a hostile client and by a hostile web page in the operator's
 browser. The rules, by route (decided by the route that matched, so no spelling of a URL slips by):
@@ -34,7 +34,7 @@ from aiohttp.typedefs import Middleware
 
 from ddmq.config.schema import HttpConfig
 from ddmq.proxy.errors import ForbiddenError, UnauthorizedError, UnsupportedMediaTypeError
-from ddmq.proxy.http_server.errors import Handler
+from ddmq.proxy.http_server.errors import Handler, error_response
 
 ADMIN_PREFIX: Final = "/admin/"
 DATA_PREFIX: Final = "/v1/"
@@ -171,22 +171,28 @@ class AccessPolicy:
         )
 
 
-def access_guard(config: HttpConfig) -> Middleware:
-    """Middleware applying :class:`AccessPolicy`; it runs inside the errors middleware, so a refusal
-    is the usual JSON error answer."""
+def access_guard(config: HttpConfig) -> tuple[Middleware, Middleware]:
+    """Two middlewares applying :class:`AccessPolicy`: the CORS one goes outermost (so error answers to
+    an allowed origin carry its headers too, and the page can read them); the guard goes innermost,
+    inside the errors middleware, so a refusal is the usual JSON error answer."""
     policy = AccessPolicy(config)
 
     @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method == "OPTIONS" and request.path.startswith((DATA_PREFIX, ADMIN_PREFIX)):
-            return policy.preflight(request)
-        resource = request.match_info.route.resource
-        path = resource.canonical if resource is not None else ""
-        policy.check(request, path)
+            try:
+                return policy.preflight(request)
+            except ForbiddenError as exc:
+                return error_response(403, exc.code, str(exc))
         response = await handler(request)
-        cors = policy.cors_headers(request)
-        if cors and path.startswith((DATA_PREFIX, ADMIN_PREFIX)):
-            response.headers.update(cors)
+        if request.path.startswith((DATA_PREFIX, ADMIN_PREFIX)):
+            response.headers.update(policy.cors_headers(request))
         return response
 
-    return guard
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        policy.check(request, resource.canonical if resource is not None else "")
+        return await handler(request)
+
+    return cors, guard

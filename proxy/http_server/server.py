@@ -78,9 +78,10 @@ def load_openapi() -> dict[str, Any]:
 
 def build_app(service: ProxyService, config: HttpConfig, connections: HttpConnections | None = None) -> web.Application:
     connections = connections or HttpConnections(config)
+    cors, guard = access_guard(config)
     app = web.Application(
         client_max_size=config.max_body_bytes,
-        middlewares=[errors_middleware, connections.middleware, access_guard(config)],
+        middlewares=[cors, errors_middleware, connections.middleware, guard],
     )
     PullApi(service.endpoint(config.max_linger_ms), connections.read_body).add_routes(app)
     OperatorApi(service, connections.read_body).add_routes(app)

@@ -66,6 +66,12 @@ async def test_allowed_origins_get_cors_headers_and_a_preflight(redis_url: str) 
             assert response.status == 200 and response.headers["Access-Control-Allow-Origin"] == allowed
         async with api.session.post(api.base + "/v1/pull", json={"group": "g", "linger_ms": 0}) as response:
             assert response.status == 200 and "Access-Control-Allow-Origin" not in response.headers
+        # An error answer to an allowed origin carries the headers too, so its page can read why.
+        async with api.session.post(
+            api.base + "/v1/pull", json={"group": "nope"}, headers={"Origin": allowed}
+        ) as response:
+            assert response.status == 404 and response.headers["Access-Control-Allow-Origin"] == allowed
+            assert (await response.json())["code"] == 1001
         # The console's own page (same origin, loopback Host) needs no entry.
         status, _ = await api.call("GET", "/admin/groups", headers={"Origin": api.base})
         assert status == 200
