@@ -52,10 +52,10 @@ def _next_offset(offset: int, shown: int, total: int) -> int | None:
     return offset + shown if offset + shown < total else None
 
 
-def _offset(request: web.Request) -> int:
-    raw = request.query.get("offset", "0")
+def _offset(request: web.Request, name: str = "offset") -> int:
+    raw = request.query.get(name, "0")
     if not raw.isdigit() or int(raw) > MAX_OFFSET:
-        raise BadRequestError(f"offset must be an integer 0..{MAX_OFFSET}, got {raw!r}")
+        raise BadRequestError(f"{name} must be an integer 0..{MAX_OFFSET}, got {raw!r}")
     return int(raw)
 
 
@@ -207,16 +207,20 @@ class OperatorApi:
 
     async def group(self, request: web.Request) -> web.Response:
         group = self._group(request)
+        first = _offset(request, "queue_offset")
         view = asdict(group_view(group))
         status = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
-        return web.json_response(
-            {
-                **view,
-                "members": status.members,
-                "member_ttl_ms": self._service.config.leases.ttl_ms,
-                "queues": await self._queue_rows(group, status.queues),
-            }
-        )
+        answer: dict[str, Any] = {
+            **view,
+            "members": status.members,
+            "member_ttl_ms": self._service.config.leases.ttl_ms,
+            "queue_offset": first,
+        }
+        # Thousands of queues over several topics could pass the cap: the queue rows are paged.
+        rows = fit(await self._queue_rows(group, status.queues[first:]), self._list_bytes - json_size(answer))
+        answer["queues"] = rows
+        answer["next_queue_offset"] = _next_offset(first, len(rows), len(status.queues))
+        return web.json_response(answer)
 
     async def _queue_rows(self, group: ConsumerGroup, queues: list[QueueStatus]) -> list[dict[str, Any]]:
         """``ddmq status``'s rows plus the time lag, and this proxy's job counts for queues it holds."""

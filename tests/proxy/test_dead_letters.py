@@ -11,6 +11,7 @@ from typing import Any
 
 import redis.asyncio
 
+from ddmq.client.producer import AsyncProducer
 from ddmq.protocol import keys
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.proxy.dead_letters import DeadLetters
@@ -192,3 +193,33 @@ async def test_replay_by_id_claims_each_once(redis_url: str, redis_client: redis
         assert sorted(len(answer["missing"]) for _, answer in answers) == [0, 6, 6, 6]
         assert await queue_entries(redis_client) == 6
         assert [v for _, v in await consume_all(api, 6)] == [f"v{i}" for i in range(6)]
+
+
+async def test_every_admin_list_is_paged_by_bytes(redis_url: str) -> None:
+    """In-flight jobs, blocked keys and the group's queue rows stop at the cap and say where to go on."""
+    long_key = "k" * 3000  # 3 KB keys make every row big
+    config = {"order_key": "KEY", "timeout_ms": 60_000}
+    async with http_proxy(redis_url, config, http={"max_answer_bytes": CAP}, queues=512) as (_, api):
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": f"{long_key}{i}", "value": "v"} for i in range(60)])
+        held = 0
+        while held < 60:
+            held += len((await pull(api, max_batch=100))["messages"])
+        for path, items in (("/admin/groups/g/in-flight", "jobs"), ("/admin/groups/g/blocked-keys", "keys"),
+                            ("/admin/groups/g", "queues")):
+            offset_name = "queue_offset" if items == "queues" else "offset"
+            next_name = "next_queue_offset" if items == "queues" else "next_offset"
+            seen = offset = pages = 0
+            while True:
+                params = {offset_name: str(offset), **({"limit": "1000"} if items != "queues" else {})}
+                async with api.session.get(api.base + path, params=params) as response:
+                    raw = await response.read()
+                assert response.status == 200 and len(raw) <= CAP, (path, len(raw))
+                answer = api.checker.check("GET", path, 200, "application/json", raw)
+                seen += len(answer[items])
+                pages += 1
+                if answer[next_name] is None:
+                    break
+                assert answer[next_name] == offset + len(answer[items])
+                offset = answer[next_name]
+            assert seen == (512 if items == "queues" else 60) and pages > 1, (path, seen, pages)

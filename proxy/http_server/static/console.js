@@ -185,6 +185,12 @@
         cell(num(q.retry_wait), "num"),
       ),
     );
+    if (detail.next_queue_offset !== null) {
+      // The answer stopped at its byte cap: say so rather than show a table that looks complete.
+      const next = detail.next_queue_offset;
+      const rest = `${num(next)} queues shown; the rest: /admin/groups/${state.group}?queue_offset=${next}`;
+      rows.push(el("tr", {}, el("td", { colspan: "12", className: "muted" }, rest)));
+    }
     $("queues").tBodies[0].replaceChildren(...rows);
   }
 
