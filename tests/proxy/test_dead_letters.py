@@ -12,8 +12,10 @@ from typing import Any
 import redis.asyncio
 
 from ddmq.client.producer import AsyncProducer
-from ddmq.protocol import keys
+from ddmq.protocol import keys, stream_entry
+from ddmq.protocol.connection import async_redis
 from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol.queues import ensure_topic
 from ddmq.proxy.dead_letters import DeadLetters
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.types import StoredMessage
@@ -223,3 +225,27 @@ async def test_every_admin_list_is_paged_by_bytes(redis_url: str) -> None:
                 assert answer[next_name] == offset + len(answer[items])
                 offset = answer[next_name]
             assert seen == (512 if items == "queues" else 60) and pages > 1, (path, seen, pages)
+
+
+async def test_replay_and_pages_run_on_a_redis_cluster(cluster_url: str) -> None:
+    """Every script touches one slot: the dead-letter stream with its claims, a queue with its markers."""
+    client = async_redis(cluster_url, decode_responses=False)
+    try:
+        await ensure_topic(client, "t", 4)
+        for i in range(30):
+            fields = stream_entry.encode_entry(f"v{i:02d}".encode(), f"k{i % 3}", None, None, 1)
+            entry = {**dict(zip(fields[::2], fields[1::2], strict=True)), "qid": queue_for_key(f"k{i % 3}", 4)}
+            await client.xadd(keys.dead_letters("g", "t"), entry)
+        letters = DeadLetters(client, "g", "t", max_bytes=200)
+        page = await letters.read(limit=1000)
+        assert page.more and 0 < len(page.entries) < 30
+        results = await asyncio.gather(letters.replay(None), DeadLetters(client, "g", "t").replay(None))
+        assert sum(result.replayed for result in results) == 30
+        produced: dict[str, list[str]] = {}
+        for qid in range(4):
+            for _, entry in await client.xrange(keys.stream("t", qid)):
+                produced.setdefault(entry[b"k"].decode(), []).append(entry[b"v"].decode())
+        assert sorted(v for values in produced.values() for v in values) == [f"v{i:02d}" for i in range(30)]
+        assert await client.xlen(keys.dead_letters("g", "t")) == 0
+    finally:
+        await client.aclose()
