@@ -34,15 +34,10 @@ def exposure_warnings(config: ProxyConfig) -> list[str]:
             "(thrift.allowed_clients, a firewall or a network policy), or bind 127.0.0.1"
         )
     http = config.http
-    if http.enabled and not is_loopback_bind(http.host):
-        if http.data_token is None:
-            warnings.append(
-                f"http binds {http.host}:{http.port}, beyond loopback, without http.data_token: any host that "
-                "reaches the port can pull and ack every group over /v1/...; set http.data_token"
-            )
-        if http.admin_token is None:
-            warnings.append(
-                f"http binds {http.host}:{http.port}, beyond loopback, without http.admin_token: the console and "
-                "/admin/... answer loopback clients only; set http.admin_token to use them from elsewhere"
-            )
+    # The console and /admin/... stay closed to other hosts without admin_token: no exposure there.
+    if http.enabled and not is_loopback_bind(http.host) and http.data_token is None:
+        warnings.append(
+            f"http binds {http.host}:{http.port}, beyond loopback, without http.data_token: any host that "
+            "reaches the port can pull and ack every group over /v1/...; set http.data_token"
+        )
     return warnings

@@ -145,8 +145,8 @@ async def test_the_data_token_guards_the_pull_api_only(redis_url: str) -> None:
 @pytest.mark.parametrize(
     ("http", "expected"),
     [
-        ({}, ["thrift binds 0.0.0.0", "http binds 0.0.0.0", "without http.data_token", "without http.admin_token"]),
-        ({"data_token": DATA_TOKEN, "admin_token": TOKEN}, ["thrift binds 0.0.0.0"]),
+        ({}, ["thrift binds 0.0.0.0", "http binds 0.0.0.0", "without http.data_token"]),
+        ({"data_token": DATA_TOKEN}, ["thrift binds 0.0.0.0"]),
     ],
 )
 async def test_a_bind_beyond_loopback_without_defences_is_warned_about(
