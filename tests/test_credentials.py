@@ -7,10 +7,13 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+import requests
 
 from ddmq.client.producer import AsyncProducer
 from ddmq.protocol.connection import redact_url
@@ -19,6 +22,7 @@ from ddmq.proxy.service import ProxyService
 
 from .proxy.conftest import proxy_config
 from .proxy.test_http_api import eventually
+from .support import ProxyProcess, free_port
 
 PASSWORD = "s3cret-Passw0rd"
 USER = "ddmq-proxy-test"
@@ -108,3 +112,34 @@ def test_cli_errors_show_the_url_masked(acl_url: str) -> None:
     )
     assert PASSWORD not in proc.stderr + proc.stdout and f"{USER}:***@" in proc.stderr
 
+
+
+def test_a_proxy_process_takes_its_secrets_from_the_environment(
+    acl_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``${VAR}`` in the config file: the Redis password and the admin token come from the environment;
+    the log names neither."""
+    token = "env-admin-token-0123456789"
+    monkeypatch.setenv("DDMQ_TEST_REDIS_PASSWORD", PASSWORD)
+    monkeypatch.setenv("DDMQ_TEST_ADMIN_TOKEN", token)
+    port = free_port()
+    templated = acl_url.replace(PASSWORD, "${DDMQ_TEST_REDIS_PASSWORD}")
+    process = ProxyProcess(
+        tmp_path, templated, {"g": {"t": {}}}, {"t": {"queues": 2}},
+        http={"enabled": True, "port": port, "admin_token": "${DDMQ_TEST_ADMIN_TOKEN}"},
+    ).start()
+    try:
+        assert "${DDMQ_TEST_REDIS_PASSWORD}" in process.config_path.read_text()  # the file holds no secret
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while "ready:" not in process.log():
+            assert time.monotonic() < deadline, process.log()
+            time.sleep(0.1)
+        assert requests.get(base + "/admin/groups", timeout=5).status_code == 401
+        answer = requests.get(base + "/admin/groups", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        assert answer.status_code == 200 and answer.json()["groups"][0]["group"] == "g"
+        log = process.log()
+        assert f"redis redis://{USER}:***@" in log
+        assert PASSWORD not in log and token not in log
+    finally:
+        process.stop()
