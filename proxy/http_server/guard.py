@@ -105,7 +105,7 @@ class AccessPolicy:
         if path.startswith(DATA_PREFIX):
             if origin is not None and not self.allowed_origin(origin):
                 raise ForbiddenError(
-                    f"calls from a web page of another origin ({origin!r}) are refused; "
+                    f"calls from a web page of another origin ({origin[:100]!r}) are refused; "
                     "list it in http.allowed_origins to allow it"
                 )
             if self._data is not None and not self._bearer(request, self._data):
