@@ -40,6 +40,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Final, NamedTuple
 
 from ddmq.protocol import keys, stream_entry
@@ -174,7 +175,7 @@ class DeadLetters:
         self._claims = keys.dead_letter_claims(group, topic)
         self._max_bytes = max_bytes
 
-    def _errors(self, doing: str) -> Any:
+    def _errors(self, doing: str) -> AbstractContextManager[None]:
         return map_redis_errors(f"{doing} dead letters of {self.group}/{self.topic}")
 
     async def count(self) -> int:
