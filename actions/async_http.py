@@ -24,6 +24,7 @@ import aiohttp
 from ddmq.actions.base import ChainContext, register
 from ddmq.actions.jsonpath import MISSING, compile_jsonpath
 from ddmq.actions.push import Failure, Outcome, PushAction
+from ddmq.protocol.connection import redact_url
 from ddmq.proxy.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 from ddmq.proxy.reader import TokenBucket
 
@@ -116,8 +117,14 @@ class AsyncHttpAction(PushAction):
                 if 200 <= response.status < 300:
                     return None
                 snippet = answer[:_ERROR_SNIPPET].decode("utf-8", "replace")
-                return Failure(f"HTTP {response.status} from {url}: {snippet}")
+                return Failure(f"HTTP {response.status} from {redact_url(url)}: {snippet}")
         except TimeoutError:
-            return Failure(f"no answer from {url} within {self.config.timeout_ms} ms")
+            return Failure(f"no answer from {redact_url(url)} within {self.config.timeout_ms} ms")
         except aiohttp.ClientError as exc:
-            return Failure(f"request to {url} failed: {exc!r}")
+            # The error's text can quote the URL, credentials included: name its type, show the URL masked.
+            return Failure(f"request to {redact_url(url)} failed: {type(exc).__name__}: {_masked(exc, url)}")
+
+
+def _masked(exc: BaseException, url: str) -> str:
+    """``exc``'s text with ``url`` (and so its password) shown masked."""
+    return str(exc).replace(url, redact_url(url))

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 
 from ddmq.protocol import clitools
-from ddmq.protocol.connection import REDIS_ERRORS, sync_redis
+from ddmq.protocol.connection import REDIS_ERRORS, redact_url, sync_redis
 from ddmq.protocol.status import DEFAULT_MEMBER_TTL_MS, GroupStatus, QueueStatus, group_status
 
 __all__ = ["DEFAULT_MEMBER_TTL_MS", "GroupStatus", "QueueStatus", "add_cli", "format_status", "group_status"]
@@ -99,15 +99,16 @@ def _status_command(args: argparse.Namespace) -> int:
         with sync_redis(args.redis) as client:
             status = group_status(client, args.group, args.topic, args.member_ttl_ms)
     except _STATUS_ERRORS as exc:
-        raise clitools.CliError(f"{args.redis}: {exc}") from exc
+        raise clitools.CliError(f"{redact_url(args.redis)}: {exc}") from exc
     if status.missing_topics:
         raise clitools.CliError(
-            f"no topic {', '.join(map(repr, status.missing_topics))} in {args.redis}"
+            f"no topic {', '.join(map(repr, status.missing_topics))} in {redact_url(args.redis)}"
             " (a topic exists once a proxy serving it started or a producer wrote to it)"
         )
     if not status.known:
         raise clitools.CliError(
-            f"group {args.group!r} is unknown to {args.redis}: no proxy has served it and it has no committed offset"
+            f"group {args.group!r} is unknown to {redact_url(args.redis)}: "
+            "no proxy has served it and it has no committed offset"
         )
     print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
     return 0

@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from ddmq.protocol import clitools, keys
-from ddmq.protocol.connection import REDIS_ERRORS, SyncRedis, sync_redis
+from ddmq.protocol.connection import REDIS_ERRORS, SyncRedis, redact_url, sync_redis
 
 __all__ = ["QueueInfo", "TopicInfo", "add_cli", "topic_info"]
 
@@ -104,9 +104,9 @@ def _read(args: argparse.Namespace, names: list[str] | None) -> list[TopicInfo]:
         with sync_redis(args.redis) as client:
             found = [topic_info(client, name) for name in (names if names is not None else topic_names(client))]
     except _ERRORS as exc:
-        raise clitools.CliError(f"{args.redis}: {exc}") from exc
+        raise clitools.CliError(f"{redact_url(args.redis)}: {exc}") from exc
     if names is not None and None in found:
-        raise clitools.CliError(f"no topic {names[0]!r} in {args.redis}")
+        raise clitools.CliError(f"no topic {names[0]!r} in {redact_url(args.redis)}")
     return [info for info in found if info is not None]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,51 @@ _StrictLoader.yaml_implicit_resolvers = {
 _StrictLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
+#: ``${NAME}``, ``${NAME:-default}``, and ``$${`` for a literal ``${``.
+_VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
+
+
+def expand_variables(data: Any, environ: Mapping[str, str], source: str = "<config>") -> Any:
+    """``data`` with ``${NAME}`` and ``${NAME:-default}`` in every string value replaced from ``environ``.
+
+    Secrets such as ``http.admin_token`` or a Redis password can then live in the environment (a
+    container's, a secret store's) instead of the file. Only values are expanded, never keys, and an
+    expanded value is not expanded again. An unset variable without a default is a ConfigError naming
+    the variable and the field; the variable's value never appears in an error.
+    """
+
+    def expand(value: str, where: str) -> str:
+        def one(match: re.Match[str]) -> str:
+            if match.group(0) == "$${":
+                return "${"
+            name = match.group(1)
+            if name is None:
+                raise ConfigError(
+                    f"{source}: {where}: '${{' must start ${{NAME}} or ${{NAME:-default}} (write $${{ for a literal)"
+                )
+            found = environ.get(name)
+            if found is not None:
+                return found
+            if match.group(2) is not None:
+                return match.group(2)
+            raise ConfigError(
+                f"{source}: {where}: environment variable {name} is not set (and ${{{name}}} has no :-default)"
+            )
+
+        return _VARIABLE.sub(one, value)
+
+    def walk(node: Any, loc: tuple[int | str, ...]) -> Any:
+        if isinstance(node, str):
+            return expand(node, _path(loc))
+        if isinstance(node, dict):
+            return {key: walk(value, (*loc, key)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value, (*loc, index)) for index, value in enumerate(node)]
+        return node
+
+    return walk(data, ())
+
+
 def _path(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc) or "<top level>"
 
@@ -60,7 +107,7 @@ def parse(data: Any, source: str = "<config>") -> ProxyConfig:
 
 
 def load(path: str | Path) -> ProxyConfig:
-    """Read and validate a YAML config file."""
+    """Read a YAML config file, expand ``${VAR}`` in its values (:func:`expand_variables`), validate it."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -72,4 +119,4 @@ def load(path: str | Path) -> ProxyConfig:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if data is None:
         raise ConfigError(f"{path}: the file is empty; a config needs at least its groups (see config/examples/)")
-    return parse(data, str(path))
+    return parse(expand_variables(data, os.environ, str(path)), str(path))

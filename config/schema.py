@@ -7,6 +7,7 @@ The registry in ``ddmq.actions`` holds the implementations and a test keeps the 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -75,6 +76,28 @@ class ThriftConfig(ListenConfig, ConnectionLimits):
         return self
 
 
+_HOST_NAME = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?\.?)+$|^\[[0-9A-Fa-f:.]+\]$")
+
+
+def _host(value: str) -> str:
+    """``name`` or ``name:port``; names compare without case."""
+    name, colon, port = value.rpartition(":") if not value.endswith("]") else (value, "", "")
+    if not colon:
+        name, port = value, ""
+    if not _HOST_NAME.match(name) or (colon and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise ValueError(f"{value!r} is not a host name or name:port")
+    return value.lower()
+
+
+def _origin(value: str) -> str:
+    """``scheme://host[:port]`` exactly as a browser sends it in ``Origin`` (no path, no trailing slash)."""
+    scheme, sep, rest = value.partition("://")
+    if scheme not in ("http", "https") or not sep or "/" in rest or not rest:
+        raise ValueError(f"{value!r} is not an origin like https://ops.example.com or http://127.0.0.1:8080")
+    _host(rest)
+    return value.lower()
+
+
 class HttpConfig(ConnectionLimits):
     """The HTTP server: pull API, ``/metrics``, health checks and the admin endpoints."""
 
@@ -92,11 +115,29 @@ class HttpConfig(ConnectionLimits):
     max_linger_ms: Annotated[int, Field(ge=0)] = 30_000
     #: Connections open at once (see ConnectionLimits; fewer than Thrift: HTTP clients are few).
     max_connections: Annotated[int, Field(ge=1)] = 256
+    #: Browser origins (``scheme://host[:port]``) whose pages may call ``/v1/...`` and ``/admin/...``
+    #: (CORS). A request whose ``Origin`` is not listed is refused (403); the console, served by the
+    #: proxy itself, needs no entry. Empty (the default): no other site's page may call the proxy.
+    allowed_origins: list[Annotated[str, AfterValidator(_origin)]] = []
+    #: Host names (``name`` or ``name:port``) the console and ``/admin/...`` answer under when no
+    #: admin_token is set, besides loopback literals and ``localhost``: a request naming any other
+    #: ``Host`` (a DNS rebinding attack, say) is refused (403).
+    allowed_hosts: list[Annotated[str, AfterValidator(_host)]] = []
+    #: When set, ``/v1/...`` needs ``Authorization: Bearer <data_token>`` (401 otherwise).
+    data_token: Annotated[str, Field(min_length=16)] | None = None
+    #: Largest admin answer (dead letters, in-flight, blocked keys...): a page stops before the entry that
+    #: would pass it and says where to go on.
+    max_answer_bytes: Annotated[int, Field(ge=64 * 1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
+    #: Values longer than this are cut in listings (``value_truncated: true``); the full value is read
+    #: alone, by id (itself within max_answer_bytes).
+    max_listed_value_bytes: Annotated[int, Field(ge=64, le=16 * 1024 * 1024)] = 16 * 1024
 
     @model_validator(mode="after")
     def _one_body_fits(self) -> HttpConfig:
         if self.max_buffered_bytes < self.max_body_bytes:
             raise ValueError("max_buffered_bytes must be at least max_body_bytes")
+        if self.max_listed_value_bytes * 4 > self.max_answer_bytes:
+            raise ValueError("max_answer_bytes must hold at least four listed values (4 x max_listed_value_bytes)")
         return self
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -39,6 +40,7 @@ __all__ = [
     "eval_script",
     "is_cluster_url",
     "quiet_dropped_cluster_nodes",
+    "redact_url",
     "sync_redis",
 ]
 
@@ -50,6 +52,26 @@ SyncRedis: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 
 #: What a Redis call may raise when Redis is at fault, on one server or on a cluster.
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+
+#: A URL's ``user:password@`` part (the password ends at the last ``@`` before the host list).
+_CREDENTIALS = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:@/?#]*):(?P<password>[^/?#]*)@")
+_SECRET_QUERY = frozenset({"password", "ssl_password"})
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown: the password (in ``user:password@`` or a ``password=`` query
+    parameter) replaced by ``***``, e.g. ``redis://:***@10.0.0.5:6379/0``. Every log line, error
+    message and answer that names a Redis URL goes through here."""
+    shown = _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", url, count=1)
+    if "?" in shown:
+        base, _, query = shown.partition("?")
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(name in _SECRET_QUERY for name, _ in pairs):
+            shown = base + "?" + "&".join(
+                f"{name}=***" if name in _SECRET_QUERY else urlencode({name: value}) for name, value in pairs
+            )
+    return shown
+
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off", ""})
@@ -63,7 +85,7 @@ class _ClusterUrl:
         credentials, _, hosts = parts.netloc.rpartition("@")
         seeds = [seed.strip() for seed in hosts.split(",")]
         if not all(seeds):
-            raise ValueError(f"Redis URL {url!r}: empty host in the seed list")
+            raise ValueError(f"Redis URL {redact_url(url)!r}: empty host in the seed list")
         query = [(name, value) for name, value in parse_qsl(parts.query, keep_blank_values=True) if name != "cluster"]
         netloc = f"{credentials}@{seeds[0]}" if credentials else seeds[0]
         self.first = urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), parts.fragment))
@@ -71,10 +93,10 @@ class _ClusterUrl:
         for seed in seeds[1:]:
             host, _, port = seed.rpartition(":")
             if not host or not port.isdigit():
-                raise ValueError(f"Redis URL {url!r}: seed {seed!r} is not host:port")
+                raise ValueError(f"Redis URL {redact_url(url)!r}: seed {seed!r} is not host:port")
             self.others.append((host.strip("[]"), int(port)))
         if parts.path.strip("/") not in ("", "0"):
-            raise ValueError(f"Redis URL {url!r}: a Redis Cluster has database 0 only")
+            raise ValueError(f"Redis URL {redact_url(url)!r}: a Redis Cluster has database 0 only")
 
 
 def is_cluster_url(url: str) -> bool:
@@ -85,7 +107,7 @@ def is_cluster_url(url: str) -> bool:
                 return True
             if value.lower() in _FALSE:
                 return False
-            raise ValueError(f"Redis URL {url!r}: cluster={value!r} is neither true nor false")
+            raise ValueError(f"Redis URL {redact_url(url)!r}: cluster={value!r} is neither true nor false")
     return False
 
 

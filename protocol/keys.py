@@ -20,6 +20,10 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:rollback:<g>``   hash      rollbacks of the queue group g's proxy detected: ``count``,
                                             ``at_ms``, ``read_upto``, ``stream_end``, ``owner``
 ``ddmq:dlq:{<g>:<t>}``            stream    group g's dead letters for topic t
+``ddmq:dlq:{<g>:<t>}:claimed``    stream    dead letters taken out for a replay under way (field
+                                            ``dlq_id`` + the entry's fields) until produced
+``ddmq:{<t>:<q>}:replayed:<g>``   zset      dead-letter ids of group g produced into the queue
+                                            by a replay, scored by time (kept 7 days)
 ``ddmq:members:{<g>}``            zset      proxies serving group g, scored by last heartbeat (ms)
 ================================  ========  ===================================================
 """
@@ -32,6 +36,7 @@ __all__ = [
     "PREFIX",
     "check_name",
     "committed",
+    "dead_letter_claims",
     "dead_letters",
     "fetch_position",
     "finished",
@@ -39,6 +44,7 @@ __all__ = [
     "lease_term",
     "members",
     "offset_of",
+    "replayed",
     "rollbacks",
     "sequence",
     "stream",
@@ -110,6 +116,14 @@ def members(group: str) -> str:
 
 def dead_letters(group: str, topic: str) -> str:
     return f"{PREFIX}:dlq:{{{group}:{topic}}}"
+
+
+def dead_letter_claims(group: str, topic: str) -> str:
+    return f"{dead_letters(group, topic)}:claimed"
+
+
+def replayed(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:replayed:{group}"
 
 
 def stream_id(offset: int) -> str:

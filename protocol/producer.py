@@ -34,7 +34,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from ddmq.protocol import keys, stream_entry
-from ddmq.protocol.connection import REDIS_ERRORS, AsyncRedis, SyncRedis, async_redis, sync_redis
+from ddmq.protocol.connection import REDIS_ERRORS, AsyncRedis, SyncRedis, async_redis, redact_url, sync_redis
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.queues import (
     PRODUCE_LUA,
@@ -218,7 +218,7 @@ class Producer:
             try:
                 self._redis: SyncRedis = sync_redis(url_or_client)
             except REDIS_ERRORS as exc:  # a cluster client reads the slot map at once
-                raise ProduceError(f"cannot reach the Redis Cluster at {url_or_client}: {exc}") from exc
+                raise ProduceError(f"cannot reach the Redis Cluster at {redact_url(url_or_client)}: {exc}") from exc
             self._owned = True
         else:
             self._redis = url_or_client

@@ -7,9 +7,12 @@
     │   ├── UnknownGroupError     1001
     │   ├── UnknownTopicError     1002
     │   ├── BadRequestError       1003
+    │   │   ├── UnsupportedMediaTypeError  1003  HTTP body not sent as application/json (415)
+    │   │   └── UnknownEntryError          1003  HTTP: no such dead letter (404)
     │   ├── NotSupportedError     1004
-    │   ├── UnauthorizedError     1007  HTTP admin endpoint without the right bearer token
-    │   └── ForbiddenError        1008  HTTP admin endpoint from another host, no token configured
+    │   ├── UnauthorizedError     1007  HTTP admin or data endpoint without the right bearer token
+    │   └── ForbiddenError        1008  HTTP call refused: another site's page (Origin), a Host
+    │                                   name not allowed, admin from another host without a token
     ├── UnavailableError          1005  shutting down or not ready; retry elsewhere/later
     ├── BrokerError               1006  Redis failed; retriable
     └── ConfigError                     a config file is invalid (never on the wire)
@@ -41,6 +44,15 @@ class UnknownTopicError(RequestError):
 
 class BadRequestError(RequestError):
     code = 1003
+
+
+class UnsupportedMediaTypeError(BadRequestError):
+    """A body in another format than JSON; HTTP answers 415 (a browser page of another site can send
+    only form and text bodies without asking first)."""
+
+
+class UnknownEntryError(BadRequestError):
+    """An admin call names an entry (a dead letter) that is not there; HTTP answers 404."""
 
 
 class NotSupportedError(RequestError):

@@ -22,7 +22,13 @@ from time import perf_counter
 from types import TracebackType
 
 from ddmq.config.schema import ProxyConfig
-from ddmq.protocol.connection import AsyncRedis, async_redis, is_cluster_url, quiet_dropped_cluster_nodes
+from ddmq.protocol.connection import (
+    AsyncRedis,
+    async_redis,
+    is_cluster_url,
+    quiet_dropped_cluster_nodes,
+    redact_url,
+)
 from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, ConnectionCounter, map_redis_errors
@@ -36,6 +42,7 @@ from ddmq.proxy.errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
+from ddmq.proxy.exposure import exposure_warnings
 from ddmq.proxy.fetch import LowLevelApi
 from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
 from ddmq.proxy.http_server import HttpServer
@@ -117,12 +124,12 @@ class ProxyService:
                 self._embedded = None
                 raise UnavailableError(f"cannot start the embedded redis-server: {exc}") from exc
             self.redis_url = self._embedded.url
-            log.info("embedded redis-server at %s (data in %s)", self.redis_url, embedded.data_dir)
+            log.info("embedded redis-server at %s (data in %s)", redact_url(self.redis_url), embedded.data_dir)
         connections = ConnectionCounter()  # lets readers notice a Redis restart or failover (see QueueReader)
         self.redis = async_redis(self.redis_url, decode_responses=False, redis_connect_func=connections.on_connect)
         if is_cluster_url(self.redis_url):
             quiet_dropped_cluster_nodes(asyncio.get_running_loop())
-        with map_redis_errors(f"connecting to {self.redis_url}"):
+        with map_redis_errors(f"connecting to {redact_url(self.redis_url)}"):
             await self.redis.ping()
         self.broker = Broker(self.redis, connections)
         self._low_level = LowLevelApi(self.broker)
@@ -174,8 +181,10 @@ class ProxyService:
             "ddmq-proxy %s ready: thrift %s:%d, http %s, redis %s, groups %s",
             config.instance_id, thrift.host, self.thrift_port,
             f"{config.http.host}:{self.http_port}" if self.http_port is not None else "off",
-            self.redis_url, sorted(self.groups),
+            redact_url(self.redis_url), sorted(self.groups),
         )
+        for warning in exposure_warnings(config):
+            log.warning("%s", warning)
 
     async def close(self) -> None:
         """Graceful stop: stop reading, answer parked pulls, let clients ack for ``shutdown_grace_ms``,

@@ -103,16 +103,16 @@ def group_view(group: ConsumerGroup) -> GroupView:
     return GroupView(group.name, group.buffer.parked, topics)
 
 
-def in_flight(group: ConsumerGroup, topic: str | None, limit: int) -> tuple[int, list[JobView]]:
-    """The group's in-flight jobs (all of ``topic`` when given): total count, and the ``limit`` with the
-    most attempts (then lowest offset)."""
+def in_flight(group: ConsumerGroup, topic: str | None, limit: int, offset: int = 0) -> tuple[int, list[JobView]]:
+    """The group's in-flight jobs (all of ``topic`` when given): total count, and ``limit`` of them from
+    position ``offset`` in order of most attempts (then lowest offset)."""
     jobs = [
         job
         for job in group.buffer.jobs()
         if job.state is JobState.IN_FLIGHT and (topic is None or job.queue.topic == topic)
     ]
-    top = heapq.nsmallest(limit, jobs, key=lambda job: (-job.attempts, job.queue, job.offset))
-    return len(jobs), [job_view(job) for job in top]
+    top = heapq.nsmallest(offset + limit, jobs, key=lambda job: (-job.attempts, job.queue, job.offset))
+    return len(jobs), [job_view(job) for job in top[offset:]]
 
 
 def blocked_keys(

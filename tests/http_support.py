@@ -90,8 +90,11 @@ class ApiClient:
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
+        sent = {**self.headers, **(headers or {})}
+        if data is not None and not any(name.lower() == "content-type" for name in sent):
+            sent["Content-Type"] = "application/json"  # raw bytes stand for a JSON client's body
         async with self.session.request(
-            method, self.base + path, json=json, data=data, params=params, headers={**self.headers, **(headers or {})}
+            method, self.base + path, json=json, data=data, params=params, headers=sent
         ) as response:
             body = await response.read()
             return response.status, self.checker.check(method, path, response.status, response.content_type, body)

@@ -30,6 +30,14 @@ REPO = Path(__file__).resolve().parents[1]
 APP = "/app"  # the Dockerfile's WORKDIR: the repo's files are copied there
 
 
+@pytest.fixture(autouse=True)
+def admin_token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The token docker-compose.yml hands to the proxy, which its config reads from the environment."""
+    token = "compose-token-0123456789"
+    monkeypatch.setenv("DDMQ_ADMIN_TOKEN", token)
+    return token
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -99,7 +107,7 @@ def test_every_command_parses_and_its_files_exist(compose: dict[str, Any]) -> No
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
 
-def test_the_services_agree_on_addresses_topic_and_group(compose: dict[str, Any]) -> None:
+def test_the_services_agree_on_addresses_topic_and_group(compose: dict[str, Any], admin_token: str) -> None:
     services = compose["services"]
     config = load(in_repo(proxy_parser().parse_args(services["proxy"]["command"][1:]).config))
     assert config.redis == "redis://redis:6379/0" and config.thrift.port == 9713
@@ -118,6 +126,10 @@ def test_the_services_agree_on_addresses_topic_and_group(compose: dict[str, Any]
     assert environment["DDMQ_REDIS"] == config.redis
     assert environment["DDMQ_SERVERS"] == f"127.0.0.1:{config.thrift.port}"
     assert environment["DDMQ_HTTP"] == f"http://127.0.0.1:{config.http.port}"
+    # The console is opened from the host, across the Docker bridge: that needs the admin token, which
+    # the config takes from the environment compose passes (and compose refuses to start without it).
+    assert environment["DDMQ_ADMIN_TOKEN"].startswith("${DDMQ_ADMIN_TOKEN:?")
+    assert config.http.admin_token == admin_token
 
 
 def test_compose_file_follows_the_compose_specification(compose: dict[str, Any]) -> None:

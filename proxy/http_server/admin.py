@@ -1,22 +1,19 @@
 """Operator endpoints: ``/metrics``, ``/healthz``, ``/readyz`` and the ``/admin/...`` JSON views.
 
 The handlers decode the query, call one function of :mod:`ddmq.proxy.views`,
-:mod:`ddmq.proxy.dead_letters` or :mod:`ddmq.protocol.status`, and encode the answer. Access to
-``/admin/...`` is checked by :func:`admin_guard` (bearer token, or loopback peers only).
+:mod:`ddmq.proxy.dead_letters` or :mod:`ddmq.protocol.status`, and encode the answer. Who may
+call ``/admin/...`` is decided before, by :mod:`ddmq.proxy.http_server.guard`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
+import json
 import logging
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import urlsplit
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ddmq.protocol.connection import REDIS_ERRORS, sync_redis
@@ -25,13 +22,11 @@ from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
     BadRequestError,
     BrokerError,
-    ForbiddenError,
-    UnauthorizedError,
+    UnknownEntryError,
     UnknownGroupError,
     UnknownTopicError,
 )
 from ddmq.proxy.group import ConsumerGroup
-from ddmq.proxy.http_server.errors import Handler
 from ddmq.proxy.http_server.pull_api import BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.lag import now_ms, produce_times
 from ddmq.proxy.types import StoredMessage
@@ -45,72 +40,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ADMIN_PREFIX: Final = "/admin/"
-#: The console's page and files; ``/`` serves the page too.
-CONSOLE_PREFIX: Final = "/console"
+#: Room kept in an answer for the fields around its list.
+ANSWER_RESERVE: Final = 16 * 1024
 #: Largest ``offset`` of a paged view (far beyond any group's ``concurrency``).
 MAX_OFFSET: Final = 10_000_000
 #: How long /readyz waits for Redis to answer a PING.
 READY_PING_S: Final = 1.0
 
 
-def admin_guard(token: str | None) -> Middleware:
-    """Middleware: ``/admin/...`` needs ``Authorization: Bearer <token>`` when a token is set, and
-    otherwise a loopback peer. Other routes pass."""
-    expected = f"Bearer {token}".encode() if token else None
-
-    @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        # Decided by the route that matched, not by the raw path, so no spelling of a URL slips by.
-        resource = request.match_info.route.resource
-        path = resource.canonical if resource is not None else ""
-        if path.startswith(ADMIN_PREFIX):
-            if expected is not None:
-                given = request.headers.get("Authorization", "").encode()
-                if not hmac.compare_digest(given, expected):
-                    raise UnauthorizedError("admin endpoints need 'Authorization: Bearer <http.admin_token>'")
-            elif not _is_loopback(request.remote):
-                raise ForbiddenError(
-                    "admin endpoints answer loopback clients only; set http.admin_token to reach them from elsewhere"
-                )
-            if request.method not in ("GET", "HEAD"):
-                _same_origin(request)
-        elif expected is None and _is_console(path) and not _is_loopback(request.remote):
-            # The page holds no data, but without a token it would invite calls that answer 403 anyway.
-            raise ForbiddenError("the console answers loopback clients only; set http.admin_token to open it elsewhere")
-        return await handler(request)
-
-    return guard
+def _next_offset(offset: int, shown: int, total: int) -> int | None:
+    return offset + shown if offset + shown < total else None
 
 
-def _is_console(path: str) -> bool:
-    return path in ("/", CONSOLE_PREFIX) or path.startswith(CONSOLE_PREFIX + "/")
-
-
-def _same_origin(request: web.Request) -> None:
-    """A browser names the page that made a request in ``Origin``: a changing admin call made by
-    another site's page (which a loopback-only proxy would otherwise accept from the operator's
-    browser) is refused. Clients that are not browsers send no ``Origin``."""
-    origin = request.headers.get("Origin")
-    if origin is not None and urlsplit(origin).netloc != request.host:
-        raise ForbiddenError(f"admin calls from a page of another origin ({origin!r}) are refused")
-
-
-def _is_loopback(remote: str | None) -> bool:
-    if remote is None:
-        return False
-    try:
-        address = ipaddress.ip_address(remote)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack socket
-    return address.is_loopback or (mapped is not None and mapped.is_loopback)
-
-
-def _offset(request: web.Request) -> int:
-    raw = request.query.get("offset", "0")
+def _offset(request: web.Request, name: str = "offset") -> int:
+    raw = request.query.get(name, "0")
     if not raw.isdigit() or int(raw) > MAX_OFFSET:
-        raise BadRequestError(f"offset must be an integer 0..{MAX_OFFSET}, got {raw!r}")
+        raise BadRequestError(f"{name} must be an integer 0..{MAX_OFFSET}, got {raw!r}")
     return int(raw)
 
 
@@ -146,23 +91,61 @@ def _selection(raw: bytes) -> list[str] | None:
 
 
 def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
+    """A dead letter as the API shows it; a cut value keeps its text up to the last whole character."""
     message = message_json(
         StoredMessage(letter.offset, letter.value, letter.key, letter.tag, letter.properties, letter.produce_ms)
     )
+    if letter.value_truncated and message["value_text"] is None:
+        message["value_text"] = _text_prefix(letter.value)
     return {
         "id": letter.id,
         "qid": letter.qid,
         **message,
+        "value_bytes": letter.value_bytes,
+        "value_truncated": letter.value_truncated,
         "attempts": letter.attempts,
         "error": letter.error,
         "dead_ms": letter.dead_ms,
     }
 
 
+def _text_prefix(value: bytes) -> str | None:
+    """``value`` as text when it is UTF-8 cut inside a character (at most 3 bytes of it lost)."""
+    for drop in range(1, 4):
+        try:
+            return value[:-drop].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as ``web.json_response`` encodes it."""
+    return len(json.dumps(value))
+
+
+def fit(items: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The longest prefix of ``items`` whose JSON fits ``budget`` bytes; at least one item."""
+    used = 0
+    for count, item in enumerate(items):
+        used += json_size(item) + 2  # the separator
+        if count and used > budget:
+            return items[:count]
+    return items
+
+
 class OperatorApi:
     def __init__(self, service: ProxyService, read_body: BodyReader) -> None:
         self._service = service
         self._read_body = read_body
+        http = service.config.http
+        #: Bytes an answer's list may take: the cap less room for the fields around it.
+        self._list_bytes = http.max_answer_bytes - ANSWER_RESERVE
+        self._max_answer = http.max_answer_bytes
+        self._value_cut = http.max_listed_value_bytes
+        #: One replay or purge at a time per (group, topic) here, so a key's dead letters go back in order
+        #: (the claims in Redis keep calls of several proxies from producing an entry twice).
+        self._letter_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def add_routes(self, app: web.Application) -> None:
         router = app.router
@@ -177,6 +160,7 @@ class OperatorApi:
         router.add_get(letters, self.dead_letters)
         router.add_post(letters + "/replay", self.replay)
         router.add_post(letters + "/purge", self.purge)
+        router.add_get(letters + "/{id}", self.dead_letter)
 
     # health ----------------------------------------------------------------------------------
 
@@ -223,16 +207,20 @@ class OperatorApi:
 
     async def group(self, request: web.Request) -> web.Response:
         group = self._group(request)
+        first = _offset(request, "queue_offset")
         view = asdict(group_view(group))
         status = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
-        return web.json_response(
-            {
-                **view,
-                "members": status.members,
-                "member_ttl_ms": self._service.config.leases.ttl_ms,
-                "queues": await self._queue_rows(group, status.queues),
-            }
-        )
+        answer: dict[str, Any] = {
+            **view,
+            "members": status.members,
+            "member_ttl_ms": self._service.config.leases.ttl_ms,
+            "queue_offset": first,
+        }
+        # Thousands of queues over several topics could pass the cap: the queue rows are paged.
+        rows = fit(await self._queue_rows(group, status.queues[first:]), self._list_bytes - json_size(answer))
+        answer["queues"] = rows
+        answer["next_queue_offset"] = _next_offset(first, len(rows), len(status.queues))
+        return web.json_response(answer)
 
     async def _queue_rows(self, group: ConsumerGroup, queues: list[QueueStatus]) -> list[dict[str, Any]]:
         """``ddmq status``'s rows plus the time lag, and this proxy's job counts for queues it holds."""
@@ -272,16 +260,23 @@ class OperatorApi:
     async def in_flight(self, request: web.Request) -> web.Response:
         group = self._group(request)
         topic = self._topic(group, request.query.get("topic"))
-        total, jobs = in_flight(group, topic, _limit(request, 100))
-        return web.json_response({"group": group.name, "total": total, "jobs": [asdict(job) for job in jobs]})
+        offset = _offset(request)
+        total, jobs = in_flight(group, topic, _limit(request, 100), offset)
+        shown = fit([asdict(job) for job in jobs], self._list_bytes)
+        return web.json_response(
+            {"group": group.name, "total": total, "offset": offset, "jobs": shown,
+             "next_offset": _next_offset(offset, len(shown), total)}
+        )
 
     async def blocked_keys(self, request: web.Request) -> web.Response:
         group = self._group(request)
         topic = self._topic(group, request.query.get("topic"))
         offset = _offset(request)
         total, keys = blocked_keys(group, topic, _limit(request, 20), offset)
+        shown = fit([asdict(key) for key in keys], self._list_bytes)
         return web.json_response(
-            {"group": group.name, "total": total, "offset": offset, "keys": [asdict(key) for key in keys]}
+            {"group": group.name, "total": total, "offset": offset, "keys": shown,
+             "next_offset": _next_offset(offset, len(shown), total)}
         )
 
     # dead letters ----------------------------------------------------------------------------
@@ -290,30 +285,53 @@ class OperatorApi:
         group = self._group(request)
         topic = self._topic(group, request.match_info["topic"])
         assert topic is not None and self._service.redis is not None
-        return DeadLetters(self._service.redis, group.name, topic)
+        # Redis reads are bounded below the answer's cap (JSON adds a third for base64, more for text).
+        return DeadLetters(self._service.redis, group.name, topic, max_bytes=self._list_bytes // 3)
 
     async def dead_letters(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
         after = request.query.get("after")
-        page = await letters.read(after, _limit(request, 100))
+        page = await letters.read(after, _limit(request, 100), self._value_cut)
+        entries = [dead_letter_json(letter) for letter in page.entries]
+        shown = fit(entries, self._list_bytes)
         return web.json_response(
             {
                 "group": letters.group,
                 "topic": letters.topic,
                 "total": await letters.count(),
-                "entries": [dead_letter_json(letter) for letter in page],
-                "next_after": page[-1].id if page else None,
+                "entries": shown,
+                "next_after": shown[-1]["id"] if shown else None,
+                "more": page.more or len(shown) < len(entries),
             }
         )
 
+    async def dead_letter(self, request: web.Request) -> web.Response:
+        """One dead letter with as much of its value as the answer's cap allows (all of it below that)."""
+        letters = self._letters(request)
+        entry_id = check_id(request.match_info["id"])
+        letter = await letters.get(entry_id, self._list_bytes * 3 // 4)  # base64 takes 4 bytes per 3
+        if letter is None:
+            raise UnknownEntryError(f"dead letter {entry_id} of {letters.group}/{letters.topic} is not in the stream")
+        answer = dead_letter_json(letter)
+        if json_size(answer) > self._max_answer:
+            answer["value_text"] = None  # the text doubles the value: value_base64 alone fits
+        return web.json_response(answer)
+
     async def replay(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        result = await letters.replay(_selection(await self._read_body(request)))
+        selection = _selection(await self._read_body(request))
+        async with self._letter_lock(letters):
+            result = await letters.replay(selection)
         log.info("replayed %d dead letters of %s/%s", result.replayed, letters.group, letters.topic)
         return web.json_response({"replayed": result.replayed, "missing": result.missing})
 
+    def _letter_lock(self, letters: DeadLetters) -> asyncio.Lock:
+        return self._letter_locks.setdefault((letters.group, letters.topic), asyncio.Lock())
+
     async def purge(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        purged = await letters.purge(_selection(await self._read_body(request)))
+        selection = _selection(await self._read_body(request))
+        async with self._letter_lock(letters):
+            purged = await letters.purge(selection)
         log.info("purged %d dead letters of %s/%s", purged, letters.group, letters.topic)
         return web.json_response({"purged": purged})

@@ -24,8 +24,10 @@ from ddmq.proxy.errors import (
     RequestError,
     UnauthorizedError,
     UnavailableError,
+    UnknownEntryError,
     UnknownGroupError,
     UnknownTopicError,
+    UnsupportedMediaTypeError,
 )
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ HTTP_STATUS: Final[dict[type[DdmqError], int]] = {
     UnknownGroupError: 404,
     UnknownTopicError: 404,
     BadRequestError: 400,
+    UnsupportedMediaTypeError: 415,
+    UnknownEntryError: 404,
     NotSupportedError: 501,
     UnauthorizedError: 401,
     ForbiddenError: 403,

@@ -25,10 +25,11 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ddmq.config.schema import HttpConfig
-from ddmq.proxy.http_server.admin import OperatorApi, admin_guard
+from ddmq.proxy.http_server.admin import OperatorApi
 from ddmq.proxy.http_server.connections import HttpConnections
 from ddmq.proxy.http_server.console import ConsoleApi
 from ddmq.proxy.http_server.errors import errors_middleware
+from ddmq.proxy.http_server.guard import access_guard
 from ddmq.proxy.http_server.pull_api import PullApi
 
 if TYPE_CHECKING:
@@ -77,9 +78,10 @@ def load_openapi() -> dict[str, Any]:
 
 def build_app(service: ProxyService, config: HttpConfig, connections: HttpConnections | None = None) -> web.Application:
     connections = connections or HttpConnections(config)
+    cors, guard = access_guard(config)
     app = web.Application(
         client_max_size=config.max_body_bytes,
-        middlewares=[errors_middleware, connections.middleware, admin_guard(config.admin_token)],
+        middlewares=[cors, errors_middleware, connections.middleware, guard],
     )
     PullApi(service.endpoint(config.max_linger_ms), connections.read_body).add_routes(app)
     OperatorApi(service, connections.read_body).add_routes(app)

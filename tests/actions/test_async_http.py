@@ -206,3 +206,14 @@ async def test_unreachable_upstream_dead_letters_after_the_retries(
     assert [json.loads(d["v"])["n"] for d in dead if d["k"] == "a"] == [1, 2], "dead-lettered in key order"
     assert len(dead) == 3
     assert all(d["attempts"] == "3" and "failed" in d["error"] for d in dead)
+
+
+async def test_credentials_in_a_push_url_stay_out_of_errors(redis_url: str, redis_client: aioredis.Redis) -> None:
+    """An upstream URL with a password: its failures (refused, and non-2xx) name it masked."""
+    refused = f"http://pusher:s3cret-pw@127.0.0.1:{free_port()}/"
+    config = {**push_config([refused], timeout_ms=500), "order_key": "KEY"}
+    async with running_proxy(redis_url, config) as service:
+        await produce(redis_url, [("a", {"n": 1})])
+        await wait_all_finished(service)
+    (dead,) = await dead_letters(redis_client)
+    assert "s3cret-pw" not in dead["error"] and "pusher:***@127.0.0.1" in dead["error"], dead["error"]

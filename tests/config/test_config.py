@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,8 @@ def test_action_names_match_the_registry() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_examples_load(path: Path) -> None:
+def test_examples_load(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDMQ_ADMIN_TOKEN", "example-token-0123456789")  # compose.yaml reads it
     config = load(path)
     assert config.groups
 
@@ -120,12 +122,21 @@ def test_check_flag_refuses_an_empty_file(tmp_path: Path) -> None:
 
 
 def test_check_flag_validates_without_starting() -> None:
+    compose = [path for path in EXAMPLES if path.name == "compose.yaml"]
     proc = subprocess.run(
-        [sys.executable, "-m", "ddmq.proxy", "--config", str(EXAMPLES[0]), "--check"],
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "ddmq.proxy", "--config", str(compose[0]), "--check"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "DDMQ_ADMIN_TOKEN": "check-token-0123456789"},
     )
     assert proc.returncode == 0, proc.stderr
     assert "ok" in proc.stdout
+    # Without the variable the file does not load, and the error names the variable and the field.
+    env = {name: value for name, value in os.environ.items() if name != "DDMQ_ADMIN_TOKEN"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddmq.proxy", "--config", str(compose[0]), "--check"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert proc.returncode == 2
+    assert "http.admin_token: environment variable DDMQ_ADMIN_TOKEN is not set" in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -181,5 +192,48 @@ def test_every_example_passes_check() -> None:
             capture_output=True,
             text=True,
             timeout=60,
+            env={**os.environ, "DDMQ_ADMIN_TOKEN": "example-token-0123456789"},  # compose.yaml reads it
         )
         assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "proxy.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_values_take_environment_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDMQ_TEST_TOKEN", "from-the-environment-0123")
+    monkeypatch.setenv("DDMQ_TEST_HOST", "10.1.2.3")
+    monkeypatch.delenv("DDMQ_TEST_UNSET", raising=False)
+    path = _write(
+        tmp_path,
+        'redis: "redis://:${DDMQ_TEST_UNSET:-pw}@${DDMQ_TEST_HOST}:6379/0"\n'
+        "http: {admin_token: '${DDMQ_TEST_TOKEN}', allowed_hosts: ['${DDMQ_TEST_UNSET:-proxy.internal}']}\n"
+        "instance_id: 'proxy-$${HOSTNAME}'\ngroups: {g: {t: {actions: [PullServer]}}}\n",
+    )
+    config = load(path)
+    assert config.redis == "redis://:pw@10.1.2.3:6379/0"
+    assert config.http.admin_token == "from-the-environment-0123"
+    assert config.http.allowed_hosts == ["proxy.internal"]
+    # $${ is a literal ${, and an expanded value is not expanded again
+    assert config.instance_id == "proxy-${HOSTNAME}"
+
+
+def test_an_unset_variable_names_itself_and_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DDMQ_TEST_UNSET", raising=False)
+    path = _write(tmp_path, "http: {admin_token: '${DDMQ_TEST_UNSET}'}\ngroups: {g: {t: {actions: [PullServer]}}}\n")
+    with pytest.raises(ConfigError, match=r"proxy.yaml: http.admin_token: environment variable DDMQ_TEST_UNSET "):
+        load(path)
+    broken = _write(tmp_path, "redis: 'redis://${oops'\ngroups: {g: {t: {actions: [PullServer]}}}\n")
+    with pytest.raises(ConfigError, match=r"redis: '\$\{' must start"):
+        load(broken)
+
+
+def test_a_secret_from_the_environment_is_not_echoed_by_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDMQ_TEST_TOKEN", "tiny-secret")  # too short for admin_token
+    path = _write(tmp_path, "http: {admin_token: '${DDMQ_TEST_TOKEN}'}\ngroups: {g: {t: {actions: [PullServer]}}}\n")
+    with pytest.raises(ConfigError, match=r"http\.admin_token") as raised:
+        load(path)
+    assert "tiny-secret" not in str(raised.value)

@@ -86,6 +86,8 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
             letters = "/admin/groups/g/topics/t/dead-letters"
             status, page = await api.call("GET", letters)
             assert status == 200 and page["total"] == 1 and page["entries"][0]["tag"] == "x"
+            status, entry = await api.call("GET", f"{letters}/{page['entries'][0]['id']}")
+            assert status == 200 and entry["id"] == page["entries"][0]["id"] and not entry["value_truncated"]
             assert (await api.call("POST", letters + "/replay", json={"ids": [page["entries"][0]["id"]]}))[0] == 200
             assert (await api.call("POST", letters + "/purge", json={"all": True}))[0] == 200
             for path in ("/healthz", "/readyz", "/metrics", "/", "/console", "/console/console.js",

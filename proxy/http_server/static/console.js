@@ -14,6 +14,9 @@
     blockedTotal: 0,
     deadTopic: null,
     deadCursors: [null], // `after` of each page seen, to step back
+    deadStarts: [0], // position of each page's first entry
+    deadCount: 0,
+    blockedNext: null,
     deadPage: 0,
     deadNext: null,
     refreshing: false,
@@ -64,8 +67,10 @@
   }
 
   function preview(letter) {
-    if (letter.value_text === null) return `(binary, ${atob(letter.value_base64).length} bytes)`;
-    return letter.value_text.length > 200 ? letter.value_text.slice(0, 200) + "…" : letter.value_text;
+    // Listings cut long values (value_truncated); value_bytes is always the full length.
+    if (letter.value_text === null) return `(binary, ${num(letter.value_bytes)} bytes)`;
+    const cut = letter.value_truncated || letter.value_text.length > 200;
+    return cut ? `${letter.value_text.slice(0, 200)}… (${num(letter.value_bytes)} bytes)` : letter.value_text;
   }
 
   // --- API --------------------------------------------------------------------------------------
@@ -180,6 +185,12 @@
         cell(num(q.retry_wait), "num"),
       ),
     );
+    if (detail.next_queue_offset !== null) {
+      // The answer stopped at its byte cap: say so rather than show a table that looks complete.
+      const next = detail.next_queue_offset;
+      const rest = `${num(next)} queues shown; the rest: /admin/groups/${state.group}?queue_offset=${next}`;
+      rows.push(el("tr", {}, el("td", { colspan: "12", className: "muted" }, rest)));
+    }
     $("queues").tBodies[0].replaceChildren(...rows);
   }
 
@@ -228,11 +239,14 @@
     const pager = $("blocked-pager");
     pagerRange(pager, blocked.offset, blocked.keys.length, blocked.total);
     pager.querySelector('[data-step="-1"]').disabled = blocked.offset === 0;
-    pager.querySelector('[data-step="1"]').disabled = blocked.offset + PAGE >= blocked.total;
+    state.blockedNext = blocked.next_offset;
+    pager.querySelector('[data-step="1"]').disabled = blocked.next_offset === null;
   }
 
   function renderDead(page) {
-    state.deadNext = page.entries.length === PAGE ? page.next_after : null;
+    // A page may stop early (answers are bounded in bytes): `more` says whether another follows.
+    state.deadNext = page.more ? page.next_after : null;
+    state.deadCount = page.entries.length;
     const rows = page.entries.map((d) =>
       el(
         "tr",
@@ -257,7 +271,7 @@
     if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "9", className: "muted" }, "no dead letters")));
     $("dead").tBodies[0].replaceChildren(...rows);
     const pager = $("dead-pager");
-    pagerRange(pager, state.deadPage * PAGE, page.entries.length, page.total);
+    pagerRange(pager, state.deadStarts[state.deadPage] || 0, page.entries.length, page.total);
     pager.querySelector('[data-step="-1"]').disabled = state.deadPage === 0;
     pager.querySelector('[data-step="1"]').disabled = state.deadNext === null;
     $("replay-all").disabled = $("purge-all").disabled = page.total === 0;
@@ -279,6 +293,7 @@
 
   function resetDeadPages() {
     state.deadCursors = [null];
+    state.deadStarts = [0];
     state.deadPage = 0;
   }
 
@@ -394,14 +409,16 @@
     $("blocked-pager").addEventListener("click", (event) => {
       const step = Number(event.target.dataset && event.target.dataset.step);
       if (!step) return;
-      state.blockedOffset = Math.max(0, Math.min(state.blockedOffset + step * PAGE, state.blockedTotal - 1));
-      state.blockedOffset -= state.blockedOffset % PAGE;
+      if (step === 1 && state.blockedNext !== null) state.blockedOffset = state.blockedNext;
+      else if (step === -1) state.blockedOffset = Math.max(0, state.blockedOffset - PAGE);
+      else return;
       refresh();
     });
     $("dead-pager").addEventListener("click", (event) => {
       const step = Number(event.target.dataset && event.target.dataset.step);
       if (step === 1 && state.deadNext !== null) {
         state.deadCursors[state.deadPage + 1] = state.deadNext;
+        state.deadStarts[state.deadPage + 1] = (state.deadStarts[state.deadPage] || 0) + state.deadCount;
         state.deadPage += 1;
       } else if (step === -1 && state.deadPage > 0) {
         state.deadPage -= 1;
