@@ -28,7 +28,6 @@ from ddmq.proxy.errors import (
 )
 from ddmq.proxy.group import ConsumerGroup
 from ddmq.proxy.http_server.pull_api import BodyReader, JsonBody, message_json, parse
-from ddmq.proxy.lag import now_ms, produce_times
 from ddmq.proxy.types import StoredMessage
 from ddmq.proxy.views import blocked_keys, group_view, in_flight, queue_counts
 
@@ -223,31 +222,11 @@ class OperatorApi:
         return web.json_response(answer)
 
     async def _queue_rows(self, group: ConsumerGroup, queues: list[QueueStatus]) -> list[dict[str, Any]]:
-        """``ddmq status``'s rows plus the time lag, and this proxy's job counts for queues it holds."""
-        assert self._service.redis is not None
-        oldest: dict[tuple[str, int], int] = {}
-        for topic in sorted({row.topic for row in queues}):
-            behind = {row.qid: row.committed or 1 for row in queues if row.topic == topic and row.lag > 0}
-            times = await produce_times(self._service.redis, topic, behind)
-            oldest.update(((topic, qid), ms) for qid, ms in times.items())
+        """``ddmq status``'s rows (time lag included), and this proxy's job counts for queues it holds."""
         counts = queue_counts(group)
-        now = now_ms()
-        rows = []
-        for row in queues:
-            produced_ms = oldest.get((row.topic, row.qid)) if row.lag > 0 else None
-            lag_ms: int | None = 0
-            if row.lag > 0:  # unknown (None) when the entry is gone from the stream
-                lag_ms = max(0, now - produced_ms) if produced_ms is not None else None
-            held = counts.get((row.topic, row.qid))
-            rows.append(
-                {
-                    **asdict(row),
-                    "oldest_unfinished_ms": produced_ms,
-                    "lag_ms": lag_ms,
-                    **(asdict(held) if held else {"in_flight": None, "ready": None, "retry_wait": None}),
-                }
-            )
-        return rows
+        empty = {"in_flight": None, "ready": None, "retry_wait": None}
+        return [{**asdict(row), **(asdict(counts[row.topic, row.qid]) if (row.topic, row.qid) in counts else empty)}
+                for row in queues]
 
     def _owners(self, group: str, topics: list[str]) -> GroupStatus:
         """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection)."""
