@@ -20,6 +20,7 @@ from redis.retry import Retry
 
 from ddmq.client.producer import (
     AsyncProducer,
+    DeliveryError,
     OutgoingMessage,
     ProduceError,
     Producer,
@@ -235,10 +236,11 @@ def test_maxlen_trims_approximately(redis_url: str, client: redis.Redis) -> None
 
 def test_redis_errors_become_produce_errors() -> None:
     no_retry = redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
-    with Producer(no_retry) as unreachable:
-        with pytest.raises(ProduceError, match="'rides'") as info:
+    with Producer(no_retry, delivery_timeout_ms=300) as unreachable:
+        with pytest.raises(DeliveryError, match="'rides'") as info:
             unreachable.send("rides", "v")
     assert isinstance(info.value.__cause__, redis.ConnectionError)
+    assert info.value.retries > 0
 
 
 def test_given_client_is_left_open(client: redis.Redis) -> None:
@@ -276,8 +278,8 @@ async def test_async_producer_on_a_given_client(redis_client: redis.asyncio.Redi
 
 async def test_async_redis_errors_become_produce_errors() -> None:
     no_retry = redis.asyncio.Redis(host="127.0.0.1", port=1, retry=AsyncRetry(NoBackoff(), 0))
-    async with AsyncProducer(no_retry) as unreachable:
-        with pytest.raises(ProduceError) as info:
+    async with AsyncProducer(no_retry, delivery_timeout_ms=300) as unreachable:
+        with pytest.raises(DeliveryError) as info:
             await unreachable.send("rides", "v")
     await no_retry.aclose()
     assert isinstance(info.value.__cause__, redis.ConnectionError)
