@@ -252,20 +252,27 @@ class _Planner:
         self._next_rr[topic] = (rr + 1) % queues
         return rr % queues
 
+    def encode(self, message: OutgoingMessage, now_ms: int, what: str = "a message") -> list[bytes]:
+        """The entry's items; TypeError/ValueError for a bad field, MessageTooLargeError past the limit."""
+        items = stream_entry.encode_entry(message.value, message.key, message.tag, message.properties, now_ms)
+        if message.dedup_id is not None:
+            _check_dedup_id(message.dedup_id)
+        if self.max_message_bytes is not None:
+            size = sum(len(item) for item in items)
+            if size > self.max_message_bytes:
+                raise MessageTooLargeError(
+                    f"{what} of {size} bytes (value, key, tag, properties and field names) is over "
+                    f"max_message_bytes {self.max_message_bytes}"
+                )
+        return items
+
     def _encode(self, messages: Sequence[OutgoingMessage], now_ms: int) -> list[list[bytes]]:
         entries = []
-        for position, m in enumerate(messages):
-            items = stream_entry.encode_entry(m.value, m.key, m.tag, m.properties, now_ms)
-            if m.dedup_id is not None:
-                _check_dedup_id(m.dedup_id)
-            if self.max_message_bytes is not None:
-                size = sum(len(item) for item in items)
-                if size > self.max_message_bytes:
-                    raise MessageTooLargeError(
-                        f"message {position} is {size} bytes (value, key, tag, properties and field names), "
-                        f"over max_message_bytes {self.max_message_bytes}; nothing of this batch was written"
-                    )
-            entries.append(items)
+        for position, message in enumerate(messages):
+            try:
+                entries.append(self.encode(message, now_ms, f"message {position}"))
+            except MessageTooLargeError as exc:
+                raise MessageTooLargeError(f"{exc}; nothing of this batch was written") from None
         return entries
 
     def plan(self, topic: str, messages: Sequence[OutgoingMessage], queues: int) -> list[_Call]:
@@ -549,6 +556,10 @@ class Producer:
         self._planner.queues[topic] = stored
         return stored
 
+    def check_message(self, message: OutgoingMessage) -> None:
+        """What ``send_batch`` would refuse this message for (TypeError, ValueError, MessageTooLargeError)."""
+        self._planner.encode(message, 0)
+
     def _topic_queues(self, topic: str, queues: int) -> int:
         send = _Send(topic, [], 0, self._planner.sequences, self._policy)
         while True:
@@ -675,6 +686,10 @@ class AsyncProducer:
         stored = check_declared(topic, await self._topic_queues(topic, queues), queues)
         self._planner.queues[topic] = stored
         return stored
+
+    def check_message(self, message: OutgoingMessage) -> None:
+        """What ``send_batch`` would refuse this message for (TypeError, ValueError, MessageTooLargeError)."""
+        self._planner.encode(message, 0)
 
     async def _topic_queues(self, topic: str, queues: int) -> int:
         send = _Send(topic, [], 0, self._planner.sequences, self._policy)
