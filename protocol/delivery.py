@@ -62,8 +62,8 @@ _RETRIABLE_TYPES: tuple[type[BaseException], ...] = (
 # A script that fails inside reports the inner error after "ERR Error running script", so the reason
 # is looked for anywhere in the text.
 _RETRIABLE_TEXT = (
-    OUT_OF_ORDER, "OOM command not allowed", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN",
-    "MOVED", "ASK ", "BUSY",
+    OUT_OF_ORDER, "command not allowed when used memory", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN",
+    "TRYAGAIN", "MOVED", "ASK ", "BUSY",
 )
 
 
