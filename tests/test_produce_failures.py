@@ -15,6 +15,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -82,7 +84,7 @@ class KeyedRun:
         assert self.acknowledged == MESSAGES
 
 
-def check_streams(url: str, produced: dict[str, int]) -> None:
+def check_streams(url: str, produced: dict[str, int], messages: int = MESSAGES) -> None:
     """Every produced message is in its key's queue exactly once, in the order it was produced, under
     dense offsets from 1."""
     seen: dict[str, list[int]] = {}
@@ -109,7 +111,7 @@ def check_streams(url: str, produced: dict[str, int]) -> None:
     bad = {k: s for k, s in seen.items() if s != list(range(produced.get(k, 0)))}
     assert not bad, f"{len(bad)} key(s) with a duplicate, a loss or a reordering, e.g. {next(iter(bad.items()))}"
     assert seen.keys() == produced.keys()
-    assert total == sum(produced.values()) == MESSAGES
+    assert total == sum(produced.values()) == messages
 
 
 @pytest.mark.timeout(240)
@@ -196,3 +198,59 @@ async def test_redis_stopped_past_the_socket_timeout_loses_replies_not_messages(
         server.stop()
     print(f"\nredis SIGSTOP past the socket timeout: {MESSAGES} produced with {run.retries} retries, "
           f"{checker.deliveries} deliveries through a proxy")
+
+
+@pytest.mark.timeout(240)
+def test_ddmq_produce_rides_out_a_redis_restart(tmp_path: Path) -> None:
+    port = free_port()
+    server = EmbeddedRedis(tmp_path / "redis", port=port, appendfsync="always").start()
+    url = f"redis://127.0.0.1:{port}/0"
+    count = 20_000
+    rng = random.Random(26)
+    produced: dict[str, int] = {}
+    lines = []
+    for _ in range(count):
+        key = f"key-{rng.randrange(KEYS)}"
+        produced[key] = produced.get(key, 0) + 1
+        lines.append(json.dumps({"key": key, "value": body(key, produced[key] - 1)}).encode() + b"\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddmq.client.cli", "produce", "--redis", url, "--topic", "t",
+         "--queues", str(QUEUES), "--batch", "200"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+    def feed() -> None:  # paced, so the restart comes while lines are still arriving
+        assert proc.stdin is not None
+        for start in range(0, count, 500):
+            proc.stdin.write(b"".join(lines[start:start + 500]))
+            proc.stdin.flush()
+            time.sleep(0.02)
+        proc.stdin.close()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        with sync_redis(url) as client:
+            deadline = time.monotonic() + 60
+            while sum(int(client.get(keys.sequence("t", q)) or 0) for q in range(QUEUES)) < count // 4:
+                assert time.monotonic() < deadline, "ddmq produce did not get going"
+                time.sleep(0.01)
+        server.kill()
+        time.sleep(1.0)
+        server = EmbeddedRedis(tmp_path / "redis", port=port, appendfsync="always").start()
+        feeder.join(60)
+        assert proc.stderr is not None
+        with proc.stderr:
+            stderr = proc.stderr.read()
+        proc.wait(timeout=120)
+        summary = stderr.decode().splitlines()[-1]
+        assert proc.returncode == 0, stderr.decode()
+        assert summary.startswith(f"sent {count} message(s) to 't' over {QUEUES} queue(s) in "), summary
+        retries = int(summary.split(", ")[-2].split()[0])
+        assert retries > 0, summary
+        check_streams(url, produced, count)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
