@@ -170,6 +170,8 @@ for m = 1, n do
     if written == 0 then
       local reply = redis.pcall(unpack(cmd))
       if type(reply) == 'table' and reply.err then
+        -- a full Redis refuses the first write of a script only: no repair then, nothing written
+        if string.find(reply.err, 'OOM', 1, true) then return redis.error_reply(reply.err) end
         local err = repair()
         if err then return redis.error_reply(err) end
         cmd[id] = string.format('0-%d', last + 1)
