@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from ddmq.client.producer import Producer
+from ddmq.client.producer import AsyncProducer, Producer
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import keys, wire
 from ddmq.protocol.connection import sync_redis
@@ -253,4 +253,50 @@ def test_ddmq_produce_rides_out_a_redis_restart(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        server.stop()
+
+
+@pytest.mark.timeout(240)
+async def test_the_async_producer_rides_out_a_stop_and_a_restart(tmp_path: Path) -> None:
+    port = free_port()
+    server = EmbeddedRedis(tmp_path / "redis", port=port, appendfsync="always").start()
+    url = f"redis://127.0.0.1:{port}/0"
+    count = 20_000
+    rng = random.Random(27)
+    produced: dict[str, int] = {}
+    acknowledged = 0
+
+    async def produce(producer: AsyncProducer) -> None:
+        nonlocal acknowledged
+        await producer.ensure_topic("t", QUEUES)
+        for _ in range(0, count, BATCH):
+            batch = []
+            for _ in range(BATCH):
+                key = f"key-{rng.randrange(KEYS)}"
+                produced[key] = produced.get(key, 0) + 1
+                batch.append({"key": key, "value": body(key, produced[key] - 1)})
+            await producer.send_batch("t", batch)
+            acknowledged += len(batch)
+
+    async def until(target: int) -> None:
+        while acknowledged < target:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+    try:
+        async with AsyncProducer(url, request_timeout_ms=300) as producer:
+            task = asyncio.create_task(produce(producer))
+            await until(count // 4)
+            pid = server.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            await asyncio.sleep(1.0)
+            os.kill(pid, signal.SIGCONT)
+            await until(count // 2)
+            await asyncio.to_thread(server.kill)
+            await asyncio.sleep(0.5)
+            server = await asyncio.to_thread(EmbeddedRedis(tmp_path / "redis", port=port, appendfsync="always").start)
+            await asyncio.wait_for(task, 120)
+            assert producer.retries > 0
+        check_streams(url, produced, count)
+    finally:
         server.stop()
