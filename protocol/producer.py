@@ -368,6 +368,7 @@ class _Send:
         Raises :class:`DeliveryError` for an error that retrying cannot cure."""
         backoff = refused = False
         answered = len(self.answers)
+        final: tuple[str, BaseException] | None = None
         for index, reply in zip(chosen, replies, strict=True):
             call = self.calls[index]
             offsets = None if isinstance(reply, BaseException) else _offsets(reply, len(call.positions))
@@ -382,8 +383,9 @@ class _Send:
                 continue
             error = reply if isinstance(reply, BaseException) else ProduceError(f"unexpected reply {reply!r:.100}")
             if not is_retriable(error):
-                raise self.failure(f"queue {call.qid}: {error}", error)
-            if OUT_OF_ORDER in str(error):
+                # the round's other answers count first, so the error lists what they wrote
+                final = final or (f"queue {call.qid}: {error}", error)
+            elif OUT_OF_ORDER in str(error):
                 # the script ran and found the call not applied; it goes again after its predecessor
                 self.maybe.discard(index)
                 refused = True
@@ -391,6 +393,8 @@ class _Send:
                 self.last_error = error
                 backoff = True
         self.pending = [index for index in self.pending if index not in self.answers]
+        if final is not None:
+            raise self.failure(*final)
         return backoff or (refused and len(self.answers) == answered)
 
     def lost(self, chosen: Sequence[int], exc: BaseException) -> None:

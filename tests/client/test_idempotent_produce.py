@@ -246,3 +246,20 @@ def test_cli_shows_progress_only_on_a_terminal(redis_url: str, tmp_path: Any) ->
     piped = subprocess.run(_ddmq("produce", "--redis", redis_url, "--topic", "t"), input=lines,
                            capture_output=True, timeout=60, check=True)
     assert piped.stderr.decode().count("\n") == 1 and "\r" not in piped.stderr.decode()
+
+
+def test_an_incurable_error_fails_at_once_and_counts_the_rest_of_the_round(
+    redis_url: str, client: redis.Redis
+) -> None:
+    with Producer(redis_url) as producer:
+        producer.ensure_topic("t", 2)
+        client.set(keys.stream("t", 0), "not a stream")  # every write into queue 0 fails for good
+        started = time.monotonic()
+        with pytest.raises(DeliveryError, match=r"queue 0: .*WRONGTYPE") as info:
+            producer.send_batch("t", [{"value": "a", "qid": 0}, {"value": "b", "qid": 1}, {"value": "c", "qid": 1}])
+        assert time.monotonic() - started < 2  # no retries
+        error = info.value
+        assert (error.written, error.unwritten, error.unknown, error.retries) == (
+            [(1, 1, 1), (2, 1, 2)], [0], [], 0)
+        assert isinstance(error.__cause__, redis.ResponseError)
+    assert bodies(client, "t", 1) == [b"b", b"c"]
