@@ -14,6 +14,9 @@ raw XADD's median:
 - ``Producer (before)``: with ``--before PYTHON``, another install's ``Producer`` (e.g. main's, in a
   venv of its own), through the same driver.
 
+Beside the rates, the CPU each side spent per message (the client process's, and redis-server's
+from ``INFO cpu``), medians too: on a loaded machine these move far less than the rates.
+
 It also prints what a dedup id costs in Redis memory: ``MEMORY USAGE`` of the dedup keys, and the
 growth of ``used_memory`` per id over a run with ids against one without.
 """
@@ -49,7 +52,7 @@ rows = [(f"key-{i % 1000}", f'{{"i":{i},"pad":"{body}"}}') for i in range(messag
 with Producer(url, default_queues=8) as producer:
     producer.ensure_topic(topic, 8)
     client = producer._redis
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for start in range(0, messages, batch):
         chunk = rows[start:start + batch]
         if mode == "xadd":
@@ -63,20 +66,30 @@ with Producer(url, default_queues=8) as producer:
                                         for n, (k, v) in enumerate(chunk)])
         else:
             producer.send_batch(topic, [{"key": k, "value": v} for k, v in chunk])
-    elapsed = time.perf_counter() - started
-print(json.dumps({"seconds": elapsed}))
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+print(json.dumps({"seconds": elapsed, "cpu_s": cpu}))
 """
 
 MODES = {"xadd": "raw XADD", "producer": "Producer", "dedup": "Producer + dedup_id", "before": "Producer (before)"}
 
 
-def _run(python: str, mode: str, url: str, topic: str, messages: int, batch: int) -> float:
+def _server_cpu_s(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _run(python: str, mode: str, client: redis.Redis, url: str, topic: str, messages: int, batch: int
+         ) -> tuple[float, float, float]:
+    """msg/s, the client's CPU µs per message, redis-server's CPU µs per message."""
     child_mode = "producer" if mode == "before" else mode
+    server_before = _server_cpu_s(client)
     out = subprocess.run(
         [python, "-c", _DRIVER, child_mode, url, topic, str(messages), str(batch)],
         check=True, capture_output=True, text=True, cwd=tempfile.gettempdir(),
     ).stdout
-    return messages / float(json.loads(out.splitlines()[-1])["seconds"])
+    server = _server_cpu_s(client) - server_before
+    result = json.loads(out.splitlines()[-1])
+    return messages / float(result["seconds"]), float(result["cpu_s"]) * 1e6 / messages, server * 1e6 / messages
 
 
 def _dedup_memory(client: redis.Redis, topic: str) -> dict[str, float]:
@@ -97,6 +110,8 @@ def main() -> int:
     args = parser.parse_args()
     modes = ["xadd", "producer", "dedup"] + (["before"] if args.before else [])
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    client_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+    server_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
     memory: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as data, EmbeddedRedis(data) as server:
         client = redis.Redis.from_url(server.url)
@@ -106,7 +121,10 @@ def main() -> int:
                 used_before = int(client.info("memory")["used_memory"])
                 python = args.before if mode == "before" else args.python
                 topic = f"bench-{mode}-{run}"
-                rates[mode].append(_run(python, mode, server.url, topic, args.messages, args.batch))
+                rate, own_cpu, redis_cpu = _run(python, mode, client, server.url, topic, args.messages, args.batch)
+                rates[mode].append(rate)
+                client_cpu[mode].append(own_cpu)
+                server_cpu[mode].append(redis_cpu)
                 used_after = int(client.info("memory")["used_memory"])
                 if mode in ("producer", "dedup"):
                     memory[f"{mode}_used_memory_per_message"] = (used_after - used_before) / args.messages
@@ -118,15 +136,19 @@ def main() -> int:
     print(f"\n{args.messages:,} messages of ~130 bytes, 1000 keys, 8 queues, batches of {args.batch}, "
           f"median of {args.runs} runs")
     # the ratio within each run (the modes of one run are measured back to back) drifts less than the rates
-    print(f"{'mode':<24} {'median msg/s':>13} {'÷ raw XADD':>11} {'run ratio':>10}   runs")
+    print(f"{'mode':<24} {'median msg/s':>13} {'÷ raw XADD':>11} {'run ratio':>10} {'client µs':>10} "
+          f"{'redis µs':>9}   runs")
     table = {}
     for mode in modes:
         median = statistics.median(rates[mode])
         ratio = statistics.median(r / x for r, x in zip(rates[mode], rates["xadd"], strict=True))
-        table[MODES[mode]] = {"median_msg_s": median, "ratio_to_raw_xadd": median / raw,
-                              "median_run_ratio": ratio, "runs": rates[mode]}
+        own, redis_us = statistics.median(client_cpu[mode]), statistics.median(server_cpu[mode])
+        table[MODES[mode]] = {"median_msg_s": median, "ratio_to_raw_xadd": median / raw, "median_run_ratio": ratio,
+                              "client_cpu_us_per_message": own, "redis_cpu_us_per_message": redis_us,
+                              "runs": rates[mode]}
         runs = ", ".join(f"{r:,.0f}" for r in rates[mode])
-        print(f"{MODES[mode]:<24} {median:>13,.0f} {median / raw:>11.2f} {ratio:>10.2f}   {runs}")
+        print(f"{MODES[mode]:<24} {median:>13,.0f} {median / raw:>11.2f} {ratio:>10.2f} {own:>10.1f} "
+              f"{redis_us:>9.1f}   {runs}")
     per_id = memory.get("dedup_used_memory_per_message", 0.0) - memory.get("producer_used_memory_per_message", 0.0)
     print(f"\ndedup id memory: MEMORY USAGE {memory.get('memory_usage_bytes', 0):.0f} bytes per key "
           f"(mean of {memory.get('sampled', 0):.0f}); used_memory grows {per_id:.0f} bytes more per message "

@@ -267,6 +267,9 @@ class _Planner:
         return items
 
     def _encode(self, messages: Sequence[OutgoingMessage], now_ms: int) -> list[list[bytes]]:
+        if self.max_message_bytes is None and all(m.dedup_id is None for m in messages):
+            encode = stream_entry.encode_entry  # the common case, without a check per message
+            return [encode(m.value, m.key, m.tag, m.properties, now_ms) for m in messages]
         entries = []
         for position, message in enumerate(messages):
             try:
@@ -296,13 +299,18 @@ class _Planner:
                     keys.stream(topic, qid), keys.sequence(topic, qid),
                     keys.producer_state(topic, qid, self.sequences.producer_id),
                 ]
-                for position, items in chunk:
-                    dedup_id = messages[position].dedup_id
-                    if dedup_id is not None:
-                        call_keys.append(keys.dedup_id(topic, qid, dedup_id))
-                    args.append(0 if dedup_id is None else 1)
-                    args.append(len(items))
-                    args.extend(items)
+                ids = [messages[position].dedup_id for position, _ in chunk]
+                if all(dedup_id is None for dedup_id in ids):
+                    for _, items in chunk:
+                        args.append(len(items))
+                        args.extend(items)
+                else:  # a flag per message says which take a dedup key
+                    for (_, items), dedup_id in zip(chunk, ids, strict=True):
+                        if dedup_id is not None:
+                            call_keys.append(keys.dedup_id(topic, qid, dedup_id))
+                        args.append(0 if dedup_id is None else 1)
+                        args.append(len(items))
+                        args.extend(items)
                 calls.append(_Call(qid, seq, [p for p, _ in chunk], call_keys, args))
         return calls
 

@@ -110,8 +110,9 @@ CALLS_REMEMBERED = 8
 # on this queue (keys.producer_state), then one key per message that carries a dedup id, in message
 # order (keys.dedup_id). ARGV[1] message count, ARGV[2] MAXLEN ('' = none), ARGV[3] the call's
 # sequence number (0 = no producer state), ARGV[4] the producer's highest sequence number whose answer
-# it holds, ARGV[5] the state's TTL (ms), ARGV[6] the dedup window (ms); then per message: 1 if it
-# carries a dedup id (and so takes the next key), the number of field/value items, the items.
+# it holds, ARGV[5] the state's TTL (ms), ARGV[6] the dedup window (ms); then per message: when the
+# call has dedup keys, 1 if the message carries a dedup id (and so takes the next key) else 0; the
+# number of field/value items; the items. (Without dedup keys a message is laid out as in PRODUCE_LUA.)
 #
 # A call the state says was applied is answered from the state and writes nothing. A call is applied
 # only right after the producer's previous one (its sequence number is the stored last + 1) or when the
@@ -146,6 +147,9 @@ if not raw then
 end
 local head = {'XADD', KEYS[1]}
 if ARGV[2] ~= '' then head = {'XADD', KEYS[1], 'MAXLEN', '~', ARGV[2]} end
+local ids = #KEYS > 3
+local step = 1
+if ids then step = 2 end
 local i = 7
 local k = 4
 local written = 0
@@ -153,11 +157,11 @@ local offsets = {}
 local consecutive = true
 for m = 1, n do
   local dedup = nil
-  if ARGV[i] == '1' then
+  if ids and ARGV[i] == '1' then
     dedup = KEYS[k]
     k = k + 1
   end
-  local count = tonumber(ARGV[i + 1])
+  local count = tonumber(ARGV[i + step - 1])
   local prior = dedup and redis.call('GET', dedup)
   if prior then
     offsets[m] = prior
@@ -166,7 +170,7 @@ for m = 1, n do
     local cmd = {unpack(head)}
     local id = #cmd + 1
     cmd[id] = string.format('0-%d', last + written + 1)
-    for j = i + 2, i + 1 + count do cmd[#cmd + 1] = ARGV[j] end
+    for j = i + step, i + step - 1 + count do cmd[#cmd + 1] = ARGV[j] end
     if written == 0 then
       local reply = redis.pcall(unpack(cmd))
       if type(reply) == 'table' and reply.err then
@@ -181,10 +185,12 @@ for m = 1, n do
       redis.call(unpack(cmd))
     end
     written = written + 1
-    offsets[m] = string.format('%d', last + written)
-    if dedup then redis.call('SET', dedup, offsets[m], 'PX', ARGV[6]) end
+    if ids then
+      offsets[m] = string.format('%d', last + written)
+      if dedup then redis.call('SET', dedup, offsets[m], 'PX', ARGV[6]) end
+    end
   end
-  i = i + count + 2
+  i = i + count + step
 end
 if written > 0 then redis.call('SET', KEYS[2], string.format('%d', last + written)) end
 local answer = last + 1

@@ -37,7 +37,7 @@ def call(client: redis.Redis, seq: int, acked: int, values: list[str], producer_
     for index, value in enumerate(values):
         if index in dedup:
             call_keys.append(keys.dedup_id("t", 0, dedup[index]))
-        args += [1 if index in dedup else 0, 2, "v", value]
+        args += ([1 if index in dedup else 0] if dedup else []) + [2, "v", value]
     return client.eval(IDEMPOTENT_PRODUCE_LUA, len(call_keys), *call_keys, *args)
 
 
@@ -215,9 +215,10 @@ def test_cli_shows_progress_only_on_a_terminal(redis_url: str, tmp_path: Any) ->
     lines = b"".join(b'{"value": "m%d", "key": "k%d"}\n' % (i, i % 50) for i in range(3000))
     source = tmp_path / "lines.jsonl"
     source.write_bytes(lines)
-    # stdout and stdin plain, stderr a terminal; the input is paced so the run spans several seconds
+    # stdout and stdin plain, stderr a terminal; the input is paced (100 lines per 0.1 s) so the run
+    # spans seconds, whenever ddmq itself gets going
     pacer = "import sys,time\nfor i, line in enumerate(open(sys.argv[1],'rb')):\n" \
-            "    sys.stdout.buffer.write(line)\n    sys.stdout.flush()\n    time.sleep(0.0007 if i % 10 else 0)\n"
+            "    sys.stdout.buffer.write(line)\n    sys.stdout.flush()\n    time.sleep(0 if i % 100 else 0.1)\n"
     controller, terminal = pty.openpty()
     feeder = subprocess.Popen([sys.executable, "-c", pacer, str(source)], stdout=subprocess.PIPE)
     proc = subprocess.Popen(
