@@ -573,7 +573,7 @@ class Producer:
         self._planner.encode(message, 0)
 
     def _topic_queues(self, topic: str, queues: int) -> int:
-        send = _Send(topic, [], 0, self._planner.sequences, self._policy)
+        send = _Send(topic, [], 0, _Sequences(), self._policy)  # no produce call: no sequence to give up
         while True:
             try:
                 pipe = self._redis.pipeline(transaction=False)
@@ -704,7 +704,7 @@ class AsyncProducer:
         self._planner.encode(message, 0)
 
     async def _topic_queues(self, topic: str, queues: int) -> int:
-        send = _Send(topic, [], 0, self._planner.sequences, self._policy)
+        send = _Send(topic, [], 0, _Sequences(), self._policy)  # no produce call: no sequence to give up
         while True:
             try:
                 pipe = self._redis.pipeline(transaction=False)
