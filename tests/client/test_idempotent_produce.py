@@ -4,6 +4,7 @@ is retried, and the deadline raises one error that says what was written."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pty
 import subprocess
@@ -16,7 +17,7 @@ from typing import Any, cast
 import pytest
 import redis
 
-from ddmq.client.producer import DeliveryError, MessageTooLargeError, Producer, SendResult
+from ddmq.client.producer import AsyncProducer, DeliveryError, MessageTooLargeError, Producer, SendResult
 from ddmq.protocol import keys
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.queues import IDEMPOTENT_PRODUCE_LUA, OUT_OF_ORDER, PRODUCE_LUA
@@ -264,3 +265,17 @@ def test_an_incurable_error_fails_at_once_and_counts_the_rest_of_the_round(
             [(1, 1, 1), (2, 1, 2)], [0], [], 0)
         assert isinstance(error.__cause__, redis.ResponseError)
     assert bodies(client, "t", 1) == [b"b", b"c"]
+
+
+async def test_concurrent_sends_on_one_async_producer_take_turns(redis_url: str, client: redis.Redis) -> None:
+    async with AsyncProducer(redis_url, default_queues=2) as producer:
+        async def sender(task: int) -> list[SendResult]:
+            return await producer.send_batch(
+                "t", [{"value": f"{task}:{i}", "key": "one-key"} for i in range(50)])
+
+        results = await asyncio.gather(*(sender(task) for task in range(20)))
+    offsets = sorted(r.offset for batch in results for r in batch)
+    assert offsets == list(range(1, 1001))
+    stored = [value.decode().split(":") for value in bodies(client, "t", queue_for_key("one-key", 2))]
+    for task in range(20):  # each batch whole and in its order
+        assert [int(i) for t, i in stored if t == str(task)] == list(range(50))
