@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NamedTuple
 
+import redis.exceptions
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
@@ -333,6 +334,10 @@ def _offsets(reply: object, count: int) -> list[int] | None:
     return None
 
 
+#: Errors after which a call may have run: its request left, its answer did not come.
+_CUT_OFF = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError, TimeoutError)
+
+
 class _Send:
     """One ``send_batch`` in flight: which calls are answered, which go in the next round trip, and when
     to give up. No I/O here; the sync and async producers drive it."""
@@ -398,6 +403,8 @@ class _Send:
                 self.maybe.discard(index)
                 refused = True
             else:
+                if isinstance(error, _CUT_OFF):  # a cluster pipeline reports a lost node per command
+                    self.maybe.add(index)
                 self.last_error = error
                 backoff = True
         self.pending = [index for index in self.pending if index not in self.answers]
