@@ -8,7 +8,14 @@
 """
 
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, NotProcessed, PullConsumer
-from ddmq.client.producer import AsyncProducer, OutgoingMessage, ProduceError, Producer, SendResult
+from ddmq.client.producer import (
+    AsyncProducer,
+    DeliveryError,
+    OutgoingMessage,
+    ProduceError,
+    Producer,
+    SendResult,
+)
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError, PullError
 from ddmq.protocol.hashing import queue_for_key
 
@@ -17,6 +24,7 @@ __all__ = [
     "AsyncProxyClient",
     "AsyncPullConsumer",
     "ConsumedMessage",
+    "DeliveryError",
     "NotProcessed",
     "OutgoingMessage",
     "ProduceError",

@@ -5,11 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterable
 from typing import IO
 
 from ddmq.protocol import clitools
-from ddmq.protocol.producer import MESSAGE_FIELDS, OutgoingMessage, ProduceError, Producer
+from ddmq.protocol.delivery import DEFAULT_DELIVERY_TIMEOUT_MS
+from ddmq.protocol.producer import (
+    DEFAULT_DEDUP_WINDOW_S,
+    MESSAGE_FIELDS,
+    MessageTooLargeError,
+    OutgoingMessage,
+    ProduceError,
+    Producer,
+)
 
 __all__ = ["add_cli", "produce_lines"]
 
@@ -21,8 +30,10 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="send JSON lines from stdin to a topic",
         description=(
             'Reads one JSON object per line from stdin: {"value": ..., "key": ..., "tag": ..., '
-            '"properties": {...}, "qid": ...}; only "value" is required. A string value is sent as is, '
-            "any other JSON value as its compact JSON text. Bad lines are reported and skipped."
+            '"properties": {...}, "qid": ..., "dedup_id": ...}; only "value" is required. A string value is '
+            "sent as is, any other JSON value as its compact JSON text. Bad lines are reported and skipped. "
+            "Redis failures (a failover, a restart) are retried until --delivery-timeout-ms; no message is "
+            "written twice. Progress goes to stderr when it is a terminal; a summary line ends the run."
         ),
     )
     clitools.env_option(
@@ -34,14 +45,35 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="number of queues: creates the topic with it, or checks it (default: 8 for a new topic)",
     )
     parser.add_argument("--batch", type=int, default=100, help="messages per round trip (default 100)")
+    parser.add_argument(
+        "--delivery-timeout-ms", type=int, default=DEFAULT_DELIVERY_TIMEOUT_MS,
+        help=f"how long one batch may keep retrying Redis failures (default {DEFAULT_DELIVERY_TIMEOUT_MS})",
+    )
+    parser.add_argument(
+        "--max-message-bytes", type=int, default=None,
+        help="refuse (report and skip) lines whose message is larger than this (default: no limit)",
+    )
+    parser.add_argument(
+        "--dedup-window-s", type=float, default=DEFAULT_DEDUP_WINDOW_S,
+        help=f"how long a line's dedup_id is remembered (default {DEFAULT_DEDUP_WINDOW_S})",
+    )
     parser.set_defaults(func=_produce_command)
 
 
 def _produce_command(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise clitools.CliError("--batch must be at least 1", clitools.USAGE_ERROR)
+    if args.delivery_timeout_ms < 0:
+        raise clitools.CliError("--delivery-timeout-ms must not be negative", clitools.USAGE_ERROR)
+    if args.max_message_bytes is not None and args.max_message_bytes < 1:
+        raise clitools.CliError("--max-message-bytes must be at least 1", clitools.USAGE_ERROR)
+    if not args.dedup_window_s > 0:
+        raise clitools.CliError("--dedup-window-s must be positive", clitools.USAGE_ERROR)
     try:
-        with Producer(args.redis) as producer:
+        with Producer(
+            args.redis, delivery_timeout_ms=args.delivery_timeout_ms, max_message_bytes=args.max_message_bytes,
+            dedup_window_s=args.dedup_window_s,
+        ) as producer:
             if args.queues is not None:
                 producer.ensure_topic(args.topic, args.queues)
             return produce_lines(producer, args.topic, sys.stdin.buffer, batch=args.batch, err=sys.stderr)
@@ -61,8 +93,8 @@ def _line_message(raw: bytes, queues: int) -> OutgoingMessage:
     value = data["value"]
     if not isinstance(value, str):
         value = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    key, tag, props, qid = (data.get(name) for name in ("key", "tag", "properties", "qid"))
-    for name, text in (("key", key), ("tag", tag)):
+    key, tag, props, qid, dedup_id = (data.get(name) for name in ("key", "tag", "properties", "qid", "dedup_id"))
+    for name, text in (("key", key), ("tag", tag), ("dedup_id", dedup_id)):
         if text is not None and not isinstance(text, str):
             raise ValueError(f"'{name}' must be a string")
     if props is not None and not (
@@ -71,7 +103,32 @@ def _line_message(raw: bytes, queues: int) -> OutgoingMessage:
         raise ValueError("'properties' must be an object of strings")
     if qid is not None and (isinstance(qid, bool) or not isinstance(qid, int) or not 0 <= qid < queues):
         raise ValueError(f"'qid' must be an integer in 0..{queues - 1}")
-    return OutgoingMessage(value, key, tag, props, qid)
+    return OutgoingMessage(value, key, tag, props, qid, dedup_id)
+
+
+class _Progress:
+    """A line on a terminal that shows how far a long input has come, redrawn at most once a second."""
+
+    def __init__(self, err: IO[str], topic: str) -> None:
+        self.err, self.topic = err, topic
+        self.shown = False
+        self.next_at = time.monotonic() + 1.0
+        try:
+            self.live = err.isatty()
+        except (AttributeError, ValueError):
+            self.live = False
+
+    def update(self, sent: int, bad: int, retries: int) -> None:
+        if not self.live or time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + 1.0
+        self.err.write(f"\rsent {sent} message(s) to {self.topic!r}, {retries} retries, {bad} bad line(s) ...")
+        self.err.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            self.err.write("\r\033[K")
 
 
 def produce_lines(
@@ -79,25 +136,54 @@ def produce_lines(
 ) -> int:
     """Send JSON lines in batches; report bad lines (by number) on ``err`` and skip them.
 
+    Ends with one summary line on ``err``: messages, queues written to, retries, seconds, bad lines.
     Returns the exit status: 0 when every line was sent, 1 when some were bad. Raises
-    :class:`ProduceError` when Redis fails (what was sent before stays sent).
+    :class:`ProduceError` when Redis keeps failing past the producer's deadline (what was sent before
+    stays sent; the error says which messages of the failed batch were written).
     """
+    started = time.monotonic()
+    retries_before = producer.retries
     queues = producer.queue_count(topic)
-    pending: list[OutgoingMessage] = []
+    progress = _Progress(err, topic)
+    pending: list[tuple[int, OutgoingMessage]] = []
+    used: set[int] = set()
     sent = bad = 0
+
+    def flush() -> int:
+        # a message over max_message_bytes is a bad line: the rest of its batch still goes
+        nonlocal bad
+        good = []
+        for lineno, message in pending:
+            try:
+                producer.check_message(message)
+            except (MessageTooLargeError, ValueError, TypeError) as exc:
+                bad += 1
+                err.write(f"line {lineno}: {exc}; skipped\n")
+                continue
+            good.append(message)
+        pending.clear()
+        results = producer.send_batch(topic, good)
+        used.update(result.qid for result in results)
+        return len(results)
+
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            pending.append(_line_message(raw, queues))
+            pending.append((lineno, _line_message(raw, queues)))
         except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
             bad += 1
             err.write(f"line {lineno}: {exc}; skipped\n")
             continue
         if len(pending) >= batch:
-            sent += len(producer.send_batch(topic, pending))
-            pending.clear()
+            sent += flush()
+            progress.update(sent, bad, producer.retries - retries_before)
     if pending:
-        sent += len(producer.send_batch(topic, pending))
-    err.write(f"sent {sent} message(s) to {topic!r}, {bad} bad line(s)\n")
+        sent += flush()
+    progress.done()
+    retries = producer.retries - retries_before
+    err.write(
+        f"sent {sent} message(s) to {topic!r} over {len(used)} queue(s) in {time.monotonic() - started:.1f}s, "
+        f"{retries} retr{'y' if retries == 1 else 'ies'}, {bad} bad line(s)\n"
+    )
     return 0 if bad == 0 else 1

@@ -3,6 +3,8 @@ uses it too); this module keeps the client's import path for it."""
 
 from ddmq.protocol.producer import (
     AsyncProducer,
+    DeliveryError,
+    MessageTooLargeError,
     OutgoingMessage,
     Producer,
     SendResult,
@@ -16,6 +18,8 @@ from ddmq.protocol.queues import (
 
 __all__ = [
     "AsyncProducer",
+    "DeliveryError",
+    "MessageTooLargeError",
     "OutgoingMessage",
     "ProduceError",
     "Producer",

@@ -12,6 +12,11 @@ key                               type      holds
 ``ddmq:topic:<t>``                hash      topic metadata: ``queues``
 ``ddmq:{<t>:<q>}:q``              stream    the queue; entry id ``0-<offset>``
 ``ddmq:{<t>:<q>}:seq``            string    last offset assigned by the producer script
+``ddmq:{<t>:<q>}:pid:<p>``        hash      producer p's applied calls on the queue: ``s`` (its last
+                                            sequence number) and ``<seq>`` → the offsets it was given;
+                                            PX expiry (DESIGN.md, "Idempotent produce")
+``ddmq:{<t>:<q>}:dd:<id>``        string    the offset of the message produced with dedup id ``id``;
+                                            PX expiry (the producer's dedup window)
 ``ddmq:{<t>:<q>}:off:<g>``        string    group g's committed offset (next offset to consume)
 ``ddmq:{<t>:<q>}:done:<g>``       string    offsets past it already finished, as ranges ``a-b,c``
 ``ddmq:{<t>:<q>}:fetch:<g>``      string    group g's low-level ``ack`` position (next offset to fetch)
@@ -38,12 +43,14 @@ __all__ = [
     "committed",
     "dead_letter_claims",
     "dead_letters",
+    "dedup_id",
     "fetch_position",
     "finished",
     "lease",
     "lease_term",
     "members",
     "offset_of",
+    "producer_state",
     "replayed",
     "rollbacks",
     "sequence",
@@ -84,6 +91,14 @@ def stream(topic: str, qid: int) -> str:
 
 def sequence(topic: str, qid: int) -> str:
     return f"{_queue_tag(topic, qid)}:seq"
+
+
+def producer_state(topic: str, qid: int, producer_id: str) -> str:
+    return f"{_queue_tag(topic, qid)}:pid:{producer_id}"
+
+
+def dedup_id(topic: str, qid: int, dedup: str) -> str:
+    return f"{_queue_tag(topic, qid)}:dd:{dedup}"
 
 
 def committed(group: str, topic: str, qid: int) -> str:

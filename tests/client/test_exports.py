@@ -11,6 +11,7 @@ def test_public_names_are_pinned() -> None:
         "AsyncProxyClient",
         "AsyncPullConsumer",
         "ConsumedMessage",
+        "DeliveryError",
         "NotProcessed",
         "OutgoingMessage",
         "ProduceError",

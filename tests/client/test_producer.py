@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from redis.retry import Retry
 
 from ddmq.client.producer import (
     AsyncProducer,
+    DeliveryError,
     OutgoingMessage,
     ProduceError,
     Producer,
@@ -235,10 +237,11 @@ def test_maxlen_trims_approximately(redis_url: str, client: redis.Redis) -> None
 
 def test_redis_errors_become_produce_errors() -> None:
     no_retry = redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
-    with Producer(no_retry) as unreachable:
-        with pytest.raises(ProduceError, match="'rides'") as info:
+    with Producer(no_retry, delivery_timeout_ms=300) as unreachable:
+        with pytest.raises(DeliveryError, match="'rides'") as info:
             unreachable.send("rides", "v")
     assert isinstance(info.value.__cause__, redis.ConnectionError)
+    assert info.value.retries > 0
 
 
 def test_given_client_is_left_open(client: redis.Redis) -> None:
@@ -276,8 +279,8 @@ async def test_async_producer_on_a_given_client(redis_client: redis.asyncio.Redi
 
 async def test_async_redis_errors_become_produce_errors() -> None:
     no_retry = redis.asyncio.Redis(host="127.0.0.1", port=1, retry=AsyncRetry(NoBackoff(), 0))
-    async with AsyncProducer(no_retry) as unreachable:
-        with pytest.raises(ProduceError) as info:
+    async with AsyncProducer(no_retry, delivery_timeout_ms=300) as unreachable:
+        with pytest.raises(DeliveryError) as info:
             await unreachable.send("rides", "v")
     await no_retry.aclose()
     assert isinstance(info.value.__cause__, redis.ConnectionError)
@@ -325,7 +328,10 @@ def test_produce_cli_end_to_end(redis_url: str, client: redis.Redis) -> None:
     assert proc.returncode == 1, stderr
     assert "line 3:" in stderr and "line 5:" in stderr
     assert "line 6" not in stderr  # blank lines are not bad
-    assert "sent 5 message(s) to 'rides', 2 bad line(s)" in stderr.splitlines()[-1]
+    assert re.fullmatch(
+        r"sent 5 message\(s\) to 'rides' over [34] queue\(s\) in \d+\.\ds, 0 retries, 2 bad line\(s\)",
+        stderr.splitlines()[-1],
+    ), stderr
 
     def values(qid: int) -> list[bytes]:  # without the keyless message, which went round-robin
         return [f[b"v"] for _, f in entries(client, "rides", qid) if f[b"t"] != b"json"]
