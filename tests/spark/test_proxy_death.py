@@ -1,0 +1,86 @@
+"""A streaming query outlives one of its proxies: the rides pipeline over two proxies of one group, one
+killed with -9 once the first micro-batch is committed, in pull mode and in queue mode.
+
+Pull mode: the batch planned before the kill may hold leases on the dead proxy; those partitions read
+nothing (the leases died with it) and their messages come back through the survivor, which takes the
+dead proxy's queues after the lease TTL. Queue mode: partitions go on reading their ranges from the
+survivor. Either way the query ends by itself and the parquet sink holds every rider's trip once.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddmq.client.cli import build_parser
+from ddmq.client.demo import produce_rides
+from ddmq.client.spark import pipeline
+
+from ..support import ProxyProcess
+from .helpers import owners, wait_until
+
+RIDERS = 600
+LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}
+GROUPS = {"cg_rides": {"rides": {"actions": ["Json", "Order", "PullServer"], "order_key": "$.rider_id",
+                                 "max_pull_batch_size": 1000, "concurrency": 5000}}}
+
+
+@pytest.fixture
+def two_proxies(tmp_path: Path, redis_url: str) -> Any:
+    proxies = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            proxies.append(ProxyProcess(
+                tmp_path / name, redis_url, groups=GROUPS, topics={"rides": {"queues": 8}}, instance_id=name,
+                leases=LEASES, commit_interval_ms=100, shutdown_grace_ms=0,
+            ).start())
+        wait_until(lambda: set(owners(proxies[0], "cg_rides").values()) == {"a", "b"}, 30, "both proxies to own queues")
+        yield proxies
+    finally:
+        for process in proxies:
+            process.stop()
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("mode", ["pull", "queue"])
+def test_the_pipeline_finishes_with_every_trip_once_when_a_proxy_is_killed(
+    spark: Any, two_proxies: list[ProxyProcess], redis_url: str, tmp_path: Path, mode: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    riders = [f"rider-{i}" for i in range(RIDERS)]
+    produce_rides(redis_url, riders, random.Random(5))
+    out = tmp_path / "trips"
+    args = build_parser().parse_args([
+        "spark-pipeline", "--servers", ",".join(f"127.0.0.1:{p.port}" for p in two_proxies),
+        "--group", "cg_rides", "--out", str(out), "--mode", mode, "--available-now",
+        "--max-messages-per-trigger", "300",
+    ])
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["status"] = pipeline.main(args, spark=spark)
+        except BaseException as exc:  # reported by the assertion below
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    first_commit = out / "_checkpoint" / "commits" / "0"
+    wait_until(lambda: first_commit.exists() or not runner.is_alive(), 240, "the first committed micro-batch")
+    assert runner.is_alive(), f"the query ended before the kill: {outcome}"
+    two_proxies[0].kill()
+    runner.join(300)
+    assert not runner.is_alive(), "the query did not finish"
+    assert outcome.get("status") == 0, outcome
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert int(summary.split("data_batches=")[1]) > 1, summary  # the kill fell between micro-batches
+
+    trips = spark.read.parquet(str(out)).toPandas()
+    assert sorted(trips["rider_id"]) == sorted(riders)  # every rider's trip, exactly once
+    assert (trips["status"] == "completed").all()
+    assert (~trips["out_of_order"]).all() and (trips["events"] == 3).all()
