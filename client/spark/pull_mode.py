@@ -1,10 +1,11 @@
 """``mode=pull``: a Spark stream over the proxy's ordered pull path, with replayable leased pulls.
 
-Offsets are micro-batch numbers, ``{"seq": n, "flush": bool, "parts": P, "rows": R}``. Batch ``n`` has
-``P`` partitions; partition ``p`` pulls up to ``R`` messages under the lease ``<consumerId>/<n>/<p>``
-from server ``p mod len(servers)`` (see :mod:`ddmq.proxy.replays`), so every read of it (each
-action of a ``foreachBatch``, a task retry, a rerun after a restart) sees the same rows. Nothing is
-acked until Spark has committed the batch:
+Offsets are micro-batch numbers, ``{"seq": n, "flush": bool, "parts": P, "rows": R, "servers": [i, ...]}``.
+Batch ``n`` has ``P`` partitions; partition ``p`` pulls up to ``R`` messages under the lease
+``<consumerId>/<n>/<p>`` from the ``p mod len(servers)``-th of the proxies that answered when the batch
+was planned (see :mod:`ddmq.proxy.replays`), so every read of it (each action of a ``foreachBatch``, a
+task retry, a rerun after a restart) sees the same rows. Nothing is acked until Spark has committed
+the batch:
 
 - ``latestOffset(start)`` runs after the batch ending at ``start`` is in Spark's commit log, so it
   first acks the leases of every batch up to ``start``; ``commit(end)`` does the same (idempotent).
@@ -21,6 +22,10 @@ so a key's backlog advances as far as the partition's pulls carry per micro-batc
 pulls of a lease are read in index order, which keeps a key's rows in order. A replay of the lease
 answers the very same runs. With
 ``maxPerKey`` 1 a key advances one message per micro-batch, the next going out only after the ack.
+
+A proxy's death: a partition yields its whole lease or nothing, and nothing when its proxy refuses
+connections (the lease died with it; its messages come back through the survivors). DESIGN.md, "A
+proxy's death under a Spark query", says why nothing weaker is safe.
 """
 
 from __future__ import annotations

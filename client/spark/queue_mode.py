@@ -2,9 +2,10 @@
 
 Offsets are the next offset to read per queue, ``{"<topic>": {"<qid>": n}}``. A micro-batch from
 ``start`` to ``end`` has one partition per queue with new messages, reading ``[start, end)`` of that
-queue from any proxy. Queue offsets are dense and never change, so a partition read twice (or a batch
-rerun after a restart) yields exactly the same rows, in offset order: with a checkpoint and an
-idempotent sink the query is exactly-once, and every key (which lives in one queue) stays in order.
+queue from any proxy (from the next server of the list when one fails). Queue offsets are dense and
+never change, so a partition read twice (or a batch rerun after a restart) yields exactly the same
+rows, in offset order: with a checkpoint and an idempotent sink the query is exactly-once, and every
+key (which lives in one queue) stays in order.
 
 Progress is stored with ``ack`` (the group's fetch positions, separate from the ordered pull path's
 offsets) once Spark committed a batch: in ``latestOffset`` for the batch ending at ``start`` (it is in

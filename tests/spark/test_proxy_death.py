@@ -19,9 +19,12 @@ import pytest
 from ddmq.client.cli import build_parser
 from ddmq.client.demo import produce_rides
 from ddmq.client.spark import pipeline
+from ddmq.client.spark.options import parse_options
+from ddmq.client.spark.pull_mode import PullPartition, PullStreamReader, read_leased
+from ddmq.client.spark.queue_mode import QueuePartition, read_range
 
-from ..support import ProxyProcess
-from .helpers import owners, wait_until
+from ..support import ProxyProcess, free_port
+from .helpers import owners, positions, produce, wait_until
 
 RIDERS = 600
 LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}
@@ -84,3 +87,45 @@ def test_the_pipeline_finishes_with_every_trip_once_when_a_proxy_is_killed(
     assert sorted(trips["rider_id"]) == sorted(riders)  # every rider's trip, exactly once
     assert (trips["status"] == "completed").all()
     assert (~trips["out_of_order"]).all() and (trips["events"] == 3).all()
+
+
+def test_a_queue_partition_goes_on_at_the_next_server_when_its_own_dies_mid_read(
+    proxy: ProxyProcess, redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "b").mkdir()
+    other = ProxyProcess(tmp_path / "b", redis_url, groups={"g": {"t": {"order_key": "KEY"}}},
+                         topics={"t": {"queues": 8}}, instance_id="b", shutdown_grace_ms=0).start()
+    try:
+        produce(redis_url, 50, 8)
+        end = positions(proxy)[("t", "0")][1]  # the next offset to be produced
+        options = parse_options({"servers": f"127.0.0.1:{proxy.port},127.0.0.1:{other.port}", "group": "g",
+                                 "mode": "queue", "maxBatchSize": "7"})
+        reading = read_range(options, QueuePartition("127.0.0.1", proxy.port, "t", "0", 1, end))
+        offsets = next(reading).column("offset").to_pylist()  # 7 rows from the partition's own proxy
+        proxy.kill()
+        for batch in reading:
+            offsets += batch.column("offset").to_pylist()
+        assert offsets == list(range(1, end))  # the rest from the other proxy: nothing twice, nothing less
+    finally:
+        other.stop()
+
+
+def test_a_pull_partition_whose_proxy_refuses_connections_reads_nothing() -> None:
+    options = parse_options({"servers": f"127.0.0.1:{free_port()}", "group": "g"})
+    dead = options.servers[0]
+    assert list(read_leased(options, PullPartition(dead[0], dead[1], "spark-g/1/0", 100))) == []
+
+
+def test_planning_and_acks_leave_out_a_proxy_that_refuses_connections(proxy: ProxyProcess, redis_url: str) -> None:
+    produce(redis_url, 10, 2)
+    dead = free_port()
+    options = parse_options({"servers": f"127.0.0.1:{dead},127.0.0.1:{proxy.port}", "group": "g"})
+    reader = PullStreamReader(options)
+    try:
+        end = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+        assert end["servers"] == [1]  # the batch's leases all go to the proxy that answered
+        assert {(p.host, p.port) for p in reader.partitions({"seq": 0}, end)} == {("127.0.0.1", proxy.port)}
+        reader.commit(end)  # the dead proxy's leases died with it: acked as far as it is concerned
+        assert reader._acked_through == {0: end["seq"], 1: end["seq"]}
+    finally:
+        reader.stop()
