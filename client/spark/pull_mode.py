@@ -306,8 +306,8 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _ack_through(self, seq: int) -> None:
         """Ack every batch's leases up to ``seq`` on every proxy. A proxy that fails is asked again next
-        time, for at most the last ``ACK_LOOKBACK_BATCHES`` batches: older leases expire there by themselves
-        (their messages are delivered again), and a proxy that is down does not grow the list for ever."""
+        time for every batch since its last ack; one that refuses connections counts as acked (see
+        :meth:`_Proxies.ack_leases`), so a dead proxy does not grow the list."""
         if seq <= 0:
             return
         parts = self.options.num_partitions
@@ -315,7 +315,7 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             done = self._acked_through.get(server)
             if done is not None and seq <= done:
                 continue
-            first = max(1, seq - ACK_LOOKBACK_BATCHES + 1, (done or 0) + 1)
+            first = done + 1 if done is not None else max(1, seq - ACK_LOOKBACK_BATCHES + 1)
             lease_ids = [self.lease_id(s, p) for s in range(first, seq + 1) for p in range(parts)]
             if self.proxies.ack_leases(server, lease_ids):
                 self._acked_through[server] = seq
