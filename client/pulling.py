@@ -280,8 +280,7 @@ class PullerSettings:
         # Every server gets the same number of pullers, at least one: a server without a puller is
         # never read, and the queues a rebalance gave its proxy would stall (DDMQ's Carrera pool has
         # `clientNumPerServer` for the same reason). `pullers` is the total asked for, rounded up.
-        self.per_server = -(-pullers // len(self.servers))
-        self.pullers = self.per_server * len(self.servers)
+        self.pullers = -(-pullers // len(self.servers)) * len(self.servers)
         self.batch_size = batch_size
         self.linger_ms = linger_ms
         self.retry_sleep_ms = retry_sleep_ms
