@@ -143,6 +143,8 @@ class _Proxies:
         self._clients: dict[tuple[str, int], ProxyClient] = {}
         #: Indexes (into ``options.servers``) of the proxies that answered the last ``positions()``.
         self.answered: list[int] = list(range(len(options.servers)))
+        #: The longest queue lease time left that the last ``positions()`` saw, in seconds.
+        self.lease_ttl_s = 0.0
 
     def client(self, server: tuple[str, int]) -> ProxyClient:
         client = self._clients.get(server)
@@ -155,6 +157,7 @@ class _Proxies:
         merged: dict[tuple[str, str], tuple[int, int]] = {}
         errors = []
         answered = []
+        lease_ttl_s = 0.0
         for number, server in enumerate(self.options.servers):
             try:
                 rows = self.client(server).get_consume_stats(
@@ -165,6 +168,7 @@ class _Proxies:
                 continue
             answered.append(number)
             for row in rows:
+                lease_ttl_s = max(lease_ttl_s, max((row.leaseTtlMs or {}).values(), default=0) / 1000)
                 produce = row.produceOffsets or {}
                 for qid, consume in (row.consumeOffsets or {}).items():
                     key = (row.topic or "", qid)
@@ -172,9 +176,10 @@ class _Proxies:
                     merged[key] = (max(old[0], consume), max(old[1], produce.get(qid, 0)))
         if errors and len(errors) == len(self.options.servers):
             raise ConnectionError(f"no ddmq proxy answered getConsumeStats: {'; '.join(errors)}")
-        if errors:
+        if errors and answered != self.answered:  # once per change, not every micro-batch
             log.warning("planning without the proxies that did not answer: %s", "; ".join(errors))
         self.answered = answered
+        self.lease_ttl_s = lease_ttl_s
         return merged
 
     def ack_leases(self, server: int, lease_ids: list[str]) -> bool:
@@ -207,6 +212,7 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[tuple[str, str], int] | None = None
         self._last_consumed: int | None = None
         self._idle_batches = 0
+        self._idle_since: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -260,17 +266,23 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if remaining == 0:
             return False
         consumed = sum(consume for consume, _ in positions.values())
+        now = time.monotonic()
         if consumed == self._last_consumed:
             self._idle_batches += 1
-            if self._idle_batches >= AVAILABLE_NOW_IDLE_BATCHES:
+            # A dead proxy's queues stand still until their leases expire and a survivor takes them:
+            # give up only after two lease periods as well, or a proxy's death would end the run early.
+            idle_s = now - (self._idle_since if self._idle_since is not None else now)
+            if self._idle_batches >= AVAILABLE_NOW_IDLE_BATCHES and idle_s >= 2 * self.proxies.lease_ttl_s:
                 log.warning(
-                    "availableNow: %d messages below the target did not finish in %d batches; stopping",
+                    "availableNow: %d messages below the target did not finish in %d batches (%.1f s); stopping",
                     remaining,
                     self._idle_batches,
+                    idle_s,
                 )
                 return False
         else:
             self._idle_batches = 0
+            self._idle_since = now
         self._last_consumed = consumed
         return True
 

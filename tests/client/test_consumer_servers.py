@@ -27,7 +27,7 @@ from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsume
 from ddmq.client.thrift_client import ProxyClient, ProxyClientError
 from ddmq.protocol.wire import ConsumeStatsRequest
 
-from ..support import ProxyFleet, ProxyProcess, produce_keyed
+from ..support import ProxyFleet, ProxyProcess, order_violations, produce_keyed
 
 GROUP, TOPIC, QUEUES = "g", "t", 8
 LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100, "handoff_drain_ms": 500}
@@ -96,24 +96,6 @@ class Seen:
     def complete(self, produced: dict[str, int]) -> bool:
         with self.lock:
             return all(set(self.seqs.get(key, ())) >= set(range(count)) for key, count in produced.items())
-
-
-def order_violations(seqs: dict[str, list[int]], produced: dict[str, int]) -> list[str]:
-    """Per key, each message arrives after its predecessor, and a key only ever goes on with the next
-    message or starts again at one already seen (a redelivery after a proxy's death replays from the
-    dead owner's committed offset); every produced message arrives, nothing else does."""
-    problems = []
-    for key, count in produced.items():
-        got = seqs.get(key, [])
-        highest = previous = -1
-        for seq in got:
-            if seq > highest + 1 or (seq > previous and seq != previous + 1):
-                problems.append(f"{key}: {seq} after {previous} (highest so far {highest}): {got}")
-                break
-            highest, previous = max(highest, seq), seq
-        if set(got) != set(range(count)):
-            problems.append(f"{key}: got {sorted(set(got))[:10]}..., produced {count}")
-    return problems + [f"{key}: never produced" for key in seqs if key not in produced]
 
 
 @pytest.mark.timeout(120)

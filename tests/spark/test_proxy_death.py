@@ -23,8 +23,8 @@ from ddmq.client.spark.options import parse_options
 from ddmq.client.spark.pull_mode import PullPartition, PullStreamReader, read_leased
 from ddmq.client.spark.queue_mode import QueuePartition, read_range
 
-from ..support import ProxyProcess, free_port
-from .helpers import owners, positions, produce, wait_until
+from ..support import ProxyProcess, free_port, order_violations
+from .helpers import Collector, owners, positions, produce, wait_until
 
 RIDERS = 600
 LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}
@@ -32,17 +32,24 @@ GROUPS = {"cg_rides": {"rides": {"actions": ["Json", "Order", "PullServer"], "or
                                  "max_pull_batch_size": 1000, "concurrency": 5000}}}
 
 
+def start_two(tmp_path: Path, redis_url: str, groups: dict[str, Any], topic: str, leases: dict[str, int],
+              proxies: list[ProxyProcess]) -> None:
+    """Two proxies of one group into ``proxies``; returns once both own some of its queues."""
+    group = next(iter(groups))
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        proxies.append(ProxyProcess(
+            tmp_path / name, redis_url, groups=groups, topics={topic: {"queues": 8}}, instance_id=name,
+            leases=leases, commit_interval_ms=100, shutdown_grace_ms=0,
+        ).start())
+    wait_until(lambda: set(owners(proxies[0], group).values()) == {"a", "b"}, 30, "both proxies to own queues")
+
+
 @pytest.fixture
 def two_proxies(tmp_path: Path, redis_url: str) -> Any:
-    proxies = []
+    proxies: list[ProxyProcess] = []
     try:
-        for name in ("a", "b"):
-            (tmp_path / name).mkdir()
-            proxies.append(ProxyProcess(
-                tmp_path / name, redis_url, groups=GROUPS, topics={"rides": {"queues": 8}}, instance_id=name,
-                leases=LEASES, commit_interval_ms=100, shutdown_grace_ms=0,
-            ).start())
-        wait_until(lambda: set(owners(proxies[0], "cg_rides").values()) == {"a", "b"}, 30, "both proxies to own queues")
+        start_two(tmp_path, redis_url, GROUPS, "rides", LEASES, proxies)
         yield proxies
     finally:
         for process in proxies:
@@ -129,3 +136,41 @@ def test_planning_and_acks_leave_out_a_proxy_that_refuses_connections(proxy: Pro
         assert reader._acked_through == {0: end["seq"], 1: end["seq"]}
     finally:
         reader.stop()
+
+
+@pytest.mark.timeout(300)
+def test_available_now_waits_for_a_dead_proxys_queues_longer_than_its_idle_batches(
+    spark: Any, redis_url: str, tmp_path: Path
+) -> None:
+    """With a queue lease TTL far longer than 20 quick empty micro-batches, the dead proxy's queues stand
+    still until the survivor takes them: ``availableNow`` must wait for them rather than end early."""
+    proxies: list[ProxyProcess] = []
+    try:
+        start_two(tmp_path, redis_url, {"g": {"t": {"order_key": "KEY", "max_pull_batch_size": 1000}}}, "t",
+                  {"ttl_ms": 30000, "renew_ms": 3000, "claim_interval_ms": 100}, proxies)
+        produced = produce(redis_url, 200, 5)
+        collector = Collector()
+        query = (
+            spark.readStream.format("ddmq")
+            .option("servers", ",".join(f"127.0.0.1:{p.port}" for p in proxies))
+            .option("group", "g")
+            .option("lingerMs", "50")
+            .option("maxMessagesPerTrigger", "200")
+            .load()
+            .writeStream.foreachBatch(collector)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        wait_until(lambda: collector.count > 0 or not query.isActive, 120, "the first micro-batch")
+        proxies[0].kill()
+        query.awaitTermination(240)
+        assert not query.isActive and query.exception() is None
+        seqs: dict[str, list[int]] = {}
+        for _, rows in sorted(collector.batches, key=lambda item: item[0]):
+            for key, seq, _, _ in rows:
+                seqs.setdefault(key, []).append(seq)
+        assert order_violations(seqs, produced) == []
+    finally:
+        for process in proxies:
+            process.stop()
