@@ -45,7 +45,12 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--group", required=True, help="consumer group")
     parser.add_argument("--topic", default=None, help="only this topic (default: every topic of the group)")
     parser.add_argument("--count", type=int, default=None, help="stop after this many messages")
-    parser.add_argument("--threads", type=int, default=1, help="puller threads (default 1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="puller threads in all, rounded up to the same number per server, at least one each (default 1)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="max messages per pull (default 32)")
     parser.add_argument("--linger-ms", type=int, default=1000, help="long-poll wait per pull (default 1000)")
     parser.add_argument(

@@ -1,12 +1,17 @@
 """Pull consumers: a pool of pullers that long-poll the proxies and report results on their next pull.
 
 Like DDMQ's Carrera consumer pool, each puller (a thread in :class:`PullConsumer`, a task in
-:class:`AsyncPullConsumer`) owns one connection to one proxy, the servers being dealt out round-robin.
-A puller loops: pull (carrying the results of its previous batch), hand the messages to the processor
-in order, remember which offsets succeeded and which failed, pull again. When it stops, it sends what
+:class:`AsyncPullConsumer`) owns one connection to one proxy, and every server gets the same number of
+pullers, at least one: ``threads`` (``concurrency``) is the total, rounded up to a multiple of the number
+of servers, so ``threads=1`` over three proxies runs three pullers. A proxy only hands out the queues
+it owns, so a server without a puller would leave its share of the group unread. A puller loops: pull
+(carrying the results of its previous batch), hand the messages to the processor in order, remember
+which offsets succeeded and which failed, pull again. When it stops, it sends what
 it still holds with a final ``submit``. Results always go back to the proxy that handed the messages
 out, so a puller never switches servers; after a connection error it reconnects with backoff (doubling,
 with jitter so that many clients do not retry in step) and keeps its results for the next successful call.
+The pullers of a proxy that is down wait and retry on their own while the others go on: once that
+proxy's queue leases expire, the surviving proxies take its queues over and their pullers deliver them.
 
 Errors that retrying cannot cure (:attr:`ProxyClientError.retriable` is False: an unknown group or
 topic, a server that speaks HTTP) stop the whole consumer: :attr:`PullConsumer.error` holds the first
@@ -71,7 +76,8 @@ DEFAULT_MAX_BACKOFF_MS: Final = 5000
 
 
 class PullConsumer:
-    """Consume a group with ``threads`` puller threads spread round-robin over ``servers``.
+    """Consume a group with puller threads over ``servers``: ``threads`` in all, rounded up so that every
+    server has the same number and at least one (``threads=1`` with three servers runs three threads).
 
     ``processor(message)`` runs in the puller threads (so it must be thread-safe) and returns True to
     ack, False to fail (an exception counts as False; :class:`NotProcessed` leaves the message
@@ -250,7 +256,8 @@ class PullConsumer:
 
 
 class AsyncPullConsumer:
-    """The asyncio twin of :class:`PullConsumer`: ``concurrency`` puller tasks, an async processor.
+    """The asyncio twin of :class:`PullConsumer`: ``concurrency`` puller tasks (rounded up to the same
+    number per server, at least one each, like ``threads``), an async processor.
 
     >>> async with AsyncPullConsumer("127.0.0.1:9713", "rides", handle, concurrency=8) as consumer:
     ...     await consumer.wait()  # until consumer.stop() or a fatal error (raised)

@@ -277,7 +277,10 @@ class PullerSettings:
         self.servers = parse_servers(servers)
         self.group = group
         self.topic = topic or None
-        self.pullers = pullers
+        # Every server gets the same number of pullers, at least one: a server without a puller is
+        # never read, and the queues a rebalance gave its proxy would stall (DDMQ's Carrera pool has
+        # `clientNumPerServer` for the same reason). `pullers` is the total asked for, rounded up.
+        self.pullers = -(-pullers // len(self.servers)) * len(self.servers)
         self.batch_size = batch_size
         self.linger_ms = linger_ms
         self.retry_sleep_ms = retry_sleep_ms
@@ -286,6 +289,7 @@ class PullerSettings:
         self.max_per_key = max_per_key
 
     def server_for(self, index: int) -> tuple[str, int]:
+        """Puller ``index``'s server: round-robin, so each server's pullers are spread over the indexes."""
         return self.servers[index % len(self.servers)]
 
     def request(self, pending: PendingResults) -> PullRequest:

@@ -141,6 +141,24 @@ class OrderChecker:
         return {k: (self.acked_upto.get(k, 0), n) for k, n in produced.items() if self.acked_upto.get(k, 0) != n}
 
 
+def order_violations(seqs: dict[str, list[int]], produced: dict[str, int]) -> list[str]:
+    """Per key, each message arrives after its predecessor, and a key only ever goes on with the next
+    message or starts again at one already seen (a redelivery after a proxy's death replays from the
+    dead owner's committed offset); every produced message arrives, nothing else does."""
+    problems = []
+    for key, count in produced.items():
+        got = seqs.get(key, [])
+        highest = previous = -1
+        for seq in got:
+            if seq > highest + 1 or (seq > previous and seq != previous + 1):
+                problems.append(f"{key}: {seq} after {previous} (highest so far {highest}): {got}")
+                break
+            highest, previous = max(highest, seq), seq
+        if set(got) != set(range(count)):
+            problems.append(f"{key}: got {sorted(set(got))[:10]}..., produced {count}")
+    return problems + [f"{key}: never produced" for key in seqs if key not in produced]
+
+
 def body(key: str, seq: int) -> str:
     return json.dumps({"k": key, "seq": seq})
 

@@ -1,10 +1,11 @@
 """``mode=pull``: a Spark stream over the proxy's ordered pull path, with replayable leased pulls.
 
-Offsets are micro-batch numbers, ``{"seq": n, "flush": bool, "parts": P, "rows": R}``. Batch ``n`` has
-``P`` partitions; partition ``p`` pulls up to ``R`` messages under the lease ``<consumerId>/<n>/<p>``
-from server ``p mod len(servers)`` (see :mod:`ddmq.proxy.replays`), so every read of it (each
-action of a ``foreachBatch``, a task retry, a rerun after a restart) sees the same rows. Nothing is
-acked until Spark has committed the batch:
+Offsets are micro-batch numbers, ``{"seq": n, "flush": bool, "parts": P, "rows": R, "servers": [i, ...]}``.
+Batch ``n`` has ``P`` partitions; partition ``p`` pulls up to ``R`` messages under the lease
+``<consumerId>/<n>/<p>`` from the ``p mod len(servers)``-th of the proxies that answered when the batch
+was planned (see :mod:`ddmq.proxy.replays`), so every read of it (each action of a ``foreachBatch``, a
+task retry, a rerun after a restart) sees the same rows. Nothing is acked until Spark has committed
+the batch:
 
 - ``latestOffset(start)`` runs after the batch ending at ``start`` is in Spark's commit log, so it
   first acks the leases of every batch up to ``start``; ``commit(end)`` does the same (idempotent).
@@ -21,11 +22,16 @@ so a key's backlog advances as far as the partition's pulls carry per micro-batc
 pulls of a lease are read in index order, which keeps a key's rows in order. A replay of the lease
 answers the very same runs. With
 ``maxPerKey`` 1 a key advances one message per micro-batch, the next going out only after the ack.
+
+A proxy's death: a partition yields its whole lease or nothing, and nothing when its proxy refuses
+connections (the lease died with it; its messages come back through the survivors). DESIGN.md, "A
+proxy's death under a Spark query", says why nothing weaker is safe.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -34,10 +40,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from ddmq.client.spark.options import SourceOptions
 from ddmq.client.spark.rows import to_record_batch
-from ddmq.client.thrift_client import ProxyClient, ProxyClientError
+from ddmq.client.thrift_client import ProxyClient, ProxyClientError, ProxyConnectionError
 from ddmq.protocol.wire import ConsumeStatsRequest, LeaseAck, PullRequest
 
-__all__ = ["PullPartition", "PullStreamReader", "read_leased"]
+__all__ = ["PullPartition", "PullStreamReader", "read_leased", "refused"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,8 @@ log = logging.getLogger(__name__)
 ACK_LOOKBACK_BATCHES: Final = 16
 #: With availableNow, stop after this many data batches in a row that moved no consume offset.
 AVAILABLE_NOW_IDLE_BATCHES: Final = 20
+#: A partition retries a proxy that fails without refusing connections for at least this long.
+_RETRY_FOR_S: Final = 10.0
 
 
 class PullPartition(InputPartition):
@@ -58,14 +66,55 @@ class PullPartition(InputPartition):
         self.max_rows = max_rows
 
 
+def refused(error: ProxyClientError) -> bool:
+    """Nothing listens at the proxy's address: its process is gone, and its replay leases with it (a
+    process that listens there later is another one, which knows none of them)."""
+    return isinstance(error, ProxyConnectionError) and isinstance(error.__cause__, ConnectionRefusedError)
+
+
 def read_leased(options: SourceOptions, partition: PullPartition) -> Iterator[Any]:
-    """Pull the partition's lease (again): the same record batches on every call until it is acked."""
+    """Pull the partition's lease (again): the same record batches on every call until it is acked.
+
+    The lease's pulls are all taken before any row is handed to Spark, so the partition yields either
+    the whole lease or nothing. When its proxy refuses connections (killed, or stopped) the partition
+    yields nothing: the lease died with the proxy, its messages come back through the queues' next
+    owner, and no row of it reaches this micro-batch. Other failures (a reset, a timeout, a proxy
+    shutting down or without Redis) are retried from the lease's first pull (a replay answers the same
+    rows) for ``timeoutSec``; past that the task fails as it would have.
+    """
+    deadline = time.monotonic() + max(options.timeout_s, _RETRY_FOR_S)
+    backoff_s = 0.1
+    while True:
+        try:
+            batches = _pull_lease(options, partition)
+        except ProxyClientError as exc:
+            if refused(exc):
+                log.warning(
+                    "lease %s: %s:%d refuses connections; the lease died with it and its messages come back "
+                    "through the queues' next owner, in a later micro-batch (%s)",
+                    partition.lease_id, partition.host, partition.port, exc,
+                )
+                return
+            if not exc.retriable or time.monotonic() + backoff_s > deadline:
+                raise
+            log.warning("lease %s: %s; reading it again from %s:%d", partition.lease_id, exc, partition.host,
+                        partition.port)
+            time.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 2.0)
+            continue
+        yield from batches
+        return
+
+
+def _pull_lease(options: SourceOptions, partition: PullPartition) -> list[Any]:
+    """Every pull of the lease, from its first, as record batches (one connection)."""
+    batches = []
     taken = 0
     with ProxyClient(partition.host, partition.port, timeout_s=options.timeout_s) as client:
         for index in range(options.pulls_per_partition):
             want = min(options.max_batch_size, partition.max_rows - taken)
             if want <= 0:
-                return
+                break
             response = client.pull(
                 PullRequest(
                     groupId=options.group,
@@ -80,9 +129,10 @@ def read_leased(options: SourceOptions, partition: PullPartition) -> Iterator[An
             )
             messages = response.messages or []
             if not messages or response.context is None:
-                return
+                break
             taken += len(messages)
-            yield to_record_batch(response.context.topic or "", int(response.context.qid or 0), messages)
+            batches.append(to_record_batch(response.context.topic or "", int(response.context.qid or 0), messages))
+    return batches
 
 
 class _Proxies:
@@ -91,6 +141,10 @@ class _Proxies:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._clients: dict[tuple[str, int], ProxyClient] = {}
+        #: Indexes (into ``options.servers``) of the proxies that answered the last ``positions()``.
+        self.answered: list[int] = list(range(len(options.servers)))
+        #: The longest queue lease time left that the last ``positions()`` saw, in seconds.
+        self.lease_ttl_s = 0.0
 
     def client(self, server: tuple[str, int]) -> ProxyClient:
         client = self._clients.get(server)
@@ -102,7 +156,9 @@ class _Proxies:
         """(topic, qid) -> (consume, produce) offsets, the highest any proxy reports."""
         merged: dict[tuple[str, str], tuple[int, int]] = {}
         errors = []
-        for server in self.options.servers:
+        answered = []
+        lease_ttl_s = 0.0
+        for number, server in enumerate(self.options.servers):
             try:
                 rows = self.client(server).get_consume_stats(
                     ConsumeStatsRequest(group=self.options.group, topic=self.options.topic)
@@ -110,7 +166,9 @@ class _Proxies:
             except ProxyClientError as exc:
                 errors.append(f"{server[0]}:{server[1]}: {exc}")
                 continue
+            answered.append(number)
             for row in rows:
+                lease_ttl_s = max(lease_ttl_s, max((row.leaseTtlMs or {}).values(), default=0) / 1000)
                 produce = row.produceOffsets or {}
                 for qid, consume in (row.consumeOffsets or {}).items():
                     key = (row.topic or "", qid)
@@ -118,18 +176,26 @@ class _Proxies:
                     merged[key] = (max(old[0], consume), max(old[1], produce.get(qid, 0)))
         if errors and len(errors) == len(self.options.servers):
             raise ConnectionError(f"no ddmq proxy answered getConsumeStats: {'; '.join(errors)}")
+        if errors and answered != self.answered:  # once per change, not every micro-batch
+            log.warning("planning without the proxies that did not answer: %s", "; ".join(errors))
+        self.answered = answered
+        self.lease_ttl_s = lease_ttl_s
         return merged
 
-    def ack_leases(self, lease_ids: list[str]) -> bool:
-        """Ack ``lease_ids`` on every proxy (each ignores the ids it does not hold); False if one failed."""
-        ok = True
-        for server in self.options.servers:
-            try:
-                self.client(server).ack_leases(LeaseAck(groupId=self.options.group, leaseIds=lease_ids))
-            except ProxyClientError as exc:
-                ok = False
-                log.warning("acking %d leases on %s:%d failed (retried later): %s", len(lease_ids), *server, exc)
-        return ok
+    def ack_leases(self, server: int, lease_ids: list[str]) -> bool:
+        """Ack ``lease_ids`` on proxy number ``server`` (it ignores the ids it does not hold). True when
+        done, or when nothing listens there: its leases died with its process. False: try again later."""
+        address = self.options.servers[server]
+        try:
+            self.client(address).ack_leases(LeaseAck(groupId=self.options.group, leaseIds=lease_ids))
+        except ProxyClientError as exc:
+            if refused(exc):
+                log.info("not acking %d leases on %s:%d: it refuses connections, its leases are gone",
+                         len(lease_ids), *address)
+                return True
+            log.warning("acking %d leases on %s:%d failed (retried later): %s", len(lease_ids), *address, exc)
+            return False
+        return True
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -141,10 +207,12 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._proxies: _Proxies | None = None
-        self._acked_through: int | None = None
+        #: Per proxy (index into ``options.servers``), the last batch whose leases it acked.
+        self._acked_through: dict[int, int] = {}
         self._target: dict[tuple[str, str], int] | None = None
         self._last_consumed: int | None = None
         self._idle_batches = 0
+        self._idle_since: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -182,6 +250,9 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "flush": False,
                 "parts": parts,
                 "rows": self.options.rows_per_partition(max_rows, parts),
+                # The proxies that answered while planning: the batch's leases go to them only, and the
+                # offset keeps the choice so that a rerun pulls every lease from the same proxy.
+                "servers": list(self.proxies.answered),
             }
         if not start.get("flush", True):
             return {"seq": seq + 1, "flush": True, "parts": 0, "rows": 0}
@@ -195,17 +266,23 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if remaining == 0:
             return False
         consumed = sum(consume for consume, _ in positions.values())
+        now = time.monotonic()
         if consumed == self._last_consumed:
             self._idle_batches += 1
-            if self._idle_batches >= AVAILABLE_NOW_IDLE_BATCHES:
+            # A dead proxy's queues stand still until their leases expire and a survivor takes them:
+            # give up only after two lease periods as well, or a proxy's death would end the run early.
+            idle_s = now - (self._idle_since if self._idle_since is not None else now)
+            if self._idle_batches >= AVAILABLE_NOW_IDLE_BATCHES and idle_s >= 2 * self.proxies.lease_ttl_s:
                 log.warning(
-                    "availableNow: %d messages below the target did not finish in %d batches; stopping",
+                    "availableNow: %d messages below the target did not finish in %d batches (%.1f s); stopping",
                     remaining,
                     self._idle_batches,
+                    idle_s,
                 )
                 return False
         else:
             self._idle_batches = 0
+            self._idle_since = now
         self._last_consumed = consumed
         return True
 
@@ -213,11 +290,21 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end.get("flush") or int(end["seq"]) == int(start["seq"]):
             return []
         seq = int(end["seq"])
+        servers = self.batch_servers(end)
         partitions = []
         for index in range(int(end["parts"])):
-            host, port = self.options.server(index)
+            host, port = servers[index % len(servers)]
             partitions.append(PullPartition(host, port, self.lease_id(seq, index), int(end["rows"])))
         return partitions
+
+    def batch_servers(self, end: dict[str, Any]) -> list[tuple[str, int]]:
+        """The proxies a batch's partitions are spread over (every one for offsets written before the
+        offset recorded them, or when the list no longer matches the ``servers`` option)."""
+        chosen = end.get("servers")
+        count = len(self.options.servers)
+        if isinstance(chosen, list) and chosen and all(isinstance(i, int) and 0 <= i < count for i in chosen):
+            return [self.options.servers[i] for i in chosen]
+        return list(self.options.servers)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._ack_through(int(end["seq"]))
@@ -230,13 +317,20 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return f"{self.options.consumer_id}/{seq}/{index}"
 
     def _ack_through(self, seq: int) -> None:
-        if seq <= 0 or (self._acked_through is not None and seq <= self._acked_through):
+        """Ack every batch's leases up to ``seq`` on every proxy. A proxy that fails is asked again next
+        time for every batch since its last ack; one that refuses connections counts as acked (see
+        :meth:`_Proxies.ack_leases`), so a dead proxy does not grow the list."""
+        if seq <= 0:
             return
-        first = self._acked_through + 1 if self._acked_through is not None else max(1, seq - ACK_LOOKBACK_BATCHES + 1)
         parts = self.options.num_partitions
-        lease_ids = [self.lease_id(s, p) for s in range(first, seq + 1) for p in range(parts)]
-        if self.proxies.ack_leases(lease_ids):
-            self._acked_through = seq
+        for server in range(len(self.options.servers)):
+            done = self._acked_through.get(server)
+            if done is not None and seq <= done:
+                continue
+            first = done + 1 if done is not None else max(1, seq - ACK_LOOKBACK_BATCHES + 1)
+            lease_ids = [self.lease_id(s, p) for s in range(first, seq + 1) for p in range(parts)]
+            if self.proxies.ack_leases(server, lease_ids):
+                self._acked_through[server] = seq
 
     # executor side -----------------------------------------------------------------------------
 

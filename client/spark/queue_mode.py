@@ -2,9 +2,10 @@
 
 Offsets are the next offset to read per queue, ``{"<topic>": {"<qid>": n}}``. A micro-batch from
 ``start`` to ``end`` has one partition per queue with new messages, reading ``[start, end)`` of that
-queue from any proxy. Queue offsets are dense and never change, so a partition read twice (or a batch
-rerun after a restart) yields exactly the same rows, in offset order: with a checkpoint and an
-idempotent sink the query is exactly-once, and every key (which lives in one queue) stays in order.
+queue from any proxy (from the next server of the list when one fails). Queue offsets are dense and
+never change, so a partition read twice (or a batch rerun after a restart) yields exactly the same
+rows, in offset order: with a checkpoint and an idempotent sink the query is exactly-once, and every
+key (which lives in one queue) stays in order.
 
 Progress is stored with ``ack`` (the group's fetch positions, separate from the ordered pull path's
 offsets) once Spark committed a batch: in ``latestOffset`` for the batch ending at ``start`` (it is in
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 #: topic -> qid (string) -> offset
 Positions = dict[str, dict[str, int]]
 _CLUSTER = "spark"
+#: A partition goes on trying the servers, round after round, for at least this long.
+_RETRY_FOR_S: Final = 10.0
 
 
 class QueuePartition(InputPartition):
@@ -51,20 +55,42 @@ class QueuePartition(InputPartition):
 
 
 def read_range(options: SourceOptions, partition: QueuePartition) -> Iterator[Any]:
-    """The messages of ``[start, end)`` of the partition's queue, as record batches in offset order."""
+    """The messages of ``[start, end)`` of the partition's queue, as record batches in offset order.
+
+    Any proxy serves any range the same, so when the partition's proxy fails the read goes on from the
+    next offset at the next server of the list (and so on, round after round, for ``timeoutSec``): a
+    dead proxy costs the partition a reconnect, never a row twice or a row less.
+    """
     offset = partition.start
-    with ProxyClient(partition.host, partition.port, timeout_s=options.timeout_s) as client:
+    servers = _fallback_order(options, (partition.host, partition.port))
+    clients = [ProxyClient(host, port, timeout_s=options.timeout_s) for host, port in servers]
+    deadline = time.monotonic() + max(options.timeout_s, _RETRY_FOR_S)
+    current = failures = 0
+    try:
         while offset < partition.end:
-            response = client.fetch(
-                FetchRequest(
-                    consumerId=options.consumer_id,
-                    groupId=options.group,
-                    cluster=_CLUSTER,
-                    fetchOffset={partition.topic: {partition.qid: offset}},
-                    maxBatchSize=min(options.max_batch_size, partition.end - offset),
-                    maxLingerTime=0,
-                )
+            client = clients[current]
+            request = FetchRequest(
+                consumerId=options.consumer_id,
+                groupId=options.group,
+                cluster=_CLUSTER,
+                fetchOffset={partition.topic: {partition.qid: offset}},
+                maxBatchSize=min(options.max_batch_size, partition.end - offset),
+                maxLingerTime=0,
             )
+            try:
+                response = client.fetch(request)
+            except ProxyClientError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                failures += 1
+                current = (current + 1) % len(clients)
+                log.warning("%s#%s: fetch from %s:%d failed (%s); going on from offset %d at %s:%d",
+                            partition.topic, partition.qid, client.host, client.port, exc, offset,
+                            clients[current].host, clients[current].port)
+                if failures % len(clients) == 0:  # every server failed once more: pause before the next round
+                    time.sleep(min(0.1 * 2 ** (failures // len(clients)), 2.0))
+                continue
+            failures = 0
             result = next(iter(response.results or []), None)
             messages = [m for m in (result.messages or []) if (m.offset or 0) < partition.end] if result else []
             if not messages:
@@ -77,6 +103,18 @@ def read_range(options: SourceOptions, partition: QueuePartition) -> Iterator[An
                 continue
             offset = (messages[-1].offset or offset) + 1
             yield to_record_batch(partition.topic, int(partition.qid), messages)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _fallback_order(options: SourceOptions, first: tuple[str, int]) -> list[tuple[str, int]]:
+    """``first``, then the other servers of the list after it, wrapping around."""
+    servers = list(options.servers)
+    if first not in servers:
+        return [first, *servers]
+    at = servers.index(first)
+    return servers[at:] + servers[:at]
 
 
 class _Queues:
@@ -85,21 +123,32 @@ class _Queues:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._clients: dict[tuple[str, int], ProxyClient] = {}
+        #: Servers whose last call failed: asked last, and left out of the plan while others answer.
+        self.down: set[tuple[str, int]] = set()
 
-    def _each(self) -> Iterator[ProxyClient]:
-        for server in self.options.servers:
+    def live(self) -> list[tuple[str, int]]:
+        """The servers to spread partitions over: those that did not fail last time (all if none did)."""
+        return [server for server in self.options.servers if server not in self.down] or list(self.options.servers)
+
+    def _each(self) -> Iterator[tuple[tuple[str, int], ProxyClient]]:
+        # Every proxy answers these calls alike: the ones that answered last go first.
+        for server in sorted(self.options.servers, key=lambda server: server in self.down):
             client = self._clients.get(server)
             if client is None:
                 client = self._clients[server] = ProxyClient(*server, timeout_s=self.options.timeout_s)
-            yield client
+            yield server, client
 
     def _first(self, what: str, call: Any) -> Any:
         errors = []
-        for client in self._each():
+        for server, client in self._each():
             try:
-                return call(client)
+                answer = call(client)
             except ProxyClientError as exc:
                 errors.append(f"{client.host}:{client.port}: {exc}")
+                self.down.add(server)
+                continue
+            self.down.discard(server)
+            return answer
         raise ConnectionError(f"no ddmq proxy answered {what}: {'; '.join(errors)}")
 
     def stored(self) -> Positions:
@@ -145,13 +194,18 @@ class _Queues:
         self._clients.clear()
 
 
-def plan_partitions(options: SourceOptions, start: Positions, end: Positions) -> list[QueuePartition]:
+def plan_partitions(
+    options: SourceOptions, start: Positions, end: Positions, servers: list[tuple[str, int]] | None = None
+) -> list[QueuePartition]:
+    """One partition per queue with messages between ``start`` and ``end``, spread round-robin over
+    ``servers`` (default: all); the server is only where a partition starts reading (see :func:`read_range`)."""
+    spread = servers or list(options.servers)
     partitions: list[QueuePartition] = []
     for topic in sorted(end):
         for qid in sorted(end[topic], key=int):
             first, last = start.get(topic, {}).get(qid, 1), end[topic][qid]
             if last > first:
-                host, port = options.server(len(partitions))
+                host, port = spread[len(partitions) % len(spread)]
                 partitions.append(QueuePartition(host, port, topic, qid, first, last))
     return partitions
 
@@ -221,7 +275,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return start if end == {t: {q: start.get(t, {}).get(q, 1) for q in qs} for t, qs in end.items()} else end
 
     def partitions(self, start: Positions, end: Positions) -> list[QueuePartition]:
-        return plan_partitions(self.options, start, end)
+        return plan_partitions(self.options, start, end, self.queues.live())
 
     def commit(self, end: Positions) -> None:
         self.queues.ack(end)
@@ -250,7 +304,7 @@ class QueueBatchReader(DataSourceReader):
             latest = {t: q for t, q in queues.produced().items() if t in start}
         finally:
             queues.close()
-        return plan_partitions(self.options, start, capped(start, latest, self.options.max_messages))
+        return plan_partitions(self.options, start, capped(start, latest, self.options.max_messages), queues.live())
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, QueuePartition):
