@@ -34,7 +34,7 @@ from ddmq.protocol.wire import (
     FRAME_HEADER_BYTES,
     Envelope,
     FrameDecodeError,
-    FrameTooLargeError,
+    FrameRefusedError,
     decode,
     frame_length,
 )
@@ -279,8 +279,8 @@ class ThriftServer:
             except asyncio.IncompleteReadError as exc:
                 log.info("%s closed the connection after %d of %d frame bytes", peer, len(exc.partial), length)
                 return
-            except FrameTooLargeError as exc:
-                reply = self._handler.too_large(exc, peer)
+            except FrameRefusedError as exc:
+                reply = self._handler.refused(exc, peer)
             except FrameDecodeError as exc:
                 self.decode_errors += 1
                 log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)

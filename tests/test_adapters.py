@@ -20,9 +20,11 @@ from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 import pytest
+from thriftpy2.thrift import TType
 
 from ddmq.client import wire
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
+from ddmq.protocol import writer as thrift_writer
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.service import ProxyService
 
@@ -421,3 +423,34 @@ async def test_a_removed_group_is_unknown_to_pulls_and_takes_acks_while_it_drain
             await client.pull(group="g2")
         assert gone.value.code == 1001
         await consume_all(service, client, produced)
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+async def test_integers_outside_their_idl_range_are_refused_with_1003(
+    adapter: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """maxPerKey, maxBatchSize and maxLingerTime are i32 in the IDL: a value past 2^31-1 is a bad
+    request over both protocols (the compact protocol's varints would carry any size), and the
+    results riding on such a pull are not applied."""
+    # A hostile Thrift client: our writer refuses such values, so this test's own writer is told not to.
+    monkeypatch.setitem(thrift_writer._INT_LIMITS, TType.I32, 1 << 63)
+    async with proxy(adapter, redis_url, {"order_key": "KEY"}) as (service, client):
+        produced = produce(redis_url, 30, keys=3)
+        checker = OrderChecker()
+        reply = Reply(None, [], None)
+        while not reply.messages:
+            reply = await client.pull(max_batch=8, linger_ms=200)
+        acks = record(reply, checker)
+        buffer = service.groups["g"].buffer
+        acked = buffer.stats.acked
+        for field in ("max_per_key", "max_batch", "linger_ms"):
+            for value in (2**31, 2**40):
+                with pytest.raises(Refused) as refused:
+                    await client.pull(results=acks, **{field: value})
+                assert refused.value.code == 1003, (field, value)
+        assert buffer.stats.acked == acked, "nothing of a refused request is applied"
+        # The largest i32 is a valid request (and asks for no more than the topic gives).
+        acks = record(await client.pull(max_per_key=2**31 - 1, max_batch=2**31 - 1, results=acks), checker)
+        if acks:
+            await client.ack(acks)
+        await consume_all(service, client, produced, checker)

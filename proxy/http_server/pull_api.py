@@ -43,12 +43,17 @@ class ResultIn(JsonBody):
     fail: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
 
 
+#: The IDL's ``i32`` fields (maxBatchSize, maxLingerTime, maxPerKey) take the same range here; what a
+#: value means within it (the topic's cap, the server's linger bound) is the service's rule.
+I32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
 class PullIn(JsonBody):
     group: Annotated[str, Field(min_length=1, max_length=200)]
     topic: Annotated[str, Field(max_length=200)] | None = None
-    max_batch: Annotated[int, Field(ge=0, le=10_000)] | None = None
-    linger_ms: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
-    max_per_key: Annotated[int, Field(ge=0, le=10_000)] | None = None
+    max_batch: I32 | None = None
+    linger_ms: I32 | None = None
+    max_per_key: I32 | None = None
     results: Annotated[list[ResultIn], Field(max_length=10_000)] = []
 
 
