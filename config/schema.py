@@ -279,6 +279,11 @@ class TopicGroupConfig(_Model):
         100, 1000, 5000,
     ]
     max_pull_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 64
+    #: Most bytes of one pull reply (the Thrift frame, or the HTTP body): a reply stops before the
+    #: message that would pass it and always carries one, however large (logged). DDMQ's SDKs refuse
+    #: frames above 16,384,000 bytes; the default is about half that, so replies stay far from the
+    #: SDKs' limit and each encoded reply the proxy holds while a client reads it stays small.
+    max_reply_bytes: Annotated[int, Field(ge=4096, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
     #: Messages per stream read.
     read_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 256
     start_from: Annotated[StartFrom, Field(strict=False)] = StartFrom.EARLIEST

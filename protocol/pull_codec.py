@@ -40,11 +40,13 @@ from ddmq.protocol.writer import encode
 
 __all__ = [
     "FAST_PULL_REPLY",
+    "REPLY_OVERHEAD_BYTES",
     "PullReplyEncoder",
     "ReplyMessage",
     "encode_message",
     "encode_pull_reply",
     "encode_pull_reply_generic",
+    "message_bytes_bound",
     "pull_reply_encoder",
 ]
 
@@ -135,6 +137,28 @@ def encode_message(message: ReplyMessage) -> bytes:
         _encode_properties(properties) if properties else _EMPTY_MAP,
         varint((produced << 1) ^ (produced >> 63)),
     )
+
+
+#: Most bytes a pull reply frame takes besides its messages: frame and message headers, the seqid, the
+#: Context (group and topic names are at most 200 ASCII characters, a qid at most 5 digits), the
+#: headers of the message list and of ``runs``, the stops.
+REPLY_OVERHEAD_BYTES: Final = 1024
+# A message beside its key, value, tag and properties: 6 field headers and a stop, 3 length varints
+# (5 bytes each up to 32 GiB), offset and produce time (10 each), an empty map (1), and its entry in
+# ``runs`` (at most one per message, an i32 varint: 5).
+_MESSAGE_OVERHEAD: Final = 7 + 3 * 5 + 2 * 10 + 1 + 5
+# A UTF-8 character takes at most 4 bytes; a property is two length varints and two strings.
+_UTF8_MAX: Final = 4
+
+
+def message_bytes_bound(message: ReplyMessage) -> int:
+    """At least the bytes :func:`encode_message` writes for ``message``, plus its entry in ``runs``:
+    what a message adds to a pull reply. Cheap (no encoding): a reply is filled by this bound."""
+    size = len(message.value) + _UTF8_MAX * (len(message.key) + len(message.tag)) + _MESSAGE_OVERHEAD
+    properties = message.properties
+    if properties:
+        size += 6 + sum(10 + _UTF8_MAX * (len(name) + len(text)) for name, text in properties.items())
+    return size
 
 
 def _encode_properties(properties: dict[str, str]) -> bytes:
