@@ -6,6 +6,7 @@ The registry in ``ddmq.actions`` holds the implementations and a test keeps the 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from enum import StrEnum
@@ -60,6 +61,19 @@ class ConnectionLimits(_Model):
     #: Bytes of requests being read or decoded at once, over all connections; a big request waits for
     #: room (within request_timeout_ms). Must hold one largest request.
     max_buffered_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    #: Only peers in these networks may connect (``["10.0.0.0/8", "127.0.0.1"]``; an address is a
+    #: network of one); others are closed at accept (logged, counted). None: everyone.
+    allowed_clients: list[str] | None = None
+
+    @field_validator("allowed_clients")
+    @classmethod
+    def _networks(cls, value: list[str] | None) -> list[str] | None:
+        for cidr in value or ():
+            try:
+                ipaddress.ip_network(cidr.strip(), strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not an IP address or CIDR network: {exc}") from None
+        return value
 
 
 class ThriftConfig(ListenConfig, ConnectionLimits):

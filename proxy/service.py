@@ -170,6 +170,7 @@ class ProxyService:
             idle_timeout_ms=thrift.idle_timeout_ms,
             frame_timeout_ms=thrift.request_timeout_ms,
             max_buffered_bytes=thrift.max_buffered_bytes,
+            allowed_clients=thrift.allowed_clients,
         )
         with _listening("thrift", thrift.host, thrift.port):
             await self._thrift.start()

@@ -118,20 +118,38 @@ def thrift_server(service: ProxyService) -> Any:
 # -- Thrift ------------------------------------------------------------------------------------------
 
 
-async def test_thrift_connections_over_the_limit_are_refused_and_the_rest_served(redis_url: str) -> None:
+async def test_thrift_at_max_connections_the_oldest_idle_one_makes_room_and_busy_ones_never(redis_url: str) -> None:
     async with running_proxy(redis_url, thrift={"port": 0, "max_connections": 3}) as service:
-        assert service.thrift_port is not None
+        port = service.thrift_port
+        assert port is not None
+        server = thrift_server(service)
+        # Every connection serving a call (long polls on an empty topic): nothing can go, a new one is refused.
+        async with (
+            AsyncProxyClient("127.0.0.1", port, timeout_s=5) as a,
+            AsyncProxyClient("127.0.0.1", port, timeout_s=5) as b,
+            AsyncProxyClient("127.0.0.1", port, timeout_s=5) as c,
+        ):
+            polls = [asyncio.create_task(x.pull(wire.PullRequest(groupId="g", topic="t", maxLingerTime=1500)))
+                     for x in (a, b, c)]
+            await eventually(lambda: service.groups["g"].buffer.parked == 3)
+            async with raw_connections(port, 1) as ((refused, _),):
+                assert await closed_by_peer(refused)
+            assert server.stats()["refused"] == 1
+            assert [len((await poll).messages) for poll in polls] == [0, 0, 0]  # served, not cut
+        await eventually(lambda: server.active_connections == 0)
         produced = produce(redis_url, 200)
-        async with raw_connections(service.thrift_port, 2) as hogs:
-            await eventually(lambda: thrift_server(service).active_connections == 2)
-            async with raw_connections(service.thrift_port, 2) as extra:
-                # the third is taken, the fourth is accepted and closed at once
-                assert await closed_by_peer(extra[1][0])
-                assert not await closed_by_peer(extra[0][0], within_s=0.3)
-                assert not await closed_by_peer(hogs[0][0], within_s=0.1)
-            assert thrift_server(service).connections_refused == 1
-        await eventually(lambda: thrift_server(service).active_connections == 0)
-        await consume_everything(service.thrift_port, produced)
+        async with raw_connections(port, 2) as hogs:
+            await eventually(lambda: server.active_connections == 2)
+            async with raw_connections(port, 1) as ((third, _),):
+                await eventually(lambda: server.active_connections == 3)
+                async with raw_connections(port, 1) as ((fourth, _),):
+                    assert await closed_by_peer(hogs[0][0])  # the oldest idle one made room
+                    assert not await closed_by_peer(fourth, within_s=0.3)
+                    assert not await closed_by_peer(hogs[1][0], within_s=0.1)
+                    assert not await closed_by_peer(third, within_s=0.1)
+            assert (server.stats()["evicted"], server.stats()["refused"], server.timeouts) == (1, 1, 0)
+        await eventually(lambda: server.active_connections == 0)
+        await consume_everything(port, produced)
 
 
 async def test_thrift_idle_and_half_sent_connections_are_closed_but_a_long_poll_is_not(redis_url: str) -> None:
@@ -266,10 +284,10 @@ async def test_http_limits_connections_and_closes_idle_and_half_sent_requests(re
         produced = produce(redis_url, 100)
         head = b"POST /v1/ack HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
         async with raw_connections(port, 5) as conns:
-            (idle, _), (header, header_w), (body, body_w), (_, fourth_w), (extra, _) = conns
-            assert await closed_by_peer(extra)  # the fifth: over max_connections
-            assert listener.refused == 1
-            fourth_w.close()
+            (first, _), (idle, _), (header, header_w), (body, body_w), (_, fifth_w) = conns
+            assert await closed_by_peer(first)  # the fifth took the place of the oldest idle one
+            assert (listener.evicted, listener.refused) == (1, 0)
+            fifth_w.close()
             await eventually(lambda: listener.open == 3)
             header_w.write(head[:20])  # headers never finished
             body_w.write(head + b'{"group": ')  # body never finished: 408, then closed
