@@ -38,7 +38,12 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 
-from ddmq.protocol.pull_codec import REPLY_OVERHEAD_BYTES, message_bytes_bound
+from ddmq.protocol.pull_codec import (
+    MESSAGE_OVERHEAD_BYTES,
+    REPLY_OVERHEAD_BYTES,
+    UTF8_MAX_BYTES,
+    message_bytes_bound,
+)
 from ddmq.proxy.job import JobState, UpstreamJob
 from ddmq.proxy.redelivery import BufferStats, Redelivery
 from ddmq.proxy.types import PullBatch, QueueId, ReplySize, StoredMessage
@@ -226,11 +231,18 @@ class PullBuffer:
             if ready:
                 room = ready[0].consumer.config.max_reply_bytes - reply.overhead  # bytes left in the reply
                 size = reply.message
+                # Thrift's bound written out for messages without properties: a call per message would
+                # cost more than the rest of the check (bench/instructions.py).
+                inline = reply is THRIFT_REPLY
             while ready and len(batch) < max_batch:
                 job = ready.popleft()
                 self._ready_count -= 1
                 if job.state is _READY:
-                    needs = size(job.message)
+                    m = job.message
+                    if inline and not m.properties:
+                        needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
+                    else:
+                        needs = size(m)
                     if needs > room and batch:
                         ready.appendleft(job)  # it stays first in line, never delivered
                         self._ready_count += 1
@@ -244,7 +256,7 @@ class PullBuffer:
                 if room < 0:
                     _log_alone(batch[0], size(batch[0].message))
                 elif max_per_key > 1 and len(batch) < max_batch:
-                    batch, runs = self._with_runs(queue, batch, max_batch, max_per_key, held, room, size)
+                    batch, runs = self._with_runs(queue, batch, max_batch, max_per_key, held, room, reply)
                 self._deliver(batch, timeout_ms)
                 return PullBatch(queue, [job.message for job in batch], runs)
         if held and max_per_key > 1:
@@ -270,7 +282,7 @@ class PullBuffer:
             if not job.consumer.may_serve(queue.qid):
                 continue
             room = job.consumer.config.max_reply_bytes - reply.overhead
-            batch, runs = self._with_runs(queue, [], max_batch, max_per_key, held, room, reply.message)
+            batch, runs = self._with_runs(queue, [], max_batch, max_per_key, held, room, reply)
             if batch:
                 self._deliver(batch, timeout_ms)
                 return PullBatch(queue, [job.message for job in batch], runs)
@@ -284,11 +296,11 @@ class PullBuffer:
         max_per_key: int,
         held: Sequence[UpstreamJob],
         room_bytes: int,
-        size: Callable[[StoredMessage], int],
+        reply: ReplySize,
     ) -> tuple[list[UpstreamJob], list[int] | None]:
         """``heads`` with their keys' waiting successors behind them, then the ``held`` keys' runs
         continued: one more message per key per round, while the reply has room (``max_batch``
-        messages, ``room_bytes`` bytes left as ``size`` counts them), so no key's run crowds out the
+        messages, ``room_bytes`` bytes left as ``reply`` counts them), so no key's run crowds out the
         others'. Also returns the runs' sizes (None when no successor joined)."""
         runs = [[head] for head in heads]
         # A head out again after a failed attempt goes alone: its key's later messages wait until it is
@@ -299,7 +311,7 @@ class PullBuffer:
         growing += [(run, max_per_key + 1) for run in continued]
         room = max_batch - len(heads)
         if growing:
-            room = _grow(growing, queue, room, room_bytes, size, not heads)
+            room = _grow(growing, queue, room, room_bytes, reply, not heads)
         if len(heads) + room == max_batch:  # no successor joined
             return heads, None
         members = self._runs.get(queue)
@@ -516,7 +528,7 @@ def _grow(
     queue: QueueId,
     room: int,
     room_bytes: int,
-    size: Callable[[StoredMessage], int],
+    reply: ReplySize,
     empty: bool,
 ) -> int:
     """Append to each run (a key's messages so far, and its size limit) the successors waiting behind
@@ -525,6 +537,8 @@ def _grow(
     left to run but PullServer (the actions after Order run on a key's head only). The first
     successor that would pass ``room_bytes`` ends the growing (it and the rest wait in their chains),
     unless the reply is still ``empty``: a reply carries at least one message."""
+    size = reply.message
+    inline = reply is THRIFT_REPLY  # as in PullBuffer._take
     if len(growing) == 1:
         # One key grows (QID order, a hot key): walk its chain, without the rounds across keys. A chain
         # lives in one consumer's key gate, so its jobs share that owner.
@@ -537,7 +551,11 @@ def _grow(
                 break
             if not pull_only(successor):
                 break
-            needs = size(successor.message)
+            m = successor.message
+            if inline and not m.properties:
+                needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
+            else:
+                needs = size(m)
             if needs > room_bytes and not empty:
                 break
             room_bytes -= needs
@@ -557,7 +575,11 @@ def _grow(
                 continue
             if not successor.consumer.pull_only(successor):
                 continue
-            needs = size(successor.message)
+            m = successor.message
+            if inline and not m.properties:
+                needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
+            else:
+                needs = size(m)
             if needs > room_bytes and not empty:
                 return room
             room_bytes -= needs
