@@ -218,6 +218,10 @@ class PullBuffer:
         reply: ReplySize = THRIFT_REPLY,
     ) -> PullBatch:
         order = self._ready_order
+        size = reply.message
+        # Thrift's bound written out for messages without properties: a call per message would cost
+        # more than the rest of the check (bench/instructions.py).
+        inline = reply is THRIFT_REPLY
         for _ in range(len(order)):
             queue = order.popleft()
             if topic is not None and queue.topic != topic:
@@ -228,12 +232,8 @@ class PullBuffer:
                 order.append(queue)  # lease not confirmed lately: deliver nothing until it is
                 continue
             batch: list[UpstreamJob] = []
-            if ready:
-                room = ready[0].consumer.config.max_reply_bytes - reply.overhead  # bytes left in the reply
-                size = reply.message
-                # Thrift's bound written out for messages without properties: a call per message would
-                # cost more than the rest of the check (bench/instructions.py).
-                inline = reply is THRIFT_REPLY
+            # bytes left in the reply (a queue's jobs share their topic's consumer)
+            room = ready[0].consumer.config.max_reply_bytes - reply.overhead if ready else 0
             while ready and len(batch) < max_batch:
                 job = ready.popleft()
                 self._ready_count -= 1
