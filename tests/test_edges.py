@@ -521,3 +521,19 @@ def test_allowed_clients_must_be_networks() -> None:
     with pytest.raises(ConfigError, match=r"thrift.allowed_clients.*'10.0.0.0/33' is not an IP address or CIDR"):
         parse({"thrift": {"allowed_clients": ["10.0.0.0/33"]}})
     assert parse({"http": {"allowed_clients": ["10.1.2.3/8"]}}).http.allowed_clients == ["10.1.2.3/8"]
+
+
+async def test_http_at_max_connections_a_half_sent_body_goes_before_an_idle_connection(redis_url: str) -> None:
+    async with http_proxy(redis_url, max_connections=2) as (service, api, port):
+        listener = http_connections(service).listener
+        head = (b"POST /v1/ack HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n")
+        async with raw_connections(port, 2) as ((body, body_w), (idle, _)):
+            body_w.write(head + b'{"group": ')  # headers whole, the body never finishes
+            opened = http_connections(service)._open
+            await eventually(lambda: listener.open == 2 and any(p.phase == "body" for p in opened.values()))
+            status, answer = await api.call("GET", "/healthz")
+            assert status == 200, answer
+            assert await closed_by_peer(body)  # the half-sent body made room, not the idle connection
+            assert not await closed_by_peer(idle, within_s=0.2)
+        assert listener.evicted == 1 and service.groups["g"].buffer.stats.acked == 0
