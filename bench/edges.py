@@ -9,7 +9,9 @@ process runs the hostile clients of the scenario:
 - ``big-acks``: N connections each sending 16 MiB ``submit`` frames of ~4.2M acks, one after another;
 - ``limit-acks``: N connections each sending ``submit`` frames at the offsets limit (100k acks, ~400 KB);
 - ``half-sent``: N connections each declaring a 16 MiB frame, sending 15 MiB of it and then nothing;
-- ``idle``: N connections that send nothing.
+- ``idle``: N connections that send nothing;
+- ``over-cap``: more idle connections than ``max_connections`` (1000): the proxy closes the oldest
+  idle ones to admit newcomers, the legitimate client's among them.
 
 It prints p50 / p99 / max pull latency of the legitimate client, how many of its pulls took over
 100 ms, the proxy's largest RSS, and how many hostile requests were answered; ``--json`` writes the
@@ -23,6 +25,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import resource
 import socket
 import statistics
 import struct
@@ -97,6 +100,7 @@ def _hostile_connection(kind: str, port: int, frame: bytes, stop_at: float, answ
 
 def hostile(kind: str, port: int, count: int, seconds: float, ready: Any, results: Any) -> None:
     """The hostile clients of one scenario, in their own process (frames are built before ``ready``)."""
+    _raise_descriptor_limit()
     if kind == "big-acks":
         frame = submit_frame((FRAME_BYTES - 64) // 4, 1 << 20)
     elif kind == "limit-acks":
@@ -139,6 +143,14 @@ async def legit_client(port: int, seconds: float) -> list[float]:
                 ]
             await asyncio.sleep(PULL_EVERY_S)
     return latencies
+
+
+def _raise_descriptor_limit() -> None:
+    """A soft limit of 1024 descriptors is below what ``over-cap`` opens (and the proxy then holds)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 8192 if hard == resource.RLIM_INFINITY else min(hard, 8192)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def run_scenario(kind: str, count: int, seconds: float) -> dict[str, Any]:
@@ -193,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer hostile clients, 4 s per scenario")
     parser.add_argument("--json", type=Path, help="write the rows here")
-    parser.add_argument("--only", help="comma-separated scenarios (none,big-acks,limit-acks,half-sent,idle)")
+    parser.add_argument("--only", help="comma-separated scenarios (none,big-acks,limit-acks,half-sent,idle,over-cap)")
     args = parser.parse_args(argv)
+    _raise_descriptor_limit()  # the proxy processes inherit it
     seconds = 4.0 if args.quick else 8.0
     plan = [
         ("none", 0),
@@ -202,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         ("limit-acks", 4 if args.quick else 8),
         ("half-sent", 8 if args.quick else 48),
         ("idle", 200 if args.quick else 900),
+        ("over-cap", 1200 if args.quick else 2000),
     ]
     if args.only:
         wanted = set(args.only.split(","))

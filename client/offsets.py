@@ -18,10 +18,12 @@ reads from the new offset.
 
 Targets. ``--to-earliest`` is the oldest entry still in the stream (older ones may have been trimmed);
 ``--to-latest`` the offset the next produced message gets (skip everything). ``--to-offset N`` is
-clamped to that range. ``--to-time T`` (ISO 8601; UTC when no zone is given) is the first message whose
-produce time (the entry's ``ts`` field, the producer's clock) is at or after T, found by a binary search
-over the queue's offsets: exact when produce times grow along the queue, which holds for one producer
-and for producers whose clocks agree. Only the ordered path's offsets move, not the low-level ``fetch``
+clamped to that range, and lands on the first entry at or after N. ``--to-time T`` (ISO 8601; UTC when
+no zone is given) is the first message whose produce time (the entry's ``ts`` field, the producer's
+clock) is at or after T, found by a binary search over the entries the queue holds: exact when produce
+times grow along the queue, which holds for one producer and for producers whose clocks agree. Offsets
+with no entry (deleted, or never written: a Redis rollback and a foreign entry past the sequence leave
+such holes) are stepped over by both. Only the ordered path's offsets move, not the low-level ``fetch``
 positions (``ack``), which their clients own.
 """
 
@@ -94,27 +96,54 @@ def _bounds(client: redis.Redis, topic: str, qid: int) -> tuple[int, int]:
     return earliest, latest
 
 
-def _produce_ms(client: redis.Redis, topic: str, qid: int, offset: int) -> int:
-    entry_id = keys.stream_id(offset)
-    entries = client.xrange(keys.stream(topic, qid), min=entry_id, max=entry_id)
-    if not entries:
-        raise ValueError(f"{topic}#{qid}: offset {offset} is missing from the stream")
-    raw = entries[0][1].get(b"ts")
-    if raw is None:
-        raise ValueError(f"{topic}#{qid}: offset {offset} carries no produce time (ts)")
-    return int(raw)
+#: Entries one XRANGE call reads while looking for the next entry that carries a produce time.
+_PAGE = 16
+
+
+def _stamped_entry(client: redis.Redis, topic: str, qid: int, offset: int, end: int) -> tuple[int, int] | None:
+    """(offset, produce ms) of the first entry at or after ``offset`` and below ``end`` that carries the
+    producer's ``ts``; None when there is none. Offsets with no entry (deleted, trimmed, or never
+    written: the holes a Redis rollback or a foreign entry leaves) are stepped over, and so are entries
+    without a readable ``ts`` (foreign ones, which the proxy dead-letters anyway)."""
+    stream = keys.stream(topic, qid)
+    while offset < end:
+        entries = client.xrange(stream, min=keys.stream_id(offset), max=keys.stream_id(end - 1), count=_PAGE)
+        if not entries:
+            return None
+        for entry_id, fields in entries:
+            try:
+                return keys.offset_of(entry_id), int(fields[b"ts"])
+            except (KeyError, ValueError):
+                continue
+        offset = keys.offset_of(entries[-1][0]) + 1
+    return None
+
+
+def _first_entry(client: redis.Redis, topic: str, qid: int, offset: int, end: int) -> int:
+    """The offset of the first entry at or after ``offset`` and below ``end``; ``end`` if none."""
+    if offset >= end:
+        return end
+    entries = client.xrange(keys.stream(topic, qid), min=keys.stream_id(offset), max=keys.stream_id(end - 1), count=1)
+    return keys.offset_of(entries[0][0]) if entries else end
 
 
 def offset_at(client: redis.Redis, topic: str, qid: int, time_ms: int, earliest: int, latest: int) -> int:
-    """The first offset in ``earliest..latest-1`` produced at or after ``time_ms``; ``latest`` if none."""
+    """The first offset in ``earliest..latest-1`` produced at or after ``time_ms``; ``latest`` if none.
+
+    A binary search over the entries that exist: each probe reads the first entry at or after the
+    middle, so holes in the offsets cost nothing. It keeps two facts true: every entry below ``low``
+    was produced before ``time_ms``, and the first entry at or after ``high`` (if any before
+    ``latest``) was produced at or after it."""
     low, high = earliest, latest
     while low < high:
         middle = (low + high) // 2
-        if _produce_ms(client, topic, qid, middle) >= time_ms:
-            high = middle
+        found = _stamped_entry(client, topic, qid, middle, high)
+        if found is not None and found[1] < time_ms:
+            low = found[0] + 1
         else:
-            low = middle + 1
-    return low
+            high = middle  # the entries in middle..high-1 (if any) were produced at or after time_ms
+    found = _stamped_entry(client, topic, qid, low, latest)
+    return found[0] if found is not None else latest
 
 
 def _topics(client: redis.Redis, group: str, topics: list[str] | None) -> dict[str, int]:
@@ -148,7 +177,7 @@ def plan(client: redis.Redis, group: str, target: Target, topics: list[str] | No
             elif target.kind == "latest":
                 new = latest
             elif target.kind == "offset":
-                new = min(max(target.value, earliest), latest)
+                new = _first_entry(client, topic, qid, min(max(target.value, earliest), latest), latest)
             else:
                 new = offset_at(client, topic, qid, target.value, earliest, latest)
             owner = lease.decode().rpartition(" ")[0] if lease is not None else None

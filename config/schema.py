@@ -6,6 +6,7 @@ The registry in ``ddmq.actions`` holds the implementations and a test keeps the 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -61,6 +62,19 @@ class ConnectionLimits(_Model):
     #: Bytes of requests being read or decoded at once, over all connections; a big request waits for
     #: room (within request_timeout_ms). Must hold one largest request.
     max_buffered_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    #: Only peers in these networks may connect (``["10.0.0.0/8", "127.0.0.1"]``; an address is a
+    #: network of one); others are closed at accept (logged, counted). None: everyone.
+    allowed_clients: list[str] | None = None
+
+    @field_validator("allowed_clients")
+    @classmethod
+    def _networks(cls, value: list[str] | None) -> list[str] | None:
+        for cidr in value or ():
+            try:
+                ipaddress.ip_network(cidr.strip(), strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not an IP address or CIDR network: {exc}") from None
+        return value
 
 
 class ThriftConfig(ListenConfig, ConnectionLimits):
@@ -320,6 +334,11 @@ class TopicGroupConfig(_Model):
         100, 1000, 5000,
     ]
     max_pull_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 64
+    #: Most bytes of one pull reply (the Thrift frame, or the HTTP body): a reply stops before the
+    #: message that would pass it and always carries one, however large (logged). DDMQ's SDKs refuse
+    #: frames above 16,384,000 bytes; the default is about half that, so replies stay far from the
+    #: SDKs' limit and each encoded reply the proxy holds while a client reads it stays small.
+    max_reply_bytes: Annotated[int, Field(ge=4096, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
     #: Messages per stream read.
     read_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 256
     start_from: Annotated[StartFrom, Field(strict=False)] = StartFrom.EARLIEST

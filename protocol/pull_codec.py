@@ -40,11 +40,15 @@ from ddmq.protocol.writer import encode
 
 __all__ = [
     "FAST_PULL_REPLY",
+    "MESSAGE_OVERHEAD_BYTES",
+    "REPLY_OVERHEAD_BYTES",
+    "UTF8_MAX_BYTES",
     "PullReplyEncoder",
     "ReplyMessage",
     "encode_message",
     "encode_pull_reply",
     "encode_pull_reply_generic",
+    "message_bytes_bound",
     "pull_reply_encoder",
 ]
 
@@ -135,6 +139,31 @@ def encode_message(message: ReplyMessage) -> bytes:
         _encode_properties(properties) if properties else _EMPTY_MAP,
         varint((produced << 1) ^ (produced >> 63)),
     )
+
+
+#: Most bytes a pull reply frame takes besides its messages: frame and message headers, the seqid, the
+#: Context (group and topic names are at most 200 ASCII characters, a qid at most 5 digits), the
+#: headers of the message list and of ``runs``, the stops.
+REPLY_OVERHEAD_BYTES: Final = 1024
+#: A message beside its key, value, tag and properties: 6 field headers and a stop, 3 length varints
+#: (5 bytes each up to 32 GiB), offset and produce time (10 each), an empty map (1), and its entry in
+#: ``runs`` (at most one per message, an i32 varint: 5).
+MESSAGE_OVERHEAD_BYTES: Final = 7 + 3 * 5 + 2 * 10 + 1 + 5
+#: A character of a ``str`` takes at most this many bytes in UTF-8.
+UTF8_MAX_BYTES: Final = 4
+
+
+def message_bytes_bound(message: ReplyMessage) -> int:
+    """At least the bytes :func:`encode_message` writes for ``message``, plus its entry in ``runs``:
+    what a message adds to a pull reply. Cheap (no encoding): a reply is filled by this bound. Without
+    properties it is ``len(value) + (len(key) + len(tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES``
+    (the pull buffer writes that out rather than call this once per message)."""
+    size = len(message.value) + (len(message.key) + len(message.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
+    properties = message.properties
+    if properties:
+        # the map's header (a size varint and the types), then per entry two length varints and two strings
+        size += 6 + sum(10 + UTF8_MAX_BYTES * (len(name) + len(text)) for name, text in properties.items())
+    return size
 
 
 def _encode_properties(properties: dict[str, str]) -> bytes:

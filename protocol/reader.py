@@ -31,7 +31,16 @@ from ddmq.protocol.layout import (
 from ddmq.protocol.message_reader import read_message, read_messages
 from ddmq.protocol.structs import Message
 
-__all__ = ["MAX_NESTING", "CompactReader", "Envelope", "FrameDecodeError", "FrameTooLargeError", "decode"]
+__all__ = [
+    "MAX_NESTING",
+    "CompactReader",
+    "Envelope",
+    "FieldRangeError",
+    "FrameDecodeError",
+    "FrameRefusedError",
+    "FrameTooLargeError",
+    "decode",
+]
 
 # Structs and containers nested deeper than this are refused. The deepest legitimate shape is the
 # ConsumeResult list (one level per (topic, qid)); the limit keeps the recursive reader and thriftpy2's
@@ -45,23 +54,54 @@ class FrameDecodeError(ValueError):
     """A frame payload is not one well-formed compact Thrift message of the expected shape."""
 
 
-class FrameTooLargeError(FrameDecodeError):
-    """A well-formed message so far, but with more container elements than the caller allows.
+class FrameRefusedError(FrameDecodeError):
+    """A message whose header decoded, refused for what it carries: a server can answer the call
+    (it knows its name and seqid) with an error instead of closing the connection."""
 
-    Raised as soon as a list, set or map header takes the count past the limit, before its elements
-    are read: a server can answer the call (it knows name and seqid) without decoding the rest.
-    """
-
-    def __init__(self, name: str, mtype: int, seqid: int, limit: int) -> None:
-        super().__init__(f"{name} carries more than {limit} list/map elements")
+    def __init__(self, message: str, name: str, mtype: int, seqid: int) -> None:
+        super().__init__(message)
         self.name = name
         self.mtype = mtype
         self.seqid = seqid
+
+
+class FrameTooLargeError(FrameRefusedError):
+    """A well-formed message so far, but with more container elements than the caller allows.
+
+    Raised as soon as a list, set or map header takes the count past the limit, before its elements
+    are read, so the rest is never decoded.
+    """
+
+    def __init__(self, name: str, mtype: int, seqid: int, limit: int) -> None:
+        super().__init__(f"{name} carries more than {limit} list/map elements", name, mtype, seqid)
         self.limit = limit
+
+
+class FieldRangeError(FrameRefusedError):
+    """An integer field holds a value outside its IDL type (an ``i32`` of 2^40, say). The compact
+    protocol writes every integer as a varint, so nothing but this check stops such a value."""
 
 
 class _TooManyElements(FrameDecodeError):
     pass
+
+
+class _OutOfRange(FrameDecodeError):
+    pass
+
+
+#: The inclusive range of each integer type of the IDL.
+_INT_RANGES: Final = {
+    TType.I16: (-(1 << 15), (1 << 15) - 1),
+    TType.I32: (-(1 << 31), (1 << 31) - 1),
+    TType.I64: (-(1 << 63), (1 << 63) - 1),
+}
+
+
+def _out_of_range(name: str, value: int, ttype: int) -> _OutOfRange:
+    low, high = _INT_RANGES[ttype]
+    kind = {TType.I16: "i16", TType.I32: "i32", TType.I64: "i64"}[ttype]
+    return _OutOfRange(f"{name} = {value} is outside the range of an {kind} ({low}..{high})")
 
 
 class Envelope(NamedTuple):
@@ -236,6 +276,9 @@ class CompactReader:
                 value = self._bytes().decode("utf-8")
             elif ttype == _T_I64 or ttype == _T_I32 or ttype == _T_I16:
                 value = self._zigzag()
+                low, high = _INT_RANGES[ttype]
+                if not low <= value <= high:
+                    raise _out_of_range(field[2], value, ttype)
             elif ttype == _T_STRUCT:
                 spec = field[3]
                 if spec is Message and MESSAGE_LAYOUT_MATCHES:
@@ -274,7 +317,11 @@ class CompactReader:
         if ttype == TType.BINARY:
             return self._bytes()
         if ttype in (TType.I16, TType.I32, TType.I64):
-            return self._zigzag()
+            value = self._zigzag()
+            low, high = _INT_RANGES[ttype]
+            if not low <= value <= high:
+                raise _out_of_range("an element", value, ttype)
+            return value
         if ttype == TType.BYTE:
             byte = self._byte()
             return byte - 256 if byte > 127 else byte
@@ -303,6 +350,10 @@ class CompactReader:
         items: list[Any]
         if elem_ttype in (TType.I16, TType.I32, TType.I64):
             items = self._zigzag_list(size)  # offsets in acks: the one long list of a request
+            low, high = _INT_RANGES[elem_ttype]
+            if items and not (low <= min(items) and max(items) <= high):
+                bad = next(item for item in items if not low <= item <= high)
+                raise _out_of_range("a list element", bad, elem_ttype)
         elif elem_spec is Message and MESSAGE_LAYOUT_MATCHES:
             items = read_messages(self, size)  # a pull reply's messages: the client's busiest loop
         else:
@@ -423,8 +474,9 @@ def decode(
 
     ``body_for(name, message_type)`` returns an empty struct to fill, or None to skip the body (an
     unknown method, say). The payload must hold exactly one message: trailing bytes are an error.
-    Raises :class:`FrameDecodeError` for anything malformed, and :class:`FrameTooLargeError` when the
-    elements of all its lists, sets and maps together are more than ``max_elements``.
+    Raises :class:`FrameDecodeError` for anything malformed, :class:`FrameTooLargeError` when the
+    elements of all its lists, sets and maps together are more than ``max_elements``, and
+    :class:`FieldRangeError` when an integer does not fit its IDL type (both after the header decoded).
     """
     reader = CompactReader(payload, max_elements)
     name, mtype, seqid = "", 0, 0
@@ -439,6 +491,8 @@ def decode(
     except _TooManyElements as exc:
         assert max_elements is not None
         raise FrameTooLargeError(name, mtype, seqid, max_elements) from exc
+    except _OutOfRange as exc:
+        raise FieldRangeError(str(exc), name, mtype, seqid) from None
     except UnicodeDecodeError as exc:
         raise FrameDecodeError(f"a string field is not valid UTF-8: {exc}") from exc
     except RecursionError as exc:  # a guard behind MAX_NESTING, in case the caller's stack is deep

@@ -22,7 +22,15 @@ from typing import Final
 from thriftpy2.thrift import TApplicationException, TMessageType
 
 from ddmq.protocol.layout import varint
-from ddmq.protocol.reader import MAX_NESTING, Envelope, FrameDecodeError, FrameTooLargeError, decode
+from ddmq.protocol.reader import (
+    MAX_NESTING,
+    Envelope,
+    FieldRangeError,
+    FrameDecodeError,
+    FrameRefusedError,
+    FrameTooLargeError,
+    decode,
+)
 from ddmq.protocol.structs import (
     IDL_PATH,
     AckResult,
@@ -60,7 +68,9 @@ __all__ = [
     "Envelope",
     "FetchRequest",
     "FetchResponse",
+    "FieldRangeError",
     "FrameDecodeError",
+    "FrameRefusedError",
     "FrameTooLargeError",
     "LeaseAck",
     "Message",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
-from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueResult
+from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueResult, ReplySize
 
 #: Most offsets (acks and fails of all its results together) one pull or submit may carry, over
 #: Thrift and HTTP alike. A request over it is refused whole (BadRequestError, 1003): nothing of it
@@ -28,11 +28,14 @@ class ConsumeService(Protocol):
         results: list[QueueResult],
         lease: PullLease | None = None,
         max_per_key: int | None = None,
+        reply: ReplySize | None = None,
     ) -> PullBatch:
         """Apply the piggy-backed ``results`` first (at most :data:`MAX_RESULT_OFFSETS` offsets, all
         or none; a result naming no group is ``group``'s), then return ready messages of one queue,
         waiting up to ``linger_ms`` when none are ready (as the client asked it: None = the default;
         the service bounds it). ``max_batch`` and ``max_per_key`` as asked (None = the defaults).
+        The answer stays within the topic's ``max_reply_bytes`` as ``reply`` counts the adapter's
+        bytes (None: a Thrift frame), but always carries one message when any is ready.
         With a ``lease``, a repeated pull of the same lease and index answers the same messages
         (until acked/expired). Results count even when the group was just removed.
 

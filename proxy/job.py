@@ -32,10 +32,13 @@ NOT_PARSED: Any = object()
 
 
 class RetrySettings(Protocol):
-    """The settings of a job's topic that decide its redelivery."""
+    """The settings of a job's topic that decide its delivery and redelivery."""
 
     @property
     def timeout_ms(self) -> int: ...
+
+    @property
+    def max_reply_bytes(self) -> int: ...
 
     @property
     def max_retry(self) -> int: ...

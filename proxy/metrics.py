@@ -412,7 +412,8 @@ _SERVER_GAUGES: Final = {
 def _server_metrics(stats: dict[str, dict[str, int]]) -> Iterator[Metric]:
     events = CounterMetricFamily(
         "ddmq_server_events",
-        "Connection events per server: accepted, refused (max_connections), accept_errors (e.g. EMFILE), "
+        "Connection events per server: accepted, refused (max_connections, every connection busy), evicted "
+        "(closed to admit a new one at max_connections), not_allowed (allowed_clients), accept_errors (e.g. EMFILE), "
         "timeouts (idle or request), frames_rejected, decode_errors, too_large (early 413).",
         labels=["server", "event"],
     )

@@ -38,13 +38,19 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 
+from ddmq.protocol.pull_codec import (
+    MESSAGE_OVERHEAD_BYTES,
+    REPLY_OVERHEAD_BYTES,
+    UTF8_MAX_BYTES,
+    message_bytes_bound,
+)
 from ddmq.proxy.job import JobState, UpstreamJob
 from ddmq.proxy.redelivery import BufferStats, Redelivery
-from ddmq.proxy.types import PullBatch, QueueId
+from ddmq.proxy.types import PullBatch, QueueId, ReplySize, StoredMessage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BufferStats", "PullBuffer"]
+__all__ = ["THRIFT_REPLY", "BufferStats", "PullBuffer"]
 
 _EMPTY = PullBatch(None, [])
 
@@ -55,6 +61,20 @@ _WAITING = JobState.WAITING
 _FINISHED = JobState.FINISHED
 
 
+class _ThriftReply:
+    """A pull reply's size as a Thrift frame (:mod:`ddmq.protocol.pull_codec`'s bound)."""
+
+    overhead = REPLY_OVERHEAD_BYTES
+
+    @staticmethod
+    def message(message: StoredMessage) -> int:
+        return message_bytes_bound(message)
+
+
+#: The Thrift server's reply arithmetic; also what a pull that names none is filled by.
+THRIFT_REPLY: ReplySize = _ThriftReply()
+
+
 @dataclass(eq=False)
 class _Waiter:
     topic: str | None
@@ -62,6 +82,7 @@ class _Waiter:
     future: asyncio.Future[PullBatch] = field(repr=False)
     timeout_ms: int | None = None
     max_per_key: int = 1
+    reply: ReplySize = THRIFT_REPLY
 
 
 class PullBuffer:
@@ -136,23 +157,28 @@ class PullBuffer:
         timeout_ms: int | None = None,
         max_per_key: int = 1,
         held: Sequence[UpstreamJob] = (),
+        reply: ReplySize = THRIFT_REPLY,
     ) -> PullBatch:
         """Ready messages of one queue, waiting up to ``linger_ms`` for some. They stay in flight for
         ``timeout_ms`` (None: the topic's ``timeout_ms``) unless acked or failed first. With
         ``max_per_key`` > 1 the reply may carry ordered runs of up to that many messages per key.
+
+        The reply stays within the topic's ``max_reply_bytes`` as ``reply`` counts bytes: it stops
+        before the message that would pass it (which stays ready, or waiting in its key's chain, as if
+        never looked at), except that it always carries one message, however large.
 
         ``held``: the last message of each key that this reader holds from its earlier pulls, all
         processed in order before this reply (a replayable lease's pulls, read in index order by one
         task). With runs, those keys continue their runs here with what waits behind them, at once only:
         a pull that has to wait takes fresh heads."""
         if not self._closed:
-            batch = self._take(topic, max_batch, timeout_ms, max_per_key, held)
+            batch = self._take(topic, max_batch, timeout_ms, max_per_key, held, reply)
             if batch.messages or linger_ms <= 0:
                 return batch
         if self._closed:
             return _EMPTY
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(topic, max_batch, loop.create_future(), timeout_ms, max_per_key)
+        waiter = _Waiter(topic, max_batch, loop.create_future(), timeout_ms, max_per_key, reply)
         self._waiters.append(waiter)
         expiry = loop.call_later(linger_ms / 1000, _resolve, waiter.future, _EMPTY)
         try:
@@ -170,7 +196,7 @@ class PullBuffer:
             waiter = waiters.popleft()
             if waiter.future.done():
                 continue
-            batch = self._take(waiter.topic, waiter.max_batch, waiter.timeout_ms, waiter.max_per_key)
+            batch = self._take(waiter.topic, waiter.max_batch, waiter.timeout_ms, waiter.max_per_key, (), waiter.reply)
             if batch.messages:
                 waiter.future.set_result(batch)
             else:
@@ -189,8 +215,13 @@ class PullBuffer:
         timeout_ms: int | None = None,
         max_per_key: int = 1,
         held: Sequence[UpstreamJob] = (),
+        reply: ReplySize = THRIFT_REPLY,
     ) -> PullBatch:
         order = self._ready_order
+        size = reply.message
+        # Thrift's bound written out for messages without properties: a call per message would cost
+        # more than the rest of the check (bench/instructions.py).
+        inline = reply is THRIFT_REPLY
         for _ in range(len(order)):
             queue = order.popleft()
             if topic is not None and queue.topic != topic:
@@ -201,25 +232,45 @@ class PullBuffer:
                 order.append(queue)  # lease not confirmed lately: deliver nothing until it is
                 continue
             batch: list[UpstreamJob] = []
+            # bytes left in the reply (a queue's jobs share their topic's consumer)
+            room = ready[0].consumer.config.max_reply_bytes - reply.overhead if ready else 0
             while ready and len(batch) < max_batch:
                 job = ready.popleft()
                 self._ready_count -= 1
                 if job.state is _READY:
+                    m = job.message
+                    if inline and not m.properties:
+                        needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
+                    else:
+                        needs = size(m)
+                    if needs > room and batch:
+                        ready.appendleft(job)  # it stays first in line, never delivered
+                        self._ready_count += 1
+                        break
+                    room -= needs
                     batch.append(job)
             if ready:
                 order.append(queue)
             if batch:
                 runs = None
-                if max_per_key > 1 and len(batch) < max_batch:
-                    batch, runs = self._with_runs(queue, batch, max_batch, max_per_key, held)
+                if room < 0:
+                    _log_alone(batch[0], size(batch[0].message))
+                elif max_per_key > 1 and len(batch) < max_batch:
+                    batch, runs = self._with_runs(queue, batch, max_batch, max_per_key, held, room, reply)
                 self._deliver(batch, timeout_ms)
                 return PullBatch(queue, [job.message for job in batch], runs)
         if held and max_per_key > 1:
-            return self._continue_runs(topic, max_batch, timeout_ms, max_per_key, held)
+            return self._continue_runs(topic, max_batch, timeout_ms, max_per_key, held, reply)
         return _EMPTY
 
     def _continue_runs(
-        self, topic: str | None, max_batch: int, timeout_ms: int | None, max_per_key: int, held: Sequence[UpstreamJob]
+        self,
+        topic: str | None,
+        max_batch: int,
+        timeout_ms: int | None,
+        max_per_key: int,
+        held: Sequence[UpstreamJob],
+        reply: ReplySize,
     ) -> PullBatch:
         """No queue has ready heads: continue the runs of ``held`` keys, in one queue."""
         tried: set[QueueId] = set()
@@ -230,7 +281,8 @@ class PullBuffer:
             tried.add(queue)
             if not job.consumer.may_serve(queue.qid):
                 continue
-            batch, runs = self._with_runs(queue, [], max_batch, max_per_key, held)
+            room = job.consumer.config.max_reply_bytes - reply.overhead
+            batch, runs = self._with_runs(queue, [], max_batch, max_per_key, held, room, reply)
             if batch:
                 self._deliver(batch, timeout_ms)
                 return PullBatch(queue, [job.message for job in batch], runs)
@@ -242,11 +294,14 @@ class PullBuffer:
         heads: list[UpstreamJob],
         max_batch: int,
         max_per_key: int,
-        held: Sequence[UpstreamJob] = (),
+        held: Sequence[UpstreamJob],
+        room_bytes: int,
+        reply: ReplySize,
     ) -> tuple[list[UpstreamJob], list[int] | None]:
         """``heads`` with their keys' waiting successors behind them, then the ``held`` keys' runs
-        continued: one more message per key per round, while the reply has room, so no key's run crowds
-        out the others'. Also returns the runs' sizes (None when no successor joined)."""
+        continued: one more message per key per round, while the reply has room (``max_batch``
+        messages, ``room_bytes`` bytes left as ``reply`` counts them), so no key's run crowds out the
+        others'. Also returns the runs' sizes (None when no successor joined)."""
         runs = [[head] for head in heads]
         # A head out again after a failed attempt goes alone: its key's later messages wait until it is
         # finished, not sent along again and again with a message that keeps failing.
@@ -256,7 +311,7 @@ class PullBuffer:
         growing += [(run, max_per_key + 1) for run in continued]
         room = max_batch - len(heads)
         if growing:
-            room = _grow(growing, queue, room)
+            room = _grow(growing, queue, room, room_bytes, reply, not heads)
         if len(heads) + room == max_batch:  # no successor joined
             return heads, None
         members = self._runs.get(queue)
@@ -468,11 +523,22 @@ class PullBuffer:
         return sum(1 for w in self._waiters if not w.future.done())
 
 
-def _grow(growing: list[tuple[list[UpstreamJob], int]], queue: QueueId, room: int) -> int:
+def _grow(
+    growing: list[tuple[list[UpstreamJob], int]],
+    queue: QueueId,
+    room: int,
+    room_bytes: int,
+    reply: ReplySize,
+    empty: bool,
+) -> int:
     """Append to each run (a key's messages so far, and its size limit) the successors waiting behind
-    it, one per key per round while ``room`` lasts; returns the room left. A successor joins while it
-    waits in the chain, belongs to the reply's queue and has nothing left to run but PullServer (the
-    actions after Order run on a key's head only)."""
+    it, one per key per round while ``room`` (messages) and ``room_bytes`` last; returns the room
+    left. A successor joins while it waits in the chain, belongs to the reply's queue and has nothing
+    left to run but PullServer (the actions after Order run on a key's head only). The first
+    successor that would pass ``room_bytes`` ends the growing (it and the rest wait in their chains),
+    unless the reply is still ``empty``: a reply carries at least one message."""
+    size = reply.message
+    inline = reply is THRIFT_REPLY  # as in PullBuffer._take
     if len(growing) == 1:
         # One key grows (QID order, a hot key): walk its chain, without the rounds across keys. A chain
         # lives in one consumer's key gate, so its jobs share that owner.
@@ -485,9 +551,21 @@ def _grow(growing: list[tuple[list[UpstreamJob], int]], queue: QueueId, room: in
                 break
             if not pull_only(successor):
                 break
+            m = successor.message
+            if inline and not m.properties:
+                needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
+            else:
+                needs = size(m)
+            if needs > room_bytes and not empty:
+                break
+            room_bytes -= needs
             run.append(successor)
             room -= 1
             job = successor
+            if room_bytes < 0:
+                _log_alone(successor, needs)
+                break
+            empty = False
         return room
     while room and growing:
         still = []
@@ -497,14 +575,36 @@ def _grow(growing: list[tuple[list[UpstreamJob], int]], queue: QueueId, room: in
                 continue
             if not successor.consumer.pull_only(successor):
                 continue
+            m = successor.message
+            if inline and not m.properties:
+                needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
+            else:
+                needs = size(m)
+            if needs > room_bytes and not empty:
+                return room
+            room_bytes -= needs
             run.append(successor)
             room -= 1
+            if room_bytes < 0:
+                _log_alone(successor, needs)
+                return room
+            empty = False
             if not room:
                 break
             if len(run) < limit:
                 still.append((run, limit))
         growing = still
     return room
+
+
+def _log_alone(job: UpstreamJob, needs: int) -> None:
+    """``job`` goes out alone in its reply: by itself it takes ``needs`` bytes, more than the room its
+    topic's ``max_reply_bytes`` leaves. (DDMQ's SDKs refuse frames over 16,384,000 bytes.)"""
+    log.warning(
+        "group %s: message %s@%d takes %d bytes in a pull reply, more than max_reply_bytes (%d) of its "
+        "topic allows: delivered alone",
+        job.consumer.group, job.queue, job.offset, needs, job.consumer.config.max_reply_bytes,
+    )
 
 
 def _may_continue(held: UpstreamJob) -> bool:

@@ -61,6 +61,7 @@ IN_PLACE_FIELDS: frozenset[str] = frozenset(
         "max_retry",
         "retry_intervals_ms",
         "max_pull_batch_size",
+        "max_reply_bytes",
         "read_batch_size",
         "tags",
         "start_from",

@@ -46,8 +46,8 @@ from typing import Final
 
 from ddmq.proxy.errors import BadRequestError, UnavailableError
 from ddmq.proxy.job import JobState, UpstreamJob
-from ddmq.proxy.pull_buffer import PullBuffer
-from ddmq.proxy.types import PullBatch, QueueId
+from ddmq.proxy.pull_buffer import THRIFT_REPLY, PullBuffer
+from ddmq.proxy.types import PullBatch, QueueId, ReplySize
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,7 @@ class ReplayLeases:
         max_batch: int,
         linger_ms: int,
         max_per_key: int = 1,
+        reply: ReplySize = THRIFT_REPLY,
     ) -> PullBatch:
         """The ``index``-th pull of lease ``lease_id``: a replay when it was served before."""
         _check(lease_id, index, timeout_ms)
@@ -136,7 +137,7 @@ class ReplayLeases:
         future = loop.create_future()
         lease.batches.append(future)
         try:
-            batch = await self._buffer.pull(topic, max_batch, linger_ms, timeout_ms, max_per_key, lease.tails)
+            batch = await self._buffer.pull(topic, max_batch, linger_ms, timeout_ms, max_per_key, lease.tails, reply)
         except BaseException:
             # Nothing was handed out: forget this index so a retry takes a fresh batch.
             if lease.batches and lease.batches[-1] is future:

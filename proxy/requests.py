@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.errors import BadRequestError
-from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueResult
+from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueResult, ReplySize
 
 if TYPE_CHECKING:
     from ddmq.proxy.service import ProxyService
@@ -97,9 +97,10 @@ class Endpoint:
         results: list[QueueResult],
         lease: PullLease | None = None,
         max_per_key: int | None = None,
+        reply: ReplySize | None = None,
     ) -> PullBatch:
         return await self._service.pull(
-            group, topic, max_batch, linger_ms, results, lease, max_per_key, rules=self._rules
+            group, topic, max_batch, linger_ms, results, lease, max_per_key, reply, rules=self._rules
         )
 
     async def submit(self, results: list[QueueResult], group: str | None = None) -> None:

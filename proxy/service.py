@@ -49,11 +49,20 @@ from ddmq.proxy.http_server import HttpServer
 from ddmq.proxy.leases import LeaseStore
 from ddmq.proxy.membership import Membership
 from ddmq.proxy.metrics import ProxyMetrics
+from ddmq.proxy.pull_buffer import THRIFT_REPLY
 from ddmq.proxy.reload import ConfigChange, apply_config
 from ddmq.proxy.replays import ReplayLeases
 from ddmq.proxy.requests import Endpoint, RequestRules, batch_size, in_group, per_key, result_offsets
 from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueId, QueueResult
+from ddmq.proxy.types import (
+    ConsumeStatsRow,
+    FetchedQueue,
+    PullBatch,
+    PullLease,
+    QueueId,
+    QueueResult,
+    ReplySize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +177,7 @@ class ProxyService:
             idle_timeout_ms=thrift.idle_timeout_ms,
             frame_timeout_ms=thrift.request_timeout_ms,
             max_buffered_bytes=thrift.max_buffered_bytes,
+            allowed_clients=thrift.allowed_clients,
         )
         with _listening("thrift", thrift.host, thrift.port):
             await self._thrift.start()
@@ -303,11 +313,14 @@ class ProxyService:
         results: list[QueueResult],
         lease: PullLease | None = None,
         max_per_key: int | None = None,
+        reply: ReplySize | None = None,
         *,
         rules: RequestRules | None = None,
     ) -> PullBatch:
         """Serve one pull: apply ``results``, then answer ready messages of one queue. ``max_per_key``
-        (None or 1: one per key) lets the reply carry ordered runs of a key (see ``PullBuffer``)."""
+        (None or 1: one per key) lets the reply carry ordered runs of a key (see ``PullBuffer``);
+        ``reply`` counts the reply's bytes against the topic's ``max_reply_bytes`` (None: as a Thrift
+        frame)."""
         if results:  # first: acks count even when the group was just removed
             await self._apply(in_group(results, group))
         consumer_group = self._group(group)
@@ -323,6 +336,7 @@ class ProxyService:
         run = per_key(max_per_key)
         linger = self._linger(linger_ms, rules)
         buffer = consumer_group.buffer
+        reply = reply or THRIFT_REPLY
         started = perf_counter()
         if results and not buffer.ready:
             # The acks may have released their keys' successors; the dispatcher hands them to the
@@ -334,10 +348,10 @@ class ProxyService:
             if timeout_ms is None:
                 timeout_ms = max(c.config.timeout_ms for c in consumers)
             answer = await self._replays(consumer_group).pull(
-                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, linger, run
+                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, linger, run, reply
             )
         else:
-            answer = await buffer.pull(topic, batch, linger, None, run)
+            answer = await buffer.pull(topic, batch, linger, None, run, (), reply)
         self.metrics.observe_pull(group, answer, perf_counter() - started)
         return answer
 

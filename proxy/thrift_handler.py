@@ -21,6 +21,7 @@ from ddmq.protocol.wire import (
     Context,
     Envelope,
     FetchResponse,
+    FrameRefusedError,
     FrameTooLargeError,
     Message,
     PullException,
@@ -93,15 +94,17 @@ class ThriftHandler:
                 name, seqid, TApplicationException.INTERNAL_ERROR, "internal error: the reply could not be encoded"
             )
 
-    def too_large(self, exc: FrameTooLargeError, peer: str) -> bytes | None:
-        """The answer to a call with too many offsets: a 1003 error, and nothing of it applied."""
+    def refused(self, exc: FrameRefusedError, peer: str) -> bytes | None:
+        """The answer to a call refused while it was decoded (too many offsets, an integer outside its
+        IDL type): a 1003 error, and nothing of it applied."""
         if exc.mtype == TMessageType.ONEWAY:
             return None
         if exc.name not in self._handlers:
             return _application_error(
                 exc.name, exc.seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {exc.name!r}"
             )
-        return _error_reply(exc.name, exc.seqid, too_many_offsets(), peer)
+        error = too_many_offsets() if isinstance(exc, FrameTooLargeError) else BadRequestError(str(exc))
+        return _error_reply(exc.name, exc.seqid, error, peer)
 
     # handlers: decode the request, call the service once, encode the answer --------------------
 

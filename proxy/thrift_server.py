@@ -10,8 +10,11 @@ every frame is size-checked before it is buffered and every payload is decoded b
 Per connection, requests are served one after another (a long-poll ``pull`` holds its connection);
 connections are served concurrently. A frame whose declared length is not in ``1..max_frame_bytes``
 or whose payload does not decode closes that connection only. Limits, each closing the connection
-that breaks it (logged): ``max_connections`` open at once (more are accepted and closed at once);
-``idle_timeout_ms`` without a request (a call being served, a long poll included, is not idle);
+that breaks it (logged): ``max_connections`` open at once (at the limit a new connection takes the
+place of one past its deadline, inside a frame, or idle, oldest first: see
+:class:`~ddmq.proxy.listener.Evictions`; with every one busy it is closed at once); ``allowed_clients``
+(networks a peer must be in); ``idle_timeout_ms`` without a request (a call being served, a long
+poll included, is not idle);
 ``frame_timeout_ms`` for a frame whose first byte arrived to arrive whole, and for a reply to be
 taken by the client; ``max_buffered_bytes`` for the frames above :data:`INLINE_DECODE_MAX_BYTES`
 being read or decoded at once, over all connections (a frame waits for room within its
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Final
 
@@ -34,13 +38,13 @@ from ddmq.protocol.wire import (
     FRAME_HEADER_BYTES,
     Envelope,
     FrameDecodeError,
-    FrameTooLargeError,
+    FrameRefusedError,
     decode,
     frame_length,
 )
 from ddmq.proxy.api import MAX_RESULT_OFFSETS, ConsumeService
 from ddmq.proxy.byte_budget import ByteBudget
-from ddmq.proxy.listener import Listener
+from ddmq.proxy.listener import Evictions, Listener, parse_networks
 from ddmq.proxy.thrift_handler import ThriftHandler, args_for
 
 log = logging.getLogger(__name__)
@@ -63,12 +67,13 @@ _EXPIRED: Final = {
     _FRAME: "the frame did not arrive whole within frame_timeout_ms",
     _REPLY: "the reply was not taken within frame_timeout_ms",
 }
+_DOING: Final = {_IDLE: "an idle", _FRAME: "a half-sent", _REPLY: "a stalled", _BUSY: "a busy"}
 
 
 class _Connection:
     """One client connection: its task and the deadline of what it is doing (see ``_sweep``)."""
 
-    __slots__ = ("deadline", "expired", "peer", "phase", "task")
+    __slots__ = ("deadline", "evicted", "expired", "peer", "phase", "task")
 
     def __init__(self, task: asyncio.Task[None], peer: str) -> None:
         self.task = task
@@ -76,6 +81,8 @@ class _Connection:
         self.phase = _IDLE
         self.deadline = float("inf")
         self.expired: str | None = None
+        #: Closed to admit a new connection at max_connections.
+        self.evicted = False
 
 
 class ThriftServer:
@@ -98,6 +105,7 @@ class ThriftServer:
         idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
         frame_timeout_ms: int = DEFAULT_FRAME_TIMEOUT_MS,
         max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
+        allowed_clients: Sequence[str] | None = None,
     ) -> None:
         if max_frame_bytes < 1:
             raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
@@ -114,10 +122,14 @@ class ThriftServer:
         # One big frame decoded at a time: each decoding thread takes the GIL from the loop, so
         # several at once would slow every other connection's requests that many times over.
         self._decoding = asyncio.Semaphore(1)
-        self._listener = Listener("thrift", host, port, max_connections, self._accepted)
+        allowed = parse_networks(allowed_clients) if allowed_clients is not None else None
+        self._listener = Listener(
+            "thrift", host, port, max_connections, self._accepted, make_room=self._make_room, allowed=allowed
+        )
         self._started = False
         self._closing = False
         self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._evictions = Evictions(self._connections.values, frozenset({_FRAME}), _IDLE)
         self._sweeper: asyncio.Task[None] | None = None
         self.connections = 0
         self.frames_rejected = 0
@@ -166,12 +178,14 @@ class ThriftServer:
         return self._listener.accept_errors
 
     def stats(self) -> dict[str, int]:
-        """Counters (accepted, refused, accept_errors, timeouts, frames_rejected, decode_errors) and
-        gauges (open, buffered_bytes), for metrics."""
+        """Counters (accepted, refused, evicted, not_allowed, accept_errors, timeouts, frames_rejected,
+        decode_errors) and gauges (open, buffered_bytes), for metrics."""
         return {
             "open": self.active_connections,
             "accepted": self._listener.accepted,
             "refused": self._listener.refused,
+            "evicted": self._listener.evicted,
+            "not_allowed": self._listener.not_allowed,
             "accept_errors": self._listener.accept_errors,
             "timeouts": self.timeouts,
             "frames_rejected": self.frames_rejected,
@@ -199,6 +213,16 @@ class ThriftServer:
         task = asyncio.get_running_loop().create_task(self._serve_connection(sock))
         self._connections[task] = _Connection(task, _peer_name(sock))
 
+    def _make_room(self) -> str | None:
+        """At max_connections: close the connection :class:`Evictions` picks; what it was, for the log."""
+        now = asyncio.get_running_loop().time()
+        victim = self._evictions.pick(now)
+        if victim is None:
+            return None
+        victim.task.cancel()
+        late = " past its deadline" if victim.deadline <= now else ""
+        return f"{_DOING[victim.phase]} connection from {victim.peer}{late}"
+
     async def _serve_connection(self, sock: socket.socket) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -211,10 +235,13 @@ class ThriftServer:
             log.debug("thrift connection from %s", peer)
             await self._serve_frames(reader, writer, connection)
         except asyncio.CancelledError:
-            if connection.expired is None or self._closing:
+            if self._closing or (connection.expired is None and not connection.evicted):
                 raise
-            self.timeouts += 1
-            log.info("closing thrift connection from %s: %s", peer, connection.expired)
+            if connection.evicted:
+                log.debug("closed thrift connection from %s to admit a new one", peer)
+            else:
+                self.timeouts += 1
+                log.info("closing thrift connection from %s: %s", peer, connection.expired)
         except (ConnectionError, TimeoutError) as exc:
             log.debug("thrift connection from %s lost: %s", peer, exc)
         except Exception:
@@ -279,8 +306,8 @@ class ThriftServer:
             except asyncio.IncompleteReadError as exc:
                 log.info("%s closed the connection after %d of %d frame bytes", peer, len(exc.partial), length)
                 return
-            except FrameTooLargeError as exc:
-                reply = self._handler.too_large(exc, peer)
+            except FrameRefusedError as exc:
+                reply = self._handler.refused(exc, peer)
             except FrameDecodeError as exc:
                 self.decode_errors += 1
                 log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)

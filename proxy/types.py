@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class QueueId(NamedTuple):
@@ -47,6 +47,18 @@ class PullBatch(NamedTuple):
     #: Sizes of the batch's ordered runs (consecutive messages of one key), in order; None when every
     #: message is the only one of its key in the batch.
     runs: list[int] | None = None
+
+
+class ReplySize(Protocol):
+    """How one server counts a pull reply's bytes, so the pull buffer can fill a reply up to the topic's
+    ``max_reply_bytes``: a bound on what the reply takes besides its messages, and on what each message
+    adds to it (its encoding, its entry in ``runs``). Each server encodes differently (Thrift frames,
+    JSON with base64), so each brings its own."""
+
+    @property
+    def overhead(self) -> int: ...
+
+    def message(self, message: StoredMessage) -> int: ...
 
 
 class PullLease(NamedTuple):

@@ -20,11 +20,16 @@ from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 import pytest
+from thriftpy2.thrift import TType
 
 from ddmq.client import wire
+from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
+from ddmq.protocol import writer as thrift_writer
+from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
 from ddmq.proxy.service import ProxyService
+from ddmq.proxy.types import StoredMessage
 
 from .http_support import ApiClient, OpenApiChecker
 from .proxy.conftest import proxy_config, running_proxy
@@ -421,3 +426,152 @@ async def test_a_removed_group_is_unknown_to_pulls_and_takes_acks_while_it_drain
             await client.pull(group="g2")
         assert gone.value.code == 1001
         await consume_all(service, client, produced)
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+async def test_integers_outside_their_idl_range_are_refused_with_1003(
+    adapter: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """maxPerKey, maxBatchSize and maxLingerTime are i32 in the IDL: a value past 2^31-1 is a bad
+    request over both protocols (the compact protocol's varints would carry any size), and the
+    results riding on such a pull are not applied."""
+    # A hostile Thrift client: our writer refuses such values, so this test's own writer is told not to.
+    monkeypatch.setitem(thrift_writer._INT_LIMITS, TType.I32, 1 << 63)
+    async with proxy(adapter, redis_url, {"order_key": "KEY"}) as (service, client):
+        produced = produce(redis_url, 30, keys=3)
+        checker = OrderChecker()
+        reply = Reply(None, [], None)
+        while not reply.messages:
+            reply = await client.pull(max_batch=8, linger_ms=200)
+        acks = record(reply, checker)
+        buffer = service.groups["g"].buffer
+        acked = buffer.stats.acked
+        for field in ("max_per_key", "max_batch", "linger_ms"):
+            for value in (2**31, 2**40):
+                with pytest.raises(Refused) as refused:
+                    await client.pull(results=acks, **{field: value})
+                assert refused.value.code == 1003, (field, value)
+        assert buffer.stats.acked == acked, "nothing of a refused request is applied"
+        # The largest i32 is a valid request (and asks for no more than the topic gives).
+        acks = record(await client.pull(max_per_key=2**31 - 1, max_batch=2**31 - 1, results=acks), checker)
+        if acks:
+            await client.ack(acks)
+        await consume_all(service, client, produced, checker)
+
+
+BIG_VALUE_BYTES = 1_500_000
+SDK_MAX_FRAME_BYTES = 16_384_000  # DDMQ's SDKs (and Thrift's libraries by default) refuse larger frames
+
+
+def produce_big(redis_url: str, count: int = 40, keys: int = 8) -> dict[str, int]:
+    produced: dict[str, int] = {}
+    with Producer(redis_url) as producer:
+        for i in range(count):
+            key = f"k{i % keys}"
+            seq = produced.get(key, 0)
+            produced[key] = seq + 1
+            producer.send("t", json.dumps({"k": key, "seq": seq, "pad": "x" * BIG_VALUE_BYTES}), key=key)
+    return produced
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("per_key", [1, 32])
+async def test_big_messages_fill_replies_up_to_max_reply_bytes_and_each_goes_out_once(
+    adapter: str, per_key: int, redis_url: str
+) -> None:
+    """40 messages of 1.5 MB pulled with maxBatchSize 32: every reply stays within the topic's
+    max_reply_bytes (8 MiB by default, under what DDMQ's SDKs take) in the bytes sent, and every
+    message goes out once: what a reply has no room for is not in flight meanwhile, and nothing times
+    out, fails or is retried; each key in order."""
+    async with proxy(adapter, redis_url, queues=1) as (service, _):
+        limit = service.config.groups["g"]["t"].max_reply_bytes
+        assert limit == 8 * 1024 * 1024 < SDK_MAX_FRAME_BYTES
+        produced = produce_big(redis_url)
+        buffer = service.groups["g"].buffer
+        checker = OrderChecker()
+        sizes: list[int] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 4 * GUARD_S
+
+        def record_big(messages: list[Msg]) -> list[int]:
+            assert buffer.in_flight == len(messages), "what the reply had no room for is not in flight"
+            for m in messages:
+                event = json.loads(m.value)
+                checker.delivered(event["k"], event["seq"])
+                checker.acked(event["k"], event["seq"])
+            return [m.offset for m in messages]
+
+        if adapter == "thrift":
+            # The client refuses any frame above the limit, as DDMQ's SDKs refuse those above theirs.
+            async with AsyncProxyClient("127.0.0.1", service.thrift_port or 0, timeout_s=GUARD_S,
+                                        max_frame_bytes=limit) as client:
+                pending: list[wire.ConsumeResult] = []
+                while checker.missing(produced):
+                    assert loop.time() < deadline, checker.missing(produced)
+                    response = await client.pull(wire.PullRequest(
+                        groupId="g", topic="t", maxBatchSize=32, maxLingerTime=500, maxPerKey=per_key,
+                        result=wire.link_results(pending)))
+                    acked = record_big([Msg(m.offset, m.key, m.value) for m in response.messages])
+                    pending = [wire.ConsumeResult(context=response.context, successOffsets=acked)] if acked else []
+                    if acked:
+                        # the frame as the proxy wrote it (the codec is byte-exact; only the seqid differs)
+                        stored = [StoredMessage(m.offset, m.value, m.key, m.tag, m.properties or {}, m.produceTime)
+                                  for m in response.messages]
+                        sizes.append(len(encode_pull_reply(0, "g", "t", response.context.qid, stored, response.runs)))
+                await client.submit(wire.link_results(pending))
+        else:
+            async with aiohttp.ClientSession() as session:
+                results: list[dict[str, Any]] = []
+                while checker.missing(produced):
+                    assert loop.time() < deadline, checker.missing(produced)
+                    request = {"group": "g", "topic": "t", "max_batch": 32, "linger_ms": 500,
+                               "max_per_key": per_key, "results": results}
+                    async with session.post(f"http://127.0.0.1:{service.http_port}/v1/pull", json=request) as answer:
+                        raw = await answer.read()
+                    assert answer.status == 200 and len(raw) <= limit, (answer.status, len(raw))
+                    body = OpenApiChecker().check("POST", "/v1/pull", 200, answer.content_type, raw)
+                    acked = record_big([Msg(m["offset"], m["key"], base64.b64decode(m["value_base64"]))
+                                        for m in body["messages"]])
+                    results = [{"topic": "t", "qid": body["qid"], "success": acked}] if acked else []
+                    if acked:
+                        sizes.append(len(raw))
+                async with session.post(f"http://127.0.0.1:{service.http_port}/v1/ack",
+                                        json={"group": "g", "results": results}) as answer:
+                    assert answer.status == 200
+        assert checker.violations == [] and checker.deliveries == 40 and checker.duplicates == 0
+        assert max(sizes) <= limit and len(sizes) < 40, sizes  # several messages per reply, none over
+        stats = buffer.stats
+        assert (stats.delivered, stats.acked, stats.failed, stats.timed_out, stats.retried) == (40, 40, 0, 0, 0)
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+async def test_a_message_over_max_reply_bytes_is_delivered_alone_with_a_warning(
+    adapter: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with proxy(adapter, redis_url, {"max_reply_bytes": 1 << 20}, queues=1) as (service, client):
+        produced: dict[str, int] = {}
+        with Producer(redis_url) as producer:
+            for i in range(21):
+                key = f"k{i % 7}"
+                seq = produced.get(key, 0)
+                produced[key] = seq + 1
+                pad = "x" * (1_200_000 if i == 10 else 10)
+                producer.send("t", json.dumps({"k": key, "seq": seq, "pad": pad}), key=key)
+        checker = OrderChecker()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 4 * GUARD_S
+        results: list[Result] = []
+        alone = []
+        while checker.missing(produced):
+            assert loop.time() < deadline, checker.missing(produced)
+            reply = await client.pull(max_batch=32, linger_ms=500, results=results)
+            if any(len(m.value) > 1_000_000 for m in reply.messages):
+                alone.append(len(reply.messages))
+            results = record(reply, checker)
+        await client.ack(results)
+        assert alone == [1] and checker.deliveries == 21 and not checker.violations
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.levelname == "WARNING" and "delivered alone" in r.getMessage()]
+        assert len(warnings) == 1 and "t#0@11 takes " in warnings[0] and "max_reply_bytes (1048576)" in warnings[0]
+        assert int(warnings[0].split(" takes ")[1].split()[0]) > 1_200_000
+        assert service.groups["g"].buffer.stats.retried == 0

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import resource
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,15 +24,16 @@ import aiohttp
 import pytest
 
 from ddmq.client.producer import AsyncProducer
-from ddmq.client.thrift_client import AsyncProxyClient, PullError
+from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, PullError
+from ddmq.config import parse
 from ddmq.protocol import wire
 from ddmq.proxy.api import MAX_RESULT_OFFSETS
-from ddmq.proxy.errors import BadRequestError
+from ddmq.proxy.errors import BadRequestError, ConfigError
 from ddmq.proxy.service import ProxyService
 
 from .http_support import ApiClient, OpenApiChecker
 from .proxy.conftest import running_proxy
-from .support import OrderChecker, ProxyProcess, produce_keyed
+from .support import OrderChecker, ProxyProcess, free_port, produce_keyed
 
 GUARD_S = 10  # failure guard for waits
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -118,20 +121,38 @@ def thrift_server(service: ProxyService) -> Any:
 # -- Thrift ------------------------------------------------------------------------------------------
 
 
-async def test_thrift_connections_over_the_limit_are_refused_and_the_rest_served(redis_url: str) -> None:
+async def test_thrift_at_max_connections_the_oldest_idle_one_makes_room_and_busy_ones_never(redis_url: str) -> None:
     async with running_proxy(redis_url, thrift={"port": 0, "max_connections": 3}) as service:
-        assert service.thrift_port is not None
+        port = service.thrift_port
+        assert port is not None
+        server = thrift_server(service)
+        # Every connection serving a call (long polls on an empty topic): nothing can go, a new one is refused.
+        async with (
+            AsyncProxyClient("127.0.0.1", port, timeout_s=5) as a,
+            AsyncProxyClient("127.0.0.1", port, timeout_s=5) as b,
+            AsyncProxyClient("127.0.0.1", port, timeout_s=5) as c,
+        ):
+            polls = [asyncio.create_task(x.pull(wire.PullRequest(groupId="g", topic="t", maxLingerTime=1500)))
+                     for x in (a, b, c)]
+            await eventually(lambda: service.groups["g"].buffer.parked == 3)
+            async with raw_connections(port, 1) as ((refused, _),):
+                assert await closed_by_peer(refused)
+            assert server.stats()["refused"] == 1
+            assert [len((await poll).messages) for poll in polls] == [0, 0, 0]  # served, not cut
+        await eventually(lambda: server.active_connections == 0)
         produced = produce(redis_url, 200)
-        async with raw_connections(service.thrift_port, 2) as hogs:
-            await eventually(lambda: thrift_server(service).active_connections == 2)
-            async with raw_connections(service.thrift_port, 2) as extra:
-                # the third is taken, the fourth is accepted and closed at once
-                assert await closed_by_peer(extra[1][0])
-                assert not await closed_by_peer(extra[0][0], within_s=0.3)
-                assert not await closed_by_peer(hogs[0][0], within_s=0.1)
-            assert thrift_server(service).connections_refused == 1
-        await eventually(lambda: thrift_server(service).active_connections == 0)
-        await consume_everything(service.thrift_port, produced)
+        async with raw_connections(port, 2) as hogs:
+            await eventually(lambda: server.active_connections == 2)
+            async with raw_connections(port, 1) as ((third, _),):
+                await eventually(lambda: server.active_connections == 3)
+                async with raw_connections(port, 1) as ((fourth, _),):
+                    assert await closed_by_peer(hogs[0][0])  # the oldest idle one made room
+                    assert not await closed_by_peer(fourth, within_s=0.3)
+                    assert not await closed_by_peer(hogs[1][0], within_s=0.1)
+                    assert not await closed_by_peer(third, within_s=0.1)
+            assert (server.stats()["evicted"], server.stats()["refused"], server.timeouts) == (1, 1, 0)
+        await eventually(lambda: server.active_connections == 0)
+        await consume_everything(port, produced)
 
 
 async def test_thrift_idle_and_half_sent_connections_are_closed_but_a_long_poll_is_not(redis_url: str) -> None:
@@ -266,10 +287,10 @@ async def test_http_limits_connections_and_closes_idle_and_half_sent_requests(re
         produced = produce(redis_url, 100)
         head = b"POST /v1/ack HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
         async with raw_connections(port, 5) as conns:
-            (idle, _), (header, header_w), (body, body_w), (_, fourth_w), (extra, _) = conns
-            assert await closed_by_peer(extra)  # the fifth: over max_connections
-            assert listener.refused == 1
-            fourth_w.close()
+            (first, _), (idle, _), (header, header_w), (body, body_w), (_, fifth_w) = conns
+            assert await closed_by_peer(first)  # the fifth took the place of the oldest idle one
+            assert (listener.evicted, listener.refused) == (1, 0)
+            fifth_w.close()
             await eventually(lambda: listener.open == 3)
             header_w.write(head[:20])  # headers never finished
             body_w.write(head + b'{"group": ')  # body never finished: 408, then closed
@@ -393,3 +414,126 @@ async def test_json_nested_too_deep_is_invalid_json_not_a_traceback(
             checker.acked(event["k"], event["seq"])
         assert not checker.violations and not checker.missing(produced)
     assert not any(r.exc_info for r in caplog.records), "no traceback"
+
+
+# -- a full proxy makes room ----------------------------------------------------------------------
+
+
+def _held_sockets(port: int, count: int, send: bytes = b"", answer: bool = False) -> list[socket.socket]:
+    """``count`` connections to ``port``, each sending ``send`` (and reading the answer's first bytes
+    when ``answer``), left open."""
+    held = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if send:
+            sock.sendall(send)
+        if answer:
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        held.append(sock)
+    return held
+
+
+def _healthz(port: int) -> float:
+    """Seconds until ``GET /healthz`` on a new connection is answered 200."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+    return time.monotonic() - started
+
+
+async def test_a_full_proxy_still_serves_a_pull_and_healthz_within_a_second(redis_url: str, tmp_path: Path) -> None:
+    """5,000 idle Thrift connections (max_connections 1000), 500 half-sent HTTP requests and 300 idle
+    keep-alive HTTP connections (max_connections 256) against a proxy process: a new Thrift client's
+    pull and a new /healthz are answered within a second (the oldest half-sent and idle connections
+    make room for them), then a full consume gets every message, each key in order."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 16384), hard))  # the test holds ~6,000 sockets
+    http_port = free_port()
+    proxy = ProxyProcess(tmp_path, redis_url, {"g": {"t": {}}}, {"t": {"queues": 4}},
+                         http={"enabled": True, "host": "127.0.0.1", "port": http_port})
+    proxy.start(max_open_files=8192)
+    held: list[socket.socket] = []
+    try:
+        produced = produce(redis_url, 2000)
+        opening = time.monotonic()
+        held += _held_sockets(proxy.port, 5000)
+        thrift_s = time.monotonic() - opening
+        half_sent = b"POST /v1/ack HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Len"
+        held += _held_sockets(http_port, 500, half_sent)
+        held += _held_sockets(http_port, 300, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", answer=True)
+        opened_s = time.monotonic() - opening
+        checker = OrderChecker()
+        started = time.monotonic()
+        with ProxyClient("127.0.0.1", proxy.port, timeout_s=5) as client:
+            response = client.pull(wire.PullRequest(groupId="g", topic="t", maxBatchSize=64, maxLingerTime=0))
+            pulled_s = time.monotonic() - started
+            healthz_s = _healthz(http_port)
+            print(f"5,800 connections opened in {opened_s:.1f} s (Thrift's {thrift_s:.1f} s); "
+                  f"then a pull took {pulled_s:.3f} s, /healthz {healthz_s:.3f} s")
+            assert response.messages and pulled_s < 1.0 and healthz_s < 1.0, (pulled_s, healthz_s)
+            for message in response.messages:
+                event = json.loads(message.value)
+                checker.delivered(event["k"], event["seq"])
+                checker.acked(event["k"], event["seq"])
+            ack = wire.ConsumeResult(context=response.context, successOffsets=[m.offset for m in response.messages])
+            assert client.submit(ack)
+        for sock in held:
+            sock.close()
+        held = []
+        await consume_everything(proxy.port, produced, checker)
+        assert not checker.violations
+    finally:
+        for sock in held:
+            sock.close()
+        assert proxy.stop() == 0
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    log = proxy.log()
+    assert "max_connections (1000) reached: closed an idle connection" in log, log
+    assert "max_connections (256) reached: closed a half-sent connection" in log, log
+    assert "Traceback" not in log, log
+
+
+async def test_allowed_clients_closes_other_peers_at_accept_and_serves_the_allowed(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    elsewhere = {"allowed_clients": ["10.0.0.0/8", "192.0.2.7"]}
+    async with running_proxy(redis_url, thrift={"port": 0, **elsewhere},
+                             http={"enabled": True, "port": 0, **elsewhere}) as service:
+        assert service.thrift_port is not None and service.http_port is not None
+        for port in (service.thrift_port, service.http_port):
+            async with raw_connections(port, 3) as conns:
+                for reader, _ in conns:
+                    assert await closed_by_peer(reader)
+        assert thrift_server(service).stats()["not_allowed"] == 3
+        assert http_connections(service).stats()["not_allowed"] == 3
+        assert thrift_server(service).stats()["accepted"] == 0
+    lines = [r.getMessage() for r in caplog.records if "not in allowed_clients" in r.getMessage()]
+    assert len(lines) == 2 and "thrift: closed a connection from 127.0.0.1" in lines[0]  # once per 10 s each
+    loopback = {"allowed_clients": ["10.0.0.0/8", "127.0.0.0/8", "::1"]}
+    async with running_proxy(redis_url, thrift={"port": 0, **loopback}) as service:
+        produced = produce(redis_url, 100)
+        await consume_everything(service.thrift_port or 0, produced)
+        assert thrift_server(service).stats()["not_allowed"] == 0
+
+
+def test_allowed_clients_must_be_networks() -> None:
+    with pytest.raises(ConfigError, match=r"thrift.allowed_clients.*'10.0.0.0/33' is not an IP address or CIDR"):
+        parse({"thrift": {"allowed_clients": ["10.0.0.0/33"]}})
+    assert parse({"http": {"allowed_clients": ["10.1.2.3/8"]}}).http.allowed_clients == ["10.1.2.3/8"]
+
+
+async def test_http_at_max_connections_a_half_sent_body_goes_before_an_idle_connection(redis_url: str) -> None:
+    async with http_proxy(redis_url, max_connections=2) as (service, api, port):
+        listener = http_connections(service).listener
+        head = (b"POST /v1/ack HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n")
+        async with raw_connections(port, 2) as ((body, body_w), (idle, _)):
+            body_w.write(head + b'{"group": ')  # headers whole, the body never finishes
+            opened = http_connections(service)._open
+            await eventually(lambda: listener.open == 2 and any(p.phase == "body" for p in opened.values()))
+            status, answer = await api.call("GET", "/healthz")
+            assert status == 200, answer
+            assert await closed_by_peer(body)  # the half-sent body made room, not the idle connection
+            assert not await closed_by_peer(idle, within_s=0.2)
+        assert listener.evicted == 1 and service.groups["g"].buffer.stats.acked == 0

@@ -2,8 +2,11 @@
 
 aiohttp parses and answers; this module decides which connections it gets and how long they stay:
 
-- at most ``max_connections`` open (a :class:`~ddmq.proxy.listener.Listener` accepts; more are
-  closed at once, accept errors are logged once per interval);
+- at most ``max_connections`` open (a :class:`~ddmq.proxy.listener.Listener` accepts; at the limit
+  a new connection takes the place of one past its deadline, inside a request (headers or a body
+  still arriving), or idle, oldest first, as :class:`~ddmq.proxy.listener.Evictions` orders them;
+  with every one busy it is closed at once; accept errors are logged once per interval), and only
+  from ``allowed_clients`` when set;
 - a connection with no request under way for ``idle_timeout_ms`` is closed; one whose request
   started (a first byte arrived) but whose headers did not arrive within ``request_timeout_ms`` is
   closed; a body must arrive within ``request_timeout_ms`` too (408, then closed). A request being
@@ -32,17 +35,19 @@ from ddmq.config.schema import HttpConfig
 from ddmq.proxy.byte_budget import ByteBudget
 from ddmq.proxy.errors import BadRequestError
 from ddmq.proxy.http_server.errors import Handler, error_response
-from ddmq.proxy.listener import Listener
+from ddmq.proxy.listener import Evictions, Listener, parse_networks
 
 log = logging.getLogger(__name__)
 
 _IDLE: Final = "idle"
 _REQUEST: Final = "request"
+_BODY: Final = "body"  # a handler waits for the body (read_body answers 408 at its deadline, not the sweep)
 _BUSY: Final = "busy"
 _EXPIRED: Final = {
     _IDLE: "no request within http.idle_timeout_ms",
     _REQUEST: "the request headers did not arrive within http.request_timeout_ms",
 }
+_DOING: Final = {_IDLE: "an idle", _REQUEST: "a half-sent", _BODY: "a half-sent", _BUSY: "a busy"}
 
 
 class BodyTimeoutError(BadRequestError):
@@ -59,6 +64,8 @@ class _GuardedProtocol(asyncio.Protocol):
         self.phase = _IDLE
         self.deadline = float("inf")
         self.busy = 0
+        #: Closed to admit a new connection at max_connections.
+        self.evicted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -106,9 +113,14 @@ class HttpConnections:
         self.idle_s = config.idle_timeout_ms / 1000
         self.request_s = config.request_timeout_ms / 1000
         self.budget = ByteBudget(config.max_buffered_bytes)
-        self.listener = Listener("http", config.host, config.port, config.max_connections, self._accepted)
+        allowed = parse_networks(config.allowed_clients) if config.allowed_clients is not None else None
+        self.listener = Listener(
+            "http", config.host, config.port, config.max_connections, self._accepted,
+            make_room=self._make_room, allowed=allowed,
+        )
         self._factory: Callable[[], asyncio.Protocol] | None = None
         self._open: dict[asyncio.BaseTransport, _GuardedProtocol] = {}
+        self._evictions = Evictions(self._open.values, frozenset({_REQUEST, _BODY}), _IDLE)
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.timeouts = 0
@@ -134,6 +146,8 @@ class HttpConnections:
             "open": self.listener.open,
             "accepted": self.listener.accepted,
             "refused": self.listener.refused,
+            "evicted": self.listener.evicted,
+            "not_allowed": self.listener.not_allowed,
             "accept_errors": self.listener.accept_errors,
             "timeouts": self.timeouts,
             "too_large": self.too_large,
@@ -166,6 +180,17 @@ class HttpConnections:
         self._open[protocol.transport] = protocol
         protocol.deadline = self.now() + self.idle_s
 
+    def _make_room(self) -> str | None:
+        """At max_connections: close the connection :class:`Evictions` picks; what it was, for the log."""
+        now = self.now()
+        victim = self._evictions.pick(now)
+        if victim is None or victim.transport is None:
+            return None
+        late = " past its deadline" if victim.deadline <= now else ""
+        description = f"{_DOING[victim.phase]} connection from {_peer(victim.transport)}{late}"
+        victim.transport.abort()
+        return description
+
     def lost(self, protocol: _GuardedProtocol) -> None:
         if self._open.pop(protocol.transport, None) is not None:  # type: ignore[arg-type]
             self.listener.closed()
@@ -176,7 +201,7 @@ class HttpConnections:
             await asyncio.sleep(period)
             now = self.now()
             for protocol in list(self._open.values()):
-                if now > protocol.deadline and protocol.transport is not None:
+                if now > protocol.deadline and protocol.transport is not None and protocol.phase != _BODY:
                     self.timeouts += 1
                     log.info("closing http connection from %s: %s", _peer(protocol.transport), _EXPIRED[protocol.phase])
                     protocol.deadline = float("inf")
@@ -212,11 +237,17 @@ class HttpConnections:
         size = request.content_length
         if size is None:
             size = self._config.max_body_bytes if request.body_exists else 0
+        protocol = self._open.get(request.transport) if request.transport is not None else None
+        if protocol is not None:  # waiting for the client: a full server may close it for a new one
+            protocol.phase, protocol.deadline = _BODY, self.now() + self.request_s
         try:
             async with asyncio.timeout(self.request_s), self.budget.reserve(size):
                 return await request.read()
         except TimeoutError:
             raise BodyTimeoutError("the request body did not arrive within http.request_timeout_ms") from None
+        finally:
+            if protocol is not None and protocol.phase == _BODY:
+                protocol.phase, protocol.deadline = _BUSY, float("inf")
 
 
 def _closing(response: web.Response) -> web.Response:

@@ -5,13 +5,17 @@ a pull applies the piggy-backed ``results`` first, then answers messages of one 
 up to ``linger_ms`` when none are ready; acks for offsets the proxy does not hold are ignored
 (counted). This module only translates: bodies are validated by the models below (unknown fields,
 wrong types and offsets < 1 are a 400 naming the field), answers are encoded as JSON.
+
+A pull answer stays within the topic's ``max_reply_bytes`` in the bytes this server sends: the buffer
+fills it by each message's JSON text (:class:`JsonReply`), which then makes up the answer as measured.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -43,12 +47,17 @@ class ResultIn(JsonBody):
     fail: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
 
 
+#: The IDL's ``i32`` fields (maxBatchSize, maxLingerTime, maxPerKey) take the same range here; what a
+#: value means within it (the topic's cap, the server's linger bound) is the service's rule.
+I32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
 class PullIn(JsonBody):
     group: Annotated[str, Field(min_length=1, max_length=200)]
     topic: Annotated[str, Field(max_length=200)] | None = None
-    max_batch: Annotated[int, Field(ge=0, le=10_000)] | None = None
-    linger_ms: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
-    max_per_key: Annotated[int, Field(ge=0, le=10_000)] | None = None
+    max_batch: I32 | None = None
+    linger_ms: I32 | None = None
+    max_per_key: I32 | None = None
     results: Annotated[list[ResultIn], Field(max_length=10_000)] = []
 
 
@@ -88,17 +97,46 @@ def message_json(message: StoredMessage) -> dict[str, Any]:
     }
 
 
-def pull_json(group: str, topic: str | None, batch: PullBatch) -> dict[str, Any]:
-    queue = batch.queue
-    answer: dict[str, Any] = {
-        "group": group,
-        "topic": queue.topic if queue is not None else topic,
-        "qid": queue.qid if queue is not None else None,
-        "messages": [message_json(m) for m in batch.messages],
-    }
-    if batch.runs is not None:
-        answer["runs"] = batch.runs
-    return answer
+#: Most bytes a ``/v1/pull`` answer takes besides its messages' texts: ``{"group": ..., "topic": ...,
+#: "qid": ..., "messages": [], "runs": []}``, names of at most 200 characters.
+REPLY_OVERHEAD_BYTES: Final = 4096
+# What a message adds beside its own text: the ", " before it and its entry in "runs" (", " and up to
+# ten digits).
+_SEPARATORS: Final = 2 + 12
+
+
+class JsonReply:
+    """The bytes of one ``/v1/pull`` answer, counted by each message's JSON text (base64 and
+    ``value_text`` included: several times the value for a binary or escaped body). The texts are
+    kept, so :meth:`body` writes the answer from what was measured, encoding each message once."""
+
+    overhead = REPLY_OVERHEAD_BYTES
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[StoredMessage, str]] = {}
+
+    def message(self, message: StoredMessage) -> int:
+        text = json.dumps(message_json(message))  # ASCII (ensure_ascii): one byte per character
+        self._texts[message.offset] = (message, text)
+        return len(text) + _SEPARATORS
+
+    def _text(self, message: StoredMessage) -> str:
+        kept = self._texts.get(message.offset)
+        if kept is not None and kept[0] is message:
+            return kept[1]
+        return json.dumps(message_json(message))  # a message this reply did not measure (none, today)
+
+    def body(self, group: str, topic: str | None, batch: PullBatch) -> bytes:
+        queue = batch.queue
+        head = json.dumps(
+            {"group": group, "topic": queue.topic if queue is not None else topic,
+             "qid": queue.qid if queue is not None else None}
+        )
+        parts = [head[:-1], ', "messages": [', ", ".join(map(self._text, batch.messages)), "]"]
+        if batch.runs is not None:
+            parts += ', "runs": ', json.dumps(batch.runs)
+        parts.append("}")
+        return "".join(parts).encode("ascii")
 
 
 class PullApi:
@@ -114,6 +152,7 @@ class PullApi:
 
     async def pull(self, request: web.Request) -> web.Response:
         body = parse(PullIn, await self._read_body(request))
+        reply = JsonReply()
         batch = await self._service.pull(
             body.group,
             body.topic,
@@ -121,8 +160,9 @@ class PullApi:
             body.linger_ms,
             results_from_json(body.results),
             max_per_key=body.max_per_key,
+            reply=reply,
         )
-        return web.json_response(pull_json(body.group, body.topic or None, batch))
+        return web.Response(body=reply.body(body.group, body.topic or None, batch), content_type="application/json")
 
     async def ack(self, request: web.Request) -> web.Response:
         body = parse(AckIn, await self._read_body(request))

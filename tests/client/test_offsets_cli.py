@@ -121,6 +121,45 @@ def test_reset_by_time_offset_and_latest(redis_url: str) -> None:
     assert committed(redis_url)[:2] == [6, 6]
 
 
+def test_reset_by_time_and_offset_steps_over_offset_holes(redis_url: str) -> None:
+    """Offsets without an entry (deleted with XDEL, or never written: the sequence raised past the
+    stream, as a Redis rollback or a foreign entry leaves it) are stepped over, never an error."""
+    with Producer(redis_url) as producer:
+        producer.ensure_topic(TOPIC, 1)
+        for i in range(60):
+            producer.send(TOPIC, f"m-{i}", qid=0)
+            time.sleep(0.002)  # produce times that grow along the queue
+        with redis.Redis.from_url(redis_url) as client:
+            stream = keys.stream(TOPIC, 0)
+            client.xdel(stream, *[keys.stream_id(o) for o in [1, 2, *range(5, 10), 20, *range(28, 45)]])
+            client.set(keys.sequence(TOPIC, 0), 70)  # offsets 61..70 never exist
+        for i in range(60, 70):
+            producer.send(TOPIC, f"m-{i}", qid=0)
+            time.sleep(0.002)
+    with redis.Redis.from_url(redis_url) as client:
+        entries = [(keys.offset_of(i), int(f[b"ts"])) for i, f in client.xrange(keys.stream(TOPIC, 0))]
+        assert entries[0][0] == 3 and entries[-1][0] == 80 and len(entries) == 70 - 25
+        stamps = sorted({ts for _, ts in entries})
+        for at in [stamps[0] - 1, *stamps, *(ts + 1 for ts in stamps)]:
+            expected = next((offset for offset, ts in entries if ts >= at), 81)
+            (row,) = plan(client, GROUP, Target("time", at), [TOPIC])
+            assert (row.new, row.earliest, row.latest) == (expected, 3, 81), at
+        for asked, expected in [(1, 3), (5, 10), (30, 45), (44, 45), (45, 45), (61, 71), (70, 71), (80, 80), (99, 81)]:
+            (row,) = plan(client, GROUP, Target("offset", asked), [TOPIC])
+            assert row.new == expected, asked
+        middle = entries[len(entries) // 2]
+    at = datetime.fromtimestamp(middle[1] / 1000, UTC).isoformat()
+    result = ddmq("offsets", "reset", "--redis", redis_url, "--group", GROUP, "--topic", TOPIC, "--to-time", at,
+                  "--execute")
+    assert result.returncode == 0, result.stderr
+    first_at_time = next(offset for offset, ts in entries if ts >= middle[1])
+    assert committed(redis_url)[0] == first_at_time
+    result = ddmq("offsets", "reset", "--redis", redis_url, "--group", GROUP, "--topic", TOPIC, "--to-offset", "33",
+                  "--execute")
+    assert result.returncode == 0, result.stderr
+    assert committed(redis_url)[0] == 45
+
+
 @pytest.mark.parametrize(("args", "status", "message"), [
     (["--group", "nosuch", "--to-latest"], 1, "group 'nosuch' has no committed offset in any topic"),
     (["--group", GROUP, "--topic", "nope", "--to-latest"], 1, "topic 'nope' does not exist"),

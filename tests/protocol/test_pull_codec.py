@@ -184,3 +184,19 @@ def test_reader_refuses_a_value_length_beyond_the_payload() -> None:
     frame[at + 1 : at + 2] = b"\xff\xff\xff\xff\x0f"  # the value claims 4 GiB
     with pytest.raises(wire.FrameDecodeError):
         wire.decode(bytes(frame[4:]), lambda name, mtype: ConsumerService.pull_result())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_size_bound_holds_for_every_reply(seed: int) -> None:
+    """A reply of names up to 200 characters (as group and topic names are) never passes the overhead
+    plus the messages' bounds, runs included; the bound stays within a few dozen bytes per message
+    for plain messages (it is what fills replies up to max_reply_bytes)."""
+    rng = random.Random(900 + seed)
+    messages = [_message(rng) for _ in range(rng.choice([0, 1, 14, 15, 64, 200]))]
+    group, topic = "g" * rng.choice([1, 200]), "t" * rng.choice([1, 200])
+    runs = [1] * len(messages) if seed % 2 else None
+    frame = encode_pull_reply(0xFFFFFFFF, group, topic, "65535", messages, runs)
+    bound = pull_codec.REPLY_OVERHEAD_BYTES + sum(map(pull_codec.message_bytes_bound, messages))
+    assert len(frame) <= bound
+    plain = StoredMessage(1, b"x" * 1000, "key-1", "tag", {}, 1)
+    assert pull_codec.message_bytes_bound(plain) - len(pull_codec.encode_message(plain)) < 64

@@ -70,12 +70,13 @@ class Owner:
         if successor is not None and successor.state is JobState.RUNNABLE and self.buffer is not None:
             self.buffer.add(successor)
 
-    def job(self, key: Hashable, qid: int = 0) -> UpstreamJob:
-        """The next message of queue ``qid`` (offsets 0, 1, ...), through the key gate: a head goes to the
-        buffer, a successor waits behind its key's tail."""
+    def job(self, key: Hashable, qid: int = 0, size: int = 0) -> UpstreamJob:
+        """The next message of queue ``qid`` (offsets 0, 1, ...; a value of ``size`` bytes), through the
+        key gate: a head goes to the buffer, a successor waits behind its key's tail."""
         offset = self._offsets[qid]
         self._offsets[qid] = offset + 1
-        job = UpstreamJob(self, QueueId("t", qid), StoredMessage(offset, b"", str(key), "", {}, 0), OffsetTracker(0))
+        message = StoredMessage(offset, b"x" * size, str(key), "", {}, 0)
+        job = UpstreamJob(self, QueueId("t", qid), message, OffsetTracker(0))
         job.order_key = key
         if self.keys.put(job) and self.buffer is not None:
             self.buffer.add(job)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
+from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.proxy.job import JobState, UpstreamJob
 from ddmq.proxy.pull_buffer import PullBuffer
 from ddmq.proxy.types import PullBatch, QueueId
@@ -169,3 +170,61 @@ async def test_a_held_keys_run_continues_in_a_later_pull(buffer: PullBuffer, own
     assert [m.offset for m in batch.messages] == [1, 2] and batch.runs == [2]
     buffer.ack(Q0, [0, 1, 2])
     assert [job.offset for job in owner.finished] == [0, 1, 2]
+
+
+# -- max_reply_bytes: a reply stops before the message that would pass it ---------------------------
+# 10,000 bytes leave 8,976 for messages after the Thrift frame's overhead (1,024); a message of a
+# one-character key and a value of n bytes counts n + 52.
+
+
+async def test_a_reply_stops_before_the_message_that_would_pass_max_reply_bytes(buffer: PullBuffer) -> None:
+    owner = Owner(buffer, max_reply_bytes=10_000)
+    jobs = [owner.job(f"{i}", size=3000) for i in range(5)]
+    first = await pull(buffer)
+    assert [m.offset for m in first.messages] == [0, 1]
+    assert len(encode_pull_reply(0xFFFFFFFF, "g", "t", "0", first.messages)) <= 10_000
+    # The rest is not delivered: ready, first in line, no attempt, no deadline.
+    assert [job.state for job in jobs[2:]] == [JobState.READY] * 3 and {job.attempts for job in jobs[2:]} == {0}
+    assert buffer.in_flight == 2 and buffer.queue_stats[Q0].delivered == 2 and buffer.ready == 3
+    assert [m.offset for m in (await pull(buffer)).messages] == [2, 3]
+    assert [m.offset for m in (await pull(buffer)).messages] == [4]
+    assert {job.attempts for job in jobs} == {1}
+
+
+async def test_a_message_larger_than_max_reply_bytes_goes_alone_with_a_warning(
+    buffer: PullBuffer, caplog: pytest.LogCaptureFixture
+) -> None:
+    owner = Owner(buffer, max_reply_bytes=10_000)
+    owner.job("a", size=10)
+    big = owner.job("b", size=20_000)
+    owner.job("c", size=10)
+    assert keys(await pull(buffer)) == ["a"]  # b would pass the limit: it waits for a reply of its own
+    assert not caplog.records
+    assert keys(await pull(buffer)) == ["b"]  # alone, however large
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert f"t#0@{big.offset} takes 20052 bytes" in warning.getMessage()
+    assert "max_reply_bytes (10000)" in warning.getMessage()
+    assert keys(await pull(buffer)) == ["c"]
+
+
+async def test_a_run_stops_at_max_reply_bytes_and_its_rest_waits_uncounted(buffer: PullBuffer) -> None:
+    owner = Owner(buffer, max_reply_bytes=10_000)
+    jobs = [owner.job("a", size=3000) for _ in range(4)]
+    batch = await pull(buffer, per_key=10)
+    assert [m.offset for m in batch.messages] == [0, 1] and batch.runs == [2]
+    assert [(job.state, job.attempts) for job in jobs[2:]] == [(JobState.WAITING, 0)] * 2
+    buffer.ack(Q0, [0, 1])
+    batch = await pull(buffer, per_key=10)
+    assert [m.offset for m in batch.messages] == [2, 3] and batch.runs == [2]
+    buffer.ack(Q0, [2, 3])
+    assert owner.finished == jobs
+
+
+async def test_runs_of_several_keys_fill_a_reply_across_keys_up_to_max_reply_bytes(buffer: PullBuffer) -> None:
+    owner = Owner(buffer, max_reply_bytes=10_000)
+    for key in "ababab":
+        owner.job(key, size=2000)
+    batch = await pull(buffer, per_key=10)
+    # heads a and b, then one more of each (8,208 bytes); a's third would pass the limit
+    assert keys(batch) == ["a", "a", "b", "b"] and [m.offset for m in batch.messages] == [0, 2, 1, 3]
+    assert batch.runs == [2, 2]
