@@ -27,7 +27,7 @@ def exposure_warnings(config: ProxyConfig) -> list[str]:
     """One sentence per port bound beyond loopback without a defence configured."""
     warnings = []
     thrift = config.thrift
-    if not is_loopback_bind(thrift.host):
+    if not is_loopback_bind(thrift.host) and not thrift.allowed_clients:
         warnings.append(
             f"thrift binds {thrift.host}:{thrift.port}, beyond loopback: Thrift carries no credentials, so any "
             "host that reaches the port can pull and ack every group; allow only the consumers' networks "
@@ -35,9 +35,9 @@ def exposure_warnings(config: ProxyConfig) -> list[str]:
         )
     http = config.http
     # The console and /admin/... stay closed to other hosts without admin_token: no exposure there.
-    if http.enabled and not is_loopback_bind(http.host) and http.data_token is None:
+    if http.enabled and not is_loopback_bind(http.host) and http.data_token is None and not http.allowed_clients:
         warnings.append(
             f"http binds {http.host}:{http.port}, beyond loopback, without http.data_token: any host that "
-            "reaches the port can pull and ack every group over /v1/...; set http.data_token"
+            "reaches the port can pull and ack every group over /v1/...; set http.data_token or http.allowed_clients"
         )
     return warnings

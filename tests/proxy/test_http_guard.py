@@ -166,3 +166,13 @@ async def test_loopback_binds_log_no_exposure_warning(redis_url: str, caplog: py
         async with http_proxy(redis_url):
             pass
     assert not [r for r in caplog.records if "binds" in r.getMessage()]
+
+
+async def test_allowed_clients_count_as_a_defence_for_a_wide_bind(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="ddmq.proxy.service"):
+        async with http_proxy(redis_url, http={"host": "0.0.0.0", "allowed_clients": ["127.0.0.0/8"]},
+                              thrift={"host": "0.0.0.0", "port": 0, "allowed_clients": ["127.0.0.0/8"]}):
+            pass
+    assert not [r for r in caplog.records if "binds" in r.getMessage()]
