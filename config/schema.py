@@ -44,6 +44,8 @@ def _default_instance_id() -> str:
 
 
 class ListenConfig(_Model):
+    #: The address to listen on; the loopback default keeps the port on this machine (see the docs'
+    #: Security page before binding 0.0.0.0).
     host: str = "127.0.0.1"
     #: 0 binds a free port (tests use it).
     port: Annotated[int, Field(ge=0, le=65535)] = 9713
@@ -115,6 +117,7 @@ def _origin(value: str) -> str:
 class HttpConfig(ConnectionLimits):
     """The HTTP server: pull API, ``/metrics``, health checks and the admin endpoints."""
 
+    #: Off by default: only the Thrift port listens.
     enabled: bool = False
     #: Loopback by default: the admin endpoints are then reachable from this machine only.
     host: str = "127.0.0.1"
@@ -165,6 +168,8 @@ class EmbeddedRedisConfig(_Model):
 
 
 class TopicConfig(_Model):
+    #: Queues (Redis streams) of the topic. Fixed once the topic exists: changing it would move keys to
+    #: other queues and break their order, so a mismatch with Redis is an error.
     queues: Annotated[int, Field(ge=1, le=4096)] = 8
 
 
@@ -227,7 +232,9 @@ class AsyncHttpConfig(_Model):
 
     #: Tried round-robin, one per attempt (a retry goes to the next one).
     urls: Annotated[list[str], Field(min_length=1)]
+    #: The HTTP method of every push.
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    #: Headers sent with every push (a value may take a secret from the environment with ``${VAR}``).
     headers: dict[str, str] = {}
     #: ``json``: the message body as is, ``Content-Type: application/json`` (after ``Transit``, its
     #: output); ``form``: the top-level fields of the JSON body as form fields; ``none``: no body.
@@ -255,6 +262,7 @@ class AsyncHttpConfig(_Model):
 class RedisCommandConfig(_Model):
     """One command of the ``Redis`` action, run for every message (or those matching ``when``)."""
 
+    #: The command run for the message: ``set`` a value, ``hset``/``hmset`` fields of a hash, ``del`` the key.
     command: Literal["set", "hset", "hmset", "del"]
     #: The Redis key; ``{$.path}`` is replaced by the value found in the body, e.g. ``rider:{$.rider_id}``.
     key: str
@@ -293,7 +301,9 @@ class RedisCommandConfig(_Model):
 class RedisActionConfig(_Model):
     """``Redis``: write fields of each message to a Redis, pipelined."""
 
+    #: The Redis to write to (``redis://``, ``rediss://`` or ``unix://``; not a Cluster).
     url: str
+    #: The commands run for every message, in this order, in one pipeline per batch.
     commands: Annotated[list[RedisCommandConfig], Field(min_length=1)]
     #: Messages per pipeline.
     batch_size: Annotated[int, Field(ge=1, le=10_000)] = 64
@@ -313,6 +323,8 @@ class RedisActionConfig(_Model):
 class TopicGroupConfig(_Model):
     """How one consumer group consumes one topic (DDMQ's UpstreamTopic)."""
 
+    #: The action chain each message runs through, ending with one sink: ``PullServer`` (pull
+    #: clients), ``AsyncHttp`` or ``Redis`` (push).
     actions: list[str] = ["Json", "Order", "PullServer"]
     #: ``QID`` | ``KEY`` | ``NONE`` | a JSONPath into the JSON body, e.g. ``$.order.id``.
     order_key: str = ORDER_KEY_KEY
@@ -333,6 +345,7 @@ class TopicGroupConfig(_Model):
     retry_intervals_ms: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = [
         100, 1000, 5000,
     ]
+    #: Most messages in one pull reply, whatever a client asks for.
     max_pull_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 64
     #: Most bytes of one pull reply (the Thrift frame, or the HTTP body): a reply stops before the
     #: message that would pass it and always carries one, however large (logged). DDMQ's SDKs refuse
@@ -341,12 +354,16 @@ class TopicGroupConfig(_Model):
     max_reply_bytes: Annotated[int, Field(ge=4096, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
     #: Messages per stream read.
     read_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 256
+    #: Where a group starts in a queue it has never committed in: its first message or the next one produced.
     start_from: Annotated[StartFrom, Field(strict=False)] = StartFrom.EARLIEST
     #: Settings of the ``Transit``, ``Filter``, ``AsyncHttp`` and ``Redis`` actions; each is required
     #: when its action is in ``actions`` and refused when it is not.
     transit: TransitConfig | None = None
+    #: Settings of the ``Filter`` action (see ``transit``).
     filter: FilterConfig | None = None
+    #: Settings of the ``AsyncHttp`` action (see ``transit``).
     async_http: AsyncHttpConfig | None = None
+    #: Settings of the ``Redis`` action (see ``transit``).
     redis_action: RedisActionConfig | None = None
 
     @field_validator("actions")
@@ -424,6 +441,7 @@ class LeaseConfig(_Model):
 
     #: A queue whose owner stopped renewing moves to another proxy after this.
     ttl_ms: Annotated[int, Field(ge=200)] = 30_000
+    #: How often an owner renews its leases; at most half of ``ttl_ms``.
     renew_ms: Annotated[int, Field(ge=50)] = 10_000
     #: How often a proxy heartbeats its group membership and claims queues it should own.
     claim_interval_ms: Annotated[int, Field(ge=50)] = 1_000
@@ -442,21 +460,30 @@ class LeaseConfig(_Model):
 
 
 class ProxyConfig(_Model):
+    #: This proxy's name in its groups' membership and in queue leases; unique per running proxy.
+    #: Default: host name and process id. A proxy restarted under the same name reclaims its queues at
+    #: once instead of after the lease TTL.
     instance_id: str = Field(default_factory=_default_instance_id)
     #: ``embedded`` (a private redis-server owned by the proxy) or a ``redis://`` / ``rediss://`` URL;
     #: ``?cluster=true`` for a Redis Cluster (``redis://h1:7000,h2:7000/0?cluster=true``).
     redis: str = "embedded"
+    #: The private redis-server started for ``redis: embedded``.
     embedded_redis: EmbeddedRedisConfig = EmbeddedRedisConfig()
+    #: The Thrift server (DDMQ's ``ConsumerService``: pull, submit, fetch, ack).
     thrift: ThriftConfig = ThriftConfig()
+    #: The HTTP server: JSON pull API, ``/metrics``, health checks, admin API and console.
     http: HttpConfig = HttpConfig()
     #: How often committed offsets are written to Redis (and always on graceful shutdown).
     commit_interval_ms: Annotated[int, Field(ge=10)] = 1000
     #: On shutdown, how long clients may still ack in-flight messages before offsets are flushed.
     shutdown_grace_ms: Annotated[int, Field(ge=0)] = 2000
+    #: Queue ownership among the proxies of a group.
     leases: LeaseConfig = LeaseConfig()
     #: Append one JSON line per stream read (owner, lease term, offsets) to this file; off when unset.
     audit_log: str | None = None
+    #: Topics this proxy creates at start (with their number of queues) if they do not exist yet.
     topics: dict[str, TopicConfig] = {}
+    #: Consumer groups: group name -> topic name -> how the group consumes that topic.
     groups: dict[str, dict[str, TopicGroupConfig]] = {}
 
     @field_validator("redis")

@@ -7,7 +7,7 @@ Rows: ``topic, qid, offset, key, value (binary), tag, properties (map), produce_
 (``mode`` option): ``pull`` (default; the ordered pull path with the group's per-key gate, retries
 and dead letters, at-least-once, acked after Spark commits each micro-batch) and ``queue`` (offset
 ranges per (topic, qid) through ``fetch``, deterministic replay; exactly-once with a checkpoint and
-an idempotent sink). README.md ("Spark") lists every option.
+an idempotent sink). docs/spark.md lists every option.
 
 Installing the package (a wheel or ``pip install -e``) installs the top-level module ``pyspark_ddmq``,
 which Spark registers by itself. :func:`register` does it by hand, for a session whose Python workers

@@ -153,8 +153,8 @@ _NAME = re.compile(r"ddmq_[a-z_]*[a-z]")  # a brace after a letter holds labels:
 
 
 def _documented_metrics() -> set[str]:
-    """Metric names the README lists, with ``ddmq_x_{a,b}_total`` expanded."""
-    text = (Path(__file__).parents[2] / "README.md").read_text()
+    """Metric names the docs name, with ``ddmq_x_{a,b}_total`` expanded."""
+    text = "\n".join(page.read_text() for page in sorted((Path(__file__).parents[2] / "docs").glob("*.md")))
     names: set[str] = set()
     for head, choices, tail in _EXPANSION.findall(text):
         names.update(f"{head}{choice}{tail}" for choice in choices.split(","))
@@ -162,7 +162,7 @@ def _documented_metrics() -> set[str]:
     return names
 
 
-async def test_the_readme_lists_every_exported_metric(redis_url: str) -> None:
+async def test_the_docs_name_every_exported_metric_and_no_other(redis_url: str) -> None:
     async with http_proxy(redis_url, queues=1) as (service, api):
         async with AsyncProducer(redis_url) as producer:
             await producer.send("t", "x", key="k")
