@@ -211,6 +211,7 @@ class PullConsumer:
                     continue
                 pending.clear()
                 backoff.reset()
+                self._counters.add(answered=1)
                 messages = consumed_messages(response)
                 if not messages:
                     if settings.returned_early(time.monotonic() - started):
@@ -383,6 +384,7 @@ class AsyncPullConsumer:
                     continue
                 pending.clear()
                 backoff.reset()
+                self._counters.add(answered=1)
                 messages = consumed_messages(response)
                 if not messages:
                     if settings.returned_early(time.monotonic() - started):
