@@ -29,7 +29,7 @@ from ddmq.proxy.errors import (
 from ddmq.proxy.group import ConsumerGroup
 from ddmq.proxy.http_server.pull_api import BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.types import StoredMessage
-from ddmq.proxy.views import blocked_keys, group_view, in_flight, queue_counts
+from ddmq.proxy.views import KEY_STATES, blocked_keys, group_view, in_flight, queue_counts
 
 #: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
 _REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
@@ -69,6 +69,17 @@ def _limit(request: web.Request, default: int, most: int = MAX_PAGE) -> int:
     if not 1 <= value <= most:
         raise BadRequestError(f"limit must be an integer 1..{most}, got {raw!r}")
     return value
+
+
+def _key_states(request: web.Request) -> frozenset[str] | None:
+    """``state=failing,in_flight``: only keys in those states; none given: every key."""
+    raw = request.query.get("state")
+    if raw is None:
+        return None
+    states = frozenset(raw.split(","))
+    if not states or not states <= set(KEY_STATES):
+        raise BadRequestError(f"state must be a comma-separated list of {', '.join(KEY_STATES)}, got {raw[:100]!r}")
+    return states
 
 
 class SelectionIn(JsonBody):
@@ -251,7 +262,8 @@ class OperatorApi:
         group = self._group(request)
         topic = self._topic(group, request.query.get("topic"))
         offset = _offset(request)
-        total, keys = blocked_keys(group, topic, _limit(request, 20), offset)
+        states = _key_states(request)
+        total, keys = blocked_keys(group, topic, _limit(request, 20), offset, states=states)
         shown = fit([asdict(key) for key in keys], self._list_bytes)
         return web.json_response(
             {"group": group.name, "total": total, "offset": offset, "keys": shown,
