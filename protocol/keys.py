@@ -30,6 +30,8 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:replayed:<g>``   zset      dead-letter ids of group g produced into the queue
                                             by a replay, scored by time (kept 7 days)
 ``ddmq:members:{<g>}``            zset      proxies serving group g, scored by last heartbeat (ms)
+``ddmq:groups``                   set       names of the groups a proxy has served (the registry)
+``ddmq:group:{<g>}:topics``       hash      topic → last heartbeat (ms) of a proxy consuming it for g
 ================================  ========  ===================================================
 """
 
@@ -46,6 +48,8 @@ __all__ = [
     "dedup_id",
     "fetch_position",
     "finished",
+    "group_topics",
+    "groups",
     "lease",
     "lease_term",
     "members",
@@ -127,6 +131,15 @@ def rollbacks(group: str, topic: str, qid: int) -> str:
 
 def members(group: str) -> str:
     return f"{PREFIX}:members:{{{group}}}"
+
+
+def groups() -> str:
+    return f"{PREFIX}:groups"
+
+
+def group_topics(group: str) -> str:
+    # The members' hash tag: a heartbeat writes both in one slot.
+    return f"{PREFIX}:group:{{{group}}}:topics"
 
 
 def dead_letters(group: str, topic: str) -> str:
