@@ -89,6 +89,10 @@ def _produce_command(args: argparse.Namespace) -> int:
         raise clitools.CliError(str(exc)) from exc
 
 
+#: Redis errors, and a malformed URL (a ValueError).
+_CHECK_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
+
+
 def _check_topic_exists(url: str, topic: str, create: bool) -> None:
     """Refuse a topic Redis has no metadata for, naming the ones it has, unless ``create``."""
     if create:
@@ -98,7 +102,7 @@ def _check_topic_exists(url: str, topic: str, create: bool) -> None:
             if client.hget(keys.topic_meta(topic), "queues") is not None:
                 return
             known = sorted(name.decode() for name in client.smembers(keys.topics()))
-    except (*REDIS_ERRORS, ValueError) as exc:
+    except _CHECK_ERRORS as exc:
         raise clitools.CliError(f"{redact_url(url)}: {exc}") from exc
     listed = ", ".join(known) if known else "none"
     raise clitools.CliError(
