@@ -31,6 +31,8 @@ key                               type      holds
                                             by a replay, scored by time (kept 7 days)
 ``ddmq:members:{<g>}``            zset      proxies serving group g, scored by last heartbeat (ms)
 ``ddmq:groups``                   set       names of the groups a proxy has served (the registry)
+``ddmq:lag:{<g>:<t>}``            stream    the console's lag samples of group g on topic t, id = the
+                                            sample's interval start (ms); capped (720 entries)
 ``ddmq:group:{<g>}:topics``       hash      topic → last heartbeat (ms) of a proxy consuming it for g
 ================================  ========  ===================================================
 """
@@ -50,6 +52,7 @@ __all__ = [
     "finished",
     "group_topics",
     "groups",
+    "lag_history",
     "lease",
     "lease_term",
     "members",
@@ -144,6 +147,10 @@ def group_topics(group: str) -> str:
 
 def dead_letters(group: str, topic: str) -> str:
     return f"{PREFIX}:dlq:{{{group}:{topic}}}"
+
+
+def lag_history(group: str, topic: str) -> str:
+    return f"{PREFIX}:lag:{{{group}:{topic}}}"
 
 
 def dead_letter_claims(group: str, topic: str) -> str:
