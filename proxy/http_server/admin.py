@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ddmq.protocol.connection import REDIS_ERRORS, sync_redis
+from ddmq.protocol.keys import dead_letters as dead_letters_key
 from ddmq.protocol.status import GroupStatus, QueueStatus, group_status
 from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
@@ -166,6 +167,7 @@ class OperatorApi:
         router.add_get("/admin/groups/{group}", self.group)
         router.add_get("/admin/groups/{group}/in-flight", self.in_flight)
         router.add_get("/admin/groups/{group}/blocked-keys", self.blocked_keys)
+        router.add_get("/admin/groups/{group}/clients", self.clients)
         letters = "/admin/groups/{group}/topics/{topic}/dead-letters"
         router.add_get(letters, self.dead_letters)
         router.add_post(letters + "/replay", self.replay)
@@ -219,9 +221,10 @@ class OperatorApi:
         group = self._group(request)
         first = _offset(request, "queue_offset")
         view = asdict(group_view(group))
-        status = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
+        status, dead = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
         answer: dict[str, Any] = {
             **view,
+            "dead_letters": dead,
             "members": status.members,
             "member_ttl_ms": self._service.config.leases.ttl_ms,
             "queue_offset": first,
@@ -239,11 +242,16 @@ class OperatorApi:
         return [{**asdict(row), **(asdict(counts[row.topic, row.qid]) if (row.topic, row.qid) in counts else empty)}
                 for row in queues]
 
-    def _owners(self, group: str, topics: list[str]) -> GroupStatus:
-        """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection)."""
+    def _owners(self, group: str, topics: list[str]) -> tuple[GroupStatus, dict[str, int]]:
+        """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection),
+        and the number of dead letters per topic."""
         try:
             with sync_redis(self._service.redis_url, socket_timeout=5) as client:
-                return group_status(client, group, topics)
+                status = group_status(client, group, topics)
+                pipe = client.pipeline(transaction=False)
+                for topic in topics:
+                    pipe.xlen(dead_letters_key(group, topic))
+                return status, dict(zip(topics, pipe.execute(), strict=True))
         except _REDIS_FAILURES as exc:
             raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
 
@@ -269,6 +277,13 @@ class OperatorApi:
             {"group": group.name, "total": total, "offset": offset, "keys": shown,
              "next_offset": _next_offset(offset, len(shown), total)}
         )
+
+    async def clients(self, request: web.Request) -> web.Response:
+        """The clients pulling the group from this proxy, most recent pull first."""
+        group = self._group(request)
+        found = self._service.clients.clients(group.name)
+        shown = fit([asdict(client) for client in found[:_limit(request, 100)]], self._list_bytes)
+        return web.json_response({"group": group.name, "total": len(found), "clients": shown})
 
     # dead letters ----------------------------------------------------------------------------
 
