@@ -179,12 +179,12 @@ def _consume_command(args: argparse.Namespace) -> int:
     if printer.pipe_closed:
         return clitools.FAILURE
     if timed_out and (printer.printed == 0 or args.count is not None):
-        raise clitools.CliError(_timeout_message(args, printer.printed, stats))
+        raise clitools.CliError(_timeout_message(args, printer.printed, stats, consumer.answered))
     return 0
 
 
-def _timeout_message(args: argparse.Namespace, printed: int, stats: ConsumerStats) -> str:
-    if stats.answered == 0:
+def _timeout_message(args: argparse.Namespace, printed: int, stats: ConsumerStats, answered: int) -> str:
+    if answered == 0:
         return (f"no proxy answered within {args.timeout:g} s ({stats.errors} failed pull(s) to {args.servers}; "
                 "is the proxy running, and is that its Thrift port?)")
     if printed == 0:

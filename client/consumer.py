@@ -127,6 +127,11 @@ class PullConsumer:
         return self._fatal.error
 
     @property
+    def answered(self) -> int:
+        """Pulls a proxy has answered so far (none: no proxy reached yet)."""
+        return self._counters.answered
+
+    @property
     def running(self) -> bool:
         """True from :meth:`start` until every puller has ended (after :meth:`stop` or a fatal error)."""
         return any(thread.is_alive() for thread in self._threads)

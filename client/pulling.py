@@ -69,8 +69,6 @@ class ConsumerStats:
     errors: int = 0
     unreported: int = 0
     """Left unreported: :class:`NotProcessed`, or the rest of an ordered run after its first failure."""
-    answered: int = 0
-    """Pulls a proxy answered (with messages or without)."""
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -130,10 +128,15 @@ class Counters:
             self._errors += errors
             self._unreported += unreported
 
+    @property
+    def answered(self) -> int:
+        """Pulls a proxy answered, with messages or without (a timing-dependent count, so not a stat)."""
+        with self._lock:
+            return self._answered
+
     def snapshot(self) -> ConsumerStats:
         with self._lock:
-            return ConsumerStats(self._pulled, self._acked, self._failed, self._errors, self._unreported,
-                                 self._answered)
+            return ConsumerStats(self._pulled, self._acked, self._failed, self._errors, self._unreported)
 
 
 class FatalError:
