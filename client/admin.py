@@ -8,7 +8,7 @@ proxy answers loopback clients only. Tables by default, the API's JSON with ``--
     ddmq dead-letters list --http http://127.0.0.1:9714 --group cg_rides --topic rides
     ddmq dead-letters replay --group cg_rides --topic rides --id 1763776220123-0
     ddmq dead-letters purge --group cg_rides --topic rides --all
-    ddmq blocked-keys --group cg_rides
+    ddmq blocked-keys --group cg_rides [--all] [--offset 20]
     ddmq in-flight --group cg_rides --topic rides --limit 50
 
 In-flight messages and blocked keys live in one proxy's memory: ask each proxy of the group.
@@ -162,16 +162,26 @@ def _in_flight(args: argparse.Namespace) -> int:
     return 0
 
 
+_KEY_STATE_TEXT: Final = {"failing": "failing", "in_flight": "in flight", "waiting": "waiting"}
+
+
 def _blocked_keys(args: argparse.Namespace) -> int:
     path = f"/admin/groups/{_quote(args.group)}/blocked-keys"
-    answer = _client(args).call("GET", path, {"topic": args.topic, "limit": args.limit})
+    query = {"topic": args.topic, "limit": args.limit, "offset": args.offset, "state": None if args.all else "failing"}
+    answer = _client(args).call("GET", path, query)
     rows = []
     for key in answer["keys"]:
-        _, qid, offset, _, state, attempts, error = _job_row(key["head"])
-        rows.append([key["topic"], key["order_key"], key["chain_length"], key["head_age_ms"], qid, offset, state,
-                     attempts, error])
-    header = ["topic", "order key", "messages", "head age ms", "qid", "head offset", "state", "attempts", "last error"]
-    _print(args, answer, f"{_table(header, rows)}\n{len(rows)} blocked key(s) of {answer['group']}")
+        _, qid, offset, _, _, attempts, error = _job_row(key["head"])
+        state = key.get("state")  # a proxy older than the field has no state
+        rows.append([key["topic"], key["order_key"], _KEY_STATE_TEXT.get(state, state or "-"), key["chain_length"],
+                     key["head_age_ms"], qid, offset, attempts, error])
+    header = ["topic", "order key", "state", "messages", "head age ms", "qid", "head offset", "attempts", "last error"]
+    what = "keys with unfinished messages" if args.all else "stuck keys (head failing)"
+    more = f"; next page: --offset {answer['next_offset']}" if answer.get("next_offset") is not None else ""
+    summary = f"{len(rows)} of {answer['total']} {what} of {answer['group']}{more}"
+    if not args.all and answer["total"] == 0:
+        summary += " (--all lists the keys that merely have a backlog)"
+    _print(args, answer, f"{_table(header, rows)}\n{summary}")
     return 0
 
 
@@ -205,9 +215,13 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
          "Each row is a message the proxy has read and not finished: delivered and awaiting its ack (in\n"
          "flight, with its deadline), ready behind its key's head (waiting), or failed and due again later\n"
          "(retrying, with its attempt count and last error)."),
-        ("blocked-keys", _blocked_keys, "order keys whose head message holds others back, longest first", 20,
-         "Each row is an order key with messages waiting behind its head: the head's offset, state and\n"
-         "attempts, how long it has been the head, and how many messages its chain holds (head included)."),
+        ("blocked-keys", _blocked_keys, "order keys stuck behind a failing head message, oldest first", 20,
+         "Each row is an order key with unfinished messages: its state, how many messages its chain\n"
+         "holds (head included), how long ago its head was produced, and the head's offset, attempts and\n"
+         "last error. A key is failing (its head failed or timed out at least once: stuck), in flight (the\n"
+         "head is delivered and awaits its answer) or waiting (the head is not delivered yet: backlog).\n"
+         "By default only the failing keys are listed; --all lists every key. The last line reads\n"
+         "'N of TOTAL'; --offset pages through the rest."),
     ):
         description = (
             f"ddmq {name}: {what}.\n\n{details}\n\n"
@@ -219,4 +233,8 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         _common(parser, topic_required=False)
         parser.add_argument("--limit", type=int, default=default, help=f"at most this many (default {default})")
+        if name == "blocked-keys":
+            parser.add_argument("--offset", type=int, default=0, help="skip this many keys (the previous page's)")
+            parser.add_argument("--all", action="store_true",
+                                help="every key with unfinished messages, not only the failing ones")
         parser.set_defaults(func=func)

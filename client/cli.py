@@ -22,12 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
-    from ddmq.client import admin, consume_cli, offsets, produce_cli, status, topics_cli
+    from ddmq.client import admin, consume_cli, groups_cli, offsets, produce_cli, status, topics_cli
 
     produce_cli.add_cli(sub)
     consume_cli.add_cli(sub)
     status.add_cli(sub)
     topics_cli.add_cli(sub)
+    groups_cli.add_cli(sub)
     offsets.add_cli(sub)
     admin.add_cli(sub)
 

@@ -12,10 +12,11 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from ddmq.client.consumer import ConsumedMessage, NotProcessed, PullConsumer
+from ddmq.client.consumer import ConsumedMessage, ConsumerStats, NotProcessed, PullConsumer
 from ddmq.client.thrift_client import ProxyClientError
 from ddmq.protocol import clitools
 
@@ -36,7 +37,13 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "but not printed (beyond --count, or after the reader of a pipe went away) are never acked nor "
             "failed: the proxy delivers them again after the group's timeout_ms. "
             "An error that retrying cannot cure (unknown group or topic, an HTTP port) ends the command "
-            "with status 1; a closed pipe ends it with status 1 too, quietly."
+            "with status 1; a closed pipe ends it with status 1 too, quietly. "
+            "Each line carries topic, qid and offset (integers), key, tag, properties, produce_ms (the "
+            "produce time in ms since the epoch, null when unknown) and value. "
+            "--timeout is an idle timeout: the command ends once that many seconds pass with no message "
+            "printed (from the start, or since the last message). It ends with status 0 when it printed "
+            "at least one message and --count was not given, else with status 1 and a message saying "
+            "whether any proxy answered at all."
         ),
     )
     clitools.env_option(
@@ -59,23 +66,40 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=1,
         help="ordered runs: up to this many successive messages of one key per pull, printed in order (default 1)",
     )
+    parser.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="give up after SECONDS without a message (idle timeout; default: wait for ever)",
+    )
+    parser.add_argument(
+        "--json-values", action="store_true",
+        help="print a value that is valid JSON as JSON (an object, a number...) instead of as a string",
+    )
     parser.set_defaults(func=_consume_command)
 
 
-def message_json(message: ConsumedMessage) -> str:
-    """One output line of ``ddmq consume``."""
+def message_json(message: ConsumedMessage, json_values: bool = False) -> str:
+    """One output line of ``ddmq consume``. The qid is an integer as in every other JSON answer (the
+    wire carries it as a string); ``json_values`` embeds a value that parses as JSON as that JSON."""
     record: dict[str, Any] = {
         "topic": message.topic,
-        "qid": message.qid,
+        "qid": int(message.qid) if message.qid.isdigit() else message.qid,
         "offset": message.offset,
         "key": message.key,
         "tag": message.tag,
         "properties": message.properties,
+        "produce_ms": message.produce_ms or None,
     }
     try:
-        record["value"] = message.value.decode("utf-8")
+        text = message.value.decode("utf-8")
     except UnicodeDecodeError:
         record["value_b64"] = base64.b64encode(message.value).decode("ascii")
+        return json.dumps(record, ensure_ascii=False)
+    record["value"] = text
+    if json_values:
+        try:
+            record["value"] = json.loads(text)
+        except ValueError:
+            pass  # not JSON (or JSON with NaN-like words json.loads accepts but strict JSON does not)
     return json.dumps(record, ensure_ascii=False)
 
 
@@ -83,8 +107,10 @@ class _Printer:
     """The CLI's processor: prints and acks up to ``limit`` messages, then stops the consumer. A message
     it does not print (past the limit, or stdout closed) raises :class:`NotProcessed`: never failed."""
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, json_values: bool = False) -> None:
         self._limit = limit
+        self._json_values = json_values
+        self.last_printed = time.monotonic()  # the start counts as the last message, for --timeout
         self._lock = threading.RLock()  # close_pipe() runs under it from __call__, or alone from the CLI
         self.printed = 0
         self.pipe_closed = False
@@ -95,12 +121,13 @@ class _Printer:
             if self.pipe_closed or (self._limit is not None and self.printed >= self._limit):
                 raise NotProcessed
             try:
-                sys.stdout.write(message_json(message) + "\n")
+                sys.stdout.write(message_json(message, self._json_values) + "\n")
                 sys.stdout.flush()
             except BrokenPipeError:
                 self.close_pipe()
                 raise NotProcessed from None
             self.printed += 1
+            self.last_printed = time.monotonic()
             if self._limit is not None and self.printed >= self._limit:
                 self.on_done()
             return True
@@ -117,8 +144,10 @@ class _Printer:
 def _consume_command(args: argparse.Namespace) -> int:
     if args.count is not None and args.count < 1:
         raise clitools.CliError("--count must be positive", clitools.USAGE_ERROR)
+    if args.timeout is not None and not args.timeout > 0:
+        raise clitools.CliError("--timeout must be positive", clitools.USAGE_ERROR)
     batch_size = args.batch_size if args.count is None else min(args.batch_size, args.count)
-    printer = _Printer(args.count)
+    printer = _Printer(args.count, args.json_values)
     try:
         consumer = PullConsumer(
             args.servers,
@@ -134,13 +163,30 @@ def _consume_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise clitools.CliError(str(exc), clitools.USAGE_ERROR) from exc
     printer.on_done = consumer.stop
+    timed_out = False
     try:
         with consumer:
             while not consumer.wait(0.2):
                 if clitools.stdout_closed():
                     printer.close_pipe()
+                if args.timeout is not None and time.monotonic() - printer.last_printed >= args.timeout:
+                    timed_out = True
+                    consumer.stop()
     except ProxyClientError as exc:
         raise clitools.CliError(str(exc)) from exc
     stats = consumer.stats
     log.info("consumed %d messages (%d pulled, %d errors)", printer.printed, stats.pulled, stats.errors)
-    return clitools.FAILURE if printer.pipe_closed else 0
+    if printer.pipe_closed:
+        return clitools.FAILURE
+    if timed_out and (printer.printed == 0 or args.count is not None):
+        raise clitools.CliError(_timeout_message(args, printer.printed, stats, consumer.answered))
+    return 0
+
+
+def _timeout_message(args: argparse.Namespace, printed: int, stats: ConsumerStats, answered: int) -> str:
+    if answered == 0:
+        return (f"no proxy answered within {args.timeout:g} s ({stats.errors} failed pull(s) to {args.servers}; "
+                "is the proxy running, and is that its Thrift port?)")
+    if printed == 0:
+        return f"no message within {args.timeout:g} s (the proxies answered, but had nothing for group {args.group!r})"
+    return f"{printed} of --count {args.count} message(s) within {args.timeout:g} s of each other, then none"

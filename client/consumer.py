@@ -127,6 +127,11 @@ class PullConsumer:
         return self._fatal.error
 
     @property
+    def answered(self) -> int:
+        """Pulls a proxy has answered so far (none: no proxy reached yet)."""
+        return self._counters.answered
+
+    @property
     def running(self) -> bool:
         """True from :meth:`start` until every puller has ended (after :meth:`stop` or a fatal error)."""
         return any(thread.is_alive() for thread in self._threads)
@@ -211,6 +216,7 @@ class PullConsumer:
                     continue
                 pending.clear()
                 backoff.reset()
+                self._counters.add(answered=1)
                 messages = consumed_messages(response)
                 if not messages:
                     if settings.returned_early(time.monotonic() - started):
@@ -383,6 +389,7 @@ class AsyncPullConsumer:
                     continue
                 pending.clear()
                 backoff.reset()
+                self._counters.add(answered=1)
                 messages = consumed_messages(response)
                 if not messages:
                     if settings.returned_early(time.monotonic() - started):

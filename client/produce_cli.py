@@ -9,7 +9,8 @@ import time
 from collections.abc import Iterable
 from typing import IO
 
-from ddmq.protocol import clitools
+from ddmq.protocol import clitools, keys
+from ddmq.protocol.connection import REDIS_ERRORS, redact_url, sync_redis
 from ddmq.protocol.delivery import DEFAULT_DELIVERY_TIMEOUT_MS
 from ddmq.protocol.producer import (
     DEFAULT_DEDUP_WINDOW_S,
@@ -33,7 +34,9 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             '"properties": {...}, "qid": ..., "dedup_id": ...}; only "value" is required. A string value is '
             "sent as is, any other JSON value as its compact JSON text. Bad lines are reported and skipped. "
             "Redis failures (a failover, a restart) are retried until --delivery-timeout-ms; no message is "
-            "written twice. Progress goes to stderr when it is a terminal; a summary line ends the run."
+            "written twice. Progress goes to stderr when it is a terminal; a summary line ends the run. "
+            "A topic that does not exist yet (no proxy serving it has started, nothing created it) is "
+            "refused, so that a typo does not make a new topic; --create creates it."
         ),
     )
     clitools.env_option(
@@ -42,7 +45,11 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--topic", required=True)
     parser.add_argument(
         "--queues", type=int, default=None,
-        help="number of queues: creates the topic with it, or checks it (default: 8 for a new topic)",
+        help="number of queues: creates the topic with it (with --create), or checks it (default: 8 for a new topic)",
+    )
+    parser.add_argument(
+        "--create", action="store_true",
+        help="create the topic if it does not exist (without it, an unknown topic is refused)",
     )
     parser.add_argument("--batch", type=int, default=100, help="messages per round trip (default 100)")
     parser.add_argument(
@@ -69,6 +76,7 @@ def _produce_command(args: argparse.Namespace) -> int:
         raise clitools.CliError("--max-message-bytes must be at least 1", clitools.USAGE_ERROR)
     if not args.dedup_window_s > 0:
         raise clitools.CliError("--dedup-window-s must be positive", clitools.USAGE_ERROR)
+    _check_topic_exists(args.redis, args.topic, args.create)
     try:
         with Producer(
             args.redis, delivery_timeout_ms=args.delivery_timeout_ms, max_message_bytes=args.max_message_bytes,
@@ -79,6 +87,28 @@ def _produce_command(args: argparse.Namespace) -> int:
             return produce_lines(producer, args.topic, sys.stdin.buffer, batch=args.batch, err=sys.stderr)
     except (ProduceError, ValueError) as exc:
         raise clitools.CliError(str(exc)) from exc
+
+
+#: Redis errors, and a malformed URL (a ValueError).
+_CHECK_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
+
+
+def _check_topic_exists(url: str, topic: str, create: bool) -> None:
+    """Refuse a topic Redis has no metadata for, naming the ones it has, unless ``create``."""
+    if create:
+        return
+    try:
+        with sync_redis(url) as client:
+            if client.hget(keys.topic_meta(topic), "queues") is not None:
+                return
+            known = sorted(name.decode() for name in client.smembers(keys.topics()))
+    except _CHECK_ERRORS as exc:
+        raise clitools.CliError(f"{redact_url(url)}: {exc}") from exc
+    listed = ", ".join(known) if known else "none"
+    raise clitools.CliError(
+        f"no topic {topic!r} in {redact_url(url)} (existing topics: {listed}); "
+        "check the name, or pass --create to create it"
+    )
 
 
 def _line_message(raw: bytes, queues: int) -> OutgoingMessage:

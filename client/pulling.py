@@ -78,6 +78,8 @@ def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
     for item in (part.strip() for part in items):
         if not item:
             continue
+        if "://" in item:  # a URL: read as host:port it would name host "http" or a port that is no port
+            raise ValueError(f"bad server address {item!r}: give host:port, without a scheme such as http://")
         host, port = item, DEFAULT_PORT
         if item.startswith("["):  # [v6 address]:port
             end = item.find("]")
@@ -114,15 +116,23 @@ class Counters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pulled = self._acked = self._failed = self._errors = self._unreported = 0
+        self._pulled = self._acked = self._failed = self._errors = self._unreported = self._answered = 0
 
-    def add(self, *, pulled: int = 0, acked: int = 0, failed: int = 0, errors: int = 0, unreported: int = 0) -> None:
+    def add(self, *, pulled: int = 0, acked: int = 0, failed: int = 0, errors: int = 0, unreported: int = 0,
+            answered: int = 0) -> None:
         with self._lock:
+            self._answered += answered
             self._pulled += pulled
             self._acked += acked
             self._failed += failed
             self._errors += errors
             self._unreported += unreported
+
+    @property
+    def answered(self) -> int:
+        """Pulls a proxy answered, with messages or without (a timing-dependent count, so not a stat)."""
+        with self._lock:
+            return self._answered
 
     def snapshot(self) -> ConsumerStats:
         with self._lock:

@@ -30,6 +30,10 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:replayed:<g>``   zset      dead-letter ids of group g produced into the queue
                                             by a replay, scored by time (kept 7 days)
 ``ddmq:members:{<g>}``            zset      proxies serving group g, scored by last heartbeat (ms)
+``ddmq:groups``                   set       names of the groups a proxy has served (the registry)
+``ddmq:lag:{<g>:<t>}``            stream    the console's lag samples of group g on topic t, id = the
+                                            sample's interval start (ms); capped (720 entries)
+``ddmq:group:{<g>}:topics``       hash      topic → last heartbeat (ms) of a proxy consuming it for g
 ================================  ========  ===================================================
 """
 
@@ -46,6 +50,9 @@ __all__ = [
     "dedup_id",
     "fetch_position",
     "finished",
+    "group_topics",
+    "groups",
+    "lag_history",
     "lease",
     "lease_term",
     "members",
@@ -129,8 +136,21 @@ def members(group: str) -> str:
     return f"{PREFIX}:members:{{{group}}}"
 
 
+def groups() -> str:
+    return f"{PREFIX}:groups"
+
+
+def group_topics(group: str) -> str:
+    # The members' hash tag: a heartbeat writes both in one slot.
+    return f"{PREFIX}:group:{{{group}}}:topics"
+
+
 def dead_letters(group: str, topic: str) -> str:
     return f"{PREFIX}:dlq:{{{group}:{topic}}}"
+
+
+def lag_history(group: str, topic: str) -> str:
+    return f"{PREFIX}:lag:{{{group}:{topic}}}"
 
 
 def dead_letter_claims(group: str, topic: str) -> str:

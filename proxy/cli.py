@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from ddmq.config import load
 from ddmq.protocol import clitools
 from ddmq.proxy.errors import ConfigError, DdmqError
+from ddmq.proxy.exports import export_lines
 from ddmq.proxy.reload import ConfigReloader
 from ddmq.proxy.service import ProxyService
 
@@ -54,6 +55,7 @@ async def serve(service: ProxyService, config_path: str, watch_interval_ms: int 
     loop.add_signal_handler(signal.SIGHUP, reloader.request)
     await service.start()
     reloader.start()
+    _print_exports(service)
     # Long-lived state (config, clients, compiled scripts) moves out of the collector's sight, and
     # young-generation collections run less often: the hot path allocates a few objects per message,
     # and with the default threshold the cyclic collector ran every ~700 of them.
@@ -71,6 +73,14 @@ async def serve(service: ProxyService, config_path: str, watch_interval_ms: int 
         await reloader.close()
         await service.close()
         log.info("stopped")
+
+
+def _print_exports(service: ProxyService) -> None:
+    config = service.config
+    http = config.http if service.http_port is not None else None
+    lines = export_lines(service.redis_url, config.thrift.host, service.thrift_port or config.thrift.port,
+                         http.host if http is not None else None, service.http_port)
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,9 +37,10 @@ class Membership:
         self.instance_id = instance_id
         self.timeout_ms = timeout_ms
 
-    async def heartbeat(self, group: str) -> list[str]:
-        """Record that we are alive; forget members silent for longer than the timeout; return the
-        live members, sorted."""
+    async def heartbeat(self, group: str, topic: str | None = None) -> list[str]:
+        """Record that we are alive (and, given ``topic``, that the group consumes it: the group
+        registry ``ddmq groups`` reads); forget members silent for longer than the timeout; return
+        the live members, sorted."""
         now = int(time.time() * 1000)
         key = keys.members(group)
         with map_redis_errors(f"heartbeating group {group}"):
@@ -47,8 +48,11 @@ class Membership:
                 pipe.zadd(key, {self.instance_id: now})
                 pipe.zremrangebyscore(key, "-inf", now - self.timeout_ms)
                 pipe.zrange(key, 0, -1)
-                _, _, raw = await pipe.execute()
-        return sorted(member.decode() for member in raw)
+                if topic is not None:
+                    pipe.hset(keys.group_topics(group), topic, now)
+                    pipe.sadd(keys.groups(), group)
+                replies = await pipe.execute()
+        return sorted(member.decode() for member in replies[2])
 
     async def leave(self, group: str) -> None:
         """Graceful exit: the others rebalance at their next heartbeat instead of after the timeout."""

@@ -77,7 +77,7 @@ class QueueOwnership:
         next_renew = loop.time() + renew_s
         while True:
             try:
-                members = await consumer.membership.heartbeat(consumer.group)
+                members = await consumer.membership.heartbeat(consumer.group, consumer.topic)
                 self.assigned = assign(members, consumer.queues, consumer.membership.instance_id)
             except DdmqError as exc:  # keep the last assignment; leases keep it safe
                 log.warning("%s/%s: heartbeat failed: %s", consumer.group, consumer.topic, exc)

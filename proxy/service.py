@@ -32,6 +32,7 @@ from ddmq.protocol.connection import (
 from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.proxy.audit import ReadAudit
 from ddmq.proxy.broker import Broker, ConnectionCounter, map_redis_errors
+from ddmq.proxy.clients import ClientTracker
 from ddmq.proxy.commits import commit_periodically, flush_groups
 from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
 from ddmq.proxy.errors import (
@@ -66,6 +67,9 @@ from ddmq.proxy.types import (
 
 log = logging.getLogger(__name__)
 
+#: The ack deadline assumed for a group or topic this proxy no longer serves (the config's default).
+DEFAULT_ACK_TIMEOUT_MS = 5000
+
 #: Results with more offsets than this are applied in slices of it, letting other connections'
 #: requests run in between (a slice takes a few milliseconds; bench/edges.py measures the effect).
 APPLY_SLICE_OFFSETS = 4096
@@ -94,6 +98,8 @@ class ProxyService:
         self.thrift_port: int | None = None
         self.http_port: int | None = None
         self.metrics = ProxyMetrics(self)
+        #: The clients pulling, for the console (fed by the server adapters).
+        self.clients = ClientTracker(self._ack_timeout_ms)
         self._embedded: EmbeddedRedis | None = None
         self._thrift: ThriftServer | None = None
         self._http: HttpServer | None = None
@@ -178,6 +184,7 @@ class ProxyService:
             frame_timeout_ms=thrift.request_timeout_ms,
             max_buffered_bytes=thrift.max_buffered_bytes,
             allowed_clients=thrift.allowed_clients,
+            clients=self.clients,
         )
         with _listening("thrift", thrift.host, thrift.port):
             await self._thrift.start()
@@ -286,6 +293,10 @@ class ProxyService:
         await self.close()
 
     # the ConsumeService surface ----------------------------------------------------------------
+
+    def _ack_timeout_ms(self, group: str, topic: str) -> int:
+        consumer = self.groups[group].consumers.get(topic) if group in self.groups else None
+        return consumer.config.timeout_ms if consumer is not None else DEFAULT_ACK_TIMEOUT_MS
 
     def endpoint(self, max_linger_ms: int) -> Endpoint:
         """The ConsumeService a server adapter calls, bounding long polls to ``max_linger_ms``."""

@@ -33,6 +33,7 @@ from ddmq.protocol.wire import (
     iter_results,
 )
 from ddmq.proxy.api import ConsumeService
+from ddmq.proxy.clients import ClientTracker
 from ddmq.proxy.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
 from ddmq.proxy.requests import too_many_offsets
 from ddmq.proxy.types import PullBatch, PullLease, QueueResult, StoredMessage
@@ -51,8 +52,9 @@ class ThriftHandler:
     """Serves the calls of ``ConsumerService`` (pull, submit, getConsumeStats, fetch, ack, ackLeases)
     from one ConsumeService."""
 
-    def __init__(self, service: ConsumeService) -> None:
+    def __init__(self, service: ConsumeService, clients: ClientTracker | None = None) -> None:
         self._service = service
+        self._clients = clients
         self._handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
             "pull": self._pull,
             "submit": self._submit,
@@ -75,7 +77,7 @@ class ThriftHandler:
             return _application_error(name, seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {name!r}")
         result = _RESULTS[name]()
         try:
-            success = await handler(args)
+            success = await (self._pull(args, peer) if name == "pull" else handler(args))
             if isinstance(success, _PullReply):
                 if mtype == TMessageType.CALL and FAST_PULL_REPLY:
                     return _encode_pull_reply(seqid, success, peer)
@@ -108,22 +110,26 @@ class ThriftHandler:
 
     # handlers: decode the request, call the service once, encode the answer --------------------
 
-    async def _pull(self, args: Any) -> _PullReply:
+    async def _pull(self, args: Any, peer: str = "") -> _PullReply:
         request = args.request
         if request is None or not request.groupId:
             raise BadRequestError("PullRequest.groupId is required")
         lease = None
         if request.leaseId is not None:
             lease = PullLease(request.leaseId, request.leaseIndex or 0, request.leaseTimeoutMs)
+        results = results_from_wire(request.result)
         batch = await self._service.pull(
             request.groupId,
             request.topic,
             request.maxBatchSize,
             request.maxLingerTime,
-            results_from_wire(request.result),
+            results,
             lease,
             max_per_key=request.maxPerKey,
         )
+        if self._clients is not None:
+            version = request.version if isinstance(request.version, str) else None
+            self._clients.pulled("thrift", peer, request.groupId, version, batch, results)
         return _PullReply(request.groupId, request.topic, batch)
 
     async def _ack_leases(self, args: Any) -> int:
@@ -133,7 +139,10 @@ class ThriftHandler:
         return await self._service.ack_leases(request.groupId, list(request.leaseIds or ()))
 
     async def _submit(self, args: Any) -> bool:
-        await self._service.submit(results_from_wire(args.result))
+        results = results_from_wire(args.result)
+        await self._service.submit(results)
+        if self._clients is not None:
+            self._clients.answered(results)
         return True
 
     async def _get_consume_stats(self, args: Any) -> list[ConsumeStats]:

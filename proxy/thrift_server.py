@@ -44,6 +44,7 @@ from ddmq.protocol.wire import (
 )
 from ddmq.proxy.api import MAX_RESULT_OFFSETS, ConsumeService
 from ddmq.proxy.byte_budget import ByteBudget
+from ddmq.proxy.clients import ClientTracker
 from ddmq.proxy.listener import Evictions, Listener, parse_networks
 from ddmq.proxy.thrift_handler import ThriftHandler, args_for
 
@@ -106,6 +107,7 @@ class ThriftServer:
         frame_timeout_ms: int = DEFAULT_FRAME_TIMEOUT_MS,
         max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
         allowed_clients: Sequence[str] | None = None,
+        clients: ClientTracker | None = None,
     ) -> None:
         if max_frame_bytes < 1:
             raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
@@ -113,7 +115,7 @@ class ThriftServer:
             raise ValueError("idle_timeout_ms and frame_timeout_ms must be positive")
         if max_buffered_bytes < max_frame_bytes:
             raise ValueError(f"max_buffered_bytes ({max_buffered_bytes}) must hold one frame of max_frame_bytes")
-        self._handler = ThriftHandler(service)
+        self._handler = ThriftHandler(service, clients)
         self._max_frame_bytes = max_frame_bytes
         self._idle_s = idle_timeout_ms / 1000
         self._frame_s = frame_timeout_ms / 1000

@@ -59,6 +59,22 @@ class BlockedKey:
     #: Milliseconds since the head message was produced.
     head_age_ms: int
     head: JobView
+    #: What holds the key: ``failing`` (its head failed or timed out at least once: stuck), ``in_flight``
+    #: (delivered, awaiting its first answer) or ``waiting`` (read, not delivered yet: mere backlog).
+    state: str
+
+
+#: The values of :attr:`BlockedKey.state`.
+KEY_STATES: tuple[str, ...] = ("failing", "in_flight", "waiting")
+
+
+def key_state(head: UpstreamJob) -> str:
+    # ``attempts`` counts deliveries, so a head delivered before the current one failed or timed out.
+    # (``last_error`` is no sign: an action may note one, such as a body that is not JSON, and go on.)
+    in_flight = head.state is JobState.IN_FLIGHT
+    if head.state is JobState.RETRY_WAIT or head.attempts > (1 if in_flight else 0):
+        return "failing"
+    return "in_flight" if in_flight else "waiting"
 
 
 def order_key_text(key: Hashable | None) -> str | None:
@@ -116,16 +132,19 @@ def in_flight(group: ConsumerGroup, topic: str | None, limit: int, offset: int =
 
 
 def blocked_keys(
-    group: ConsumerGroup, topic: str | None, limit: int, offset: int = 0, now_ms: int | None = None
+    group: ConsumerGroup, topic: str | None, limit: int, offset: int = 0, now_ms: int | None = None,
+    states: frozenset[str] | None = None,
 ) -> tuple[int, list[BlockedKey]]:
-    """How many order keys have an unfinished message, and ``limit`` of them from position ``offset``
-    in order of their head's age (oldest produce time first; then the longest chains)."""
+    """How many order keys have an unfinished message (whose :func:`key_state` is in ``states``, when
+    given), and ``limit`` of them from position ``offset`` in order of their head's age (oldest produce
+    time first; then the longest chains)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     heads: list[tuple[int, str, Hashable, UpstreamJob]] = []
     for name, consumer in group.consumers.items():
         if topic is None or name == topic:
             queue = consumer.blocking_queue
-            heads.extend((queue.chain_length(key), name, key, head) for key, head in queue.heads())
+            heads.extend((queue.chain_length(key), name, key, head) for key, head in queue.heads()
+                         if states is None or key_state(head) in states)
     oldest = heapq.nsmallest(offset + limit, heads, key=lambda item: (item[3].message.produce_ms, -item[0]))
     return len(heads), [
         BlockedKey(
@@ -134,6 +153,7 @@ def blocked_keys(
             chain_length=length,
             head_age_ms=max(0, now_ms - head.message.produce_ms) if head.message.produce_ms else 0,
             head=job_view(head),
+            state=key_state(head),
         )
         for length, name, key, head in oldest[offset:]
     ]

@@ -309,3 +309,82 @@ async def test_console_pages_64_queues_and_10000_blocked_keys(redis_url: str, br
         await expect(page.locator("#topics tr[data-topic=t] td.lag")).to_have_text("10,000")
         await screenshot(page, "console-64-queues")
         assert not watched.errors, watched.errors
+
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+async def test_console_shows_rates_dead_letters_clients_one_time_format_and_lag_history_across_a_restart(
+    redis_url: str, browser: BrowserContext
+) -> None:
+    from ddmq.client.thrift_client import AsyncProxyClient
+    from ddmq.protocol.wire import ConsumeResult, PullRequest
+
+    config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 0}
+    http = {"enabled": True, "port": 0}
+    async with (
+        running_proxy(redis_url, config, instance_id="console-proxy", http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": f"k{i}", "value": f"v{i}", "qid": 0} for i in range(20)])
+        async with AsyncProxyClient("127.0.0.1", service.thrift_port or 0) as thrift:
+            response = await thrift.pull(PullRequest(groupId="g", topic="t", maxBatchSize=4, maxLingerTime=5000,
+                                                     version="carrera-java/2.3.1"))
+            assert len(response.messages) == 4
+            # One failed (max_retry 0: a dead letter), three left in flight by this client.
+            failed = ConsumeResult(context=response.context, failOffsets=[response.messages[0].offset])
+            assert await thrift.submit(failed)
+
+            async def dead_lettered() -> bool:
+                return bool((await admin(api, "/admin/groups/g"))["dead_letters"]["t"] == 1)
+
+            await eventually(dead_lettered)
+            watched = Watched(await browser.new_page())
+            page = watched.page
+            await page.goto(f"http://127.0.0.1:{service.http_port}/")
+            await expect(page.locator("#main")).to_be_visible()
+            topic_row = page.locator("#topics tr[data-topic=t]")
+            await expect(topic_row.locator("td.dead")).to_have_text("1")
+            client_row = page.locator("#clients tbody tr")
+            await expect(client_row).to_have_count(1)
+            await expect(client_row.locator("td.version")).to_have_text("carrera-java/2.3.1")
+            await expect(client_row.locator("td.in-flight")).to_have_text("3")
+            await expect(client_row.locator("td.mono").first).to_have_text(re.compile(r"^127\.0\.0\.1:\d+$"))
+            await expect(client_row.locator("td.last-pull")).to_have_text(ISO_UTC)
+            # One time format: the status line and a dead letter's time read like the last pull.
+            await expect(page.locator("#status")).to_have_text(re.compile(r"^updated \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"))
+            await expect(page.locator("#dead tbody tr").first.locator("td").nth(6)).to_have_text(ISO_UTC)
+
+            # Rates: once a sample holds the first 20, 20 more make the next interval's rate in positive.
+            async def sampled() -> bool:
+                return bool((await admin(api, "/admin/groups/g/lag-history"))["topics"].get("t"))
+
+            await eventually(sampled, timeout_s=30)
+            async with AsyncProducer(redis_url) as producer:
+                await producer.send_batch("t", [{"key": f"m{i}", "value": "v", "qid": 1} for i in range(20)])
+            await expect(topic_row.locator("td.rate-in")).to_have_text(re.compile(r"^[1-9]\d*(\.\d)?$|^0\.[1-9]$"),
+                                                                       timeout=20_000)
+            await expect(topic_row.locator("td.rate-out")).to_have_text(re.compile(r"^\d+(\.\d)?$"))
+            await screenshot(page, "console-rates-clients")
+            await watched.assert_nothing_ran()
+            assert not watched.errors, watched.errors
+        before = (await admin(api, "/admin/groups/g/lag-history"))["topics"]["t"]
+        assert len(before) >= 2
+
+    # A restarted proxy (same Redis) shows the history its predecessor sampled.
+    async with (
+        running_proxy(redis_url, config, instance_id="console-proxy", http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+
+        async def restored() -> bool:
+            after = (await admin(api, "/admin/groups/g/lag-history"))["topics"].get("t", [])
+            return [s[0] for s in after[: len(before)]] == [s[0] - s[0] % 5000 for s in before]
+
+        await eventually(restored)
+        page = await browser.new_page()
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        await expect(page.locator("#topics tr[data-topic=t] td.chart polyline.msgs")).to_have_count(1)

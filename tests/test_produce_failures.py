@@ -214,7 +214,7 @@ def test_ddmq_produce_rides_out_a_redis_restart(tmp_path: Path) -> None:
         produced[key] = produced.get(key, 0) + 1
         lines.append(json.dumps({"key": key, "value": body(key, produced[key] - 1)}).encode() + b"\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddmq.client.cli", "produce", "--redis", url, "--topic", "t",
+        [sys.executable, "-m", "ddmq.client.cli", "produce", "--redis", url, "--topic", "t", "--create",
          "--queues", str(QUEUES), "--batch", "200"],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )

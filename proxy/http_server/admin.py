@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ddmq.protocol.connection import REDIS_ERRORS, sync_redis
+from ddmq.protocol.keys import dead_letters as dead_letters_key
 from ddmq.protocol.status import GroupStatus, QueueStatus, group_status
 from ddmq.proxy.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.errors import (
@@ -29,7 +30,7 @@ from ddmq.proxy.errors import (
 from ddmq.proxy.group import ConsumerGroup
 from ddmq.proxy.http_server.pull_api import BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.types import StoredMessage
-from ddmq.proxy.views import blocked_keys, group_view, in_flight, queue_counts
+from ddmq.proxy.views import KEY_STATES, blocked_keys, group_view, in_flight, queue_counts
 
 #: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
 _REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
@@ -69,6 +70,17 @@ def _limit(request: web.Request, default: int, most: int = MAX_PAGE) -> int:
     if not 1 <= value <= most:
         raise BadRequestError(f"limit must be an integer 1..{most}, got {raw!r}")
     return value
+
+
+def _key_states(request: web.Request) -> frozenset[str] | None:
+    """``state=failing,in_flight``: only keys in those states; none given: every key."""
+    raw = request.query.get("state")
+    if raw is None:
+        return None
+    states = frozenset(raw.split(","))
+    if not states or not states <= set(KEY_STATES):
+        raise BadRequestError(f"state must be a comma-separated list of {', '.join(KEY_STATES)}, got {raw[:100]!r}")
+    return states
 
 
 class SelectionIn(JsonBody):
@@ -155,6 +167,7 @@ class OperatorApi:
         router.add_get("/admin/groups/{group}", self.group)
         router.add_get("/admin/groups/{group}/in-flight", self.in_flight)
         router.add_get("/admin/groups/{group}/blocked-keys", self.blocked_keys)
+        router.add_get("/admin/groups/{group}/clients", self.clients)
         letters = "/admin/groups/{group}/topics/{topic}/dead-letters"
         router.add_get(letters, self.dead_letters)
         router.add_post(letters + "/replay", self.replay)
@@ -208,9 +221,10 @@ class OperatorApi:
         group = self._group(request)
         first = _offset(request, "queue_offset")
         view = asdict(group_view(group))
-        status = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
+        status, dead = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
         answer: dict[str, Any] = {
             **view,
+            "dead_letters": dead,
             "members": status.members,
             "member_ttl_ms": self._service.config.leases.ttl_ms,
             "queue_offset": first,
@@ -228,11 +242,16 @@ class OperatorApi:
         return [{**asdict(row), **(asdict(counts[row.topic, row.qid]) if (row.topic, row.qid) in counts else empty)}
                 for row in queues]
 
-    def _owners(self, group: str, topics: list[str]) -> GroupStatus:
-        """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection)."""
+    def _owners(self, group: str, topics: list[str]) -> tuple[GroupStatus, dict[str, int]]:
+        """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection),
+        and the number of dead letters per topic."""
         try:
             with sync_redis(self._service.redis_url, socket_timeout=5) as client:
-                return group_status(client, group, topics)
+                status = group_status(client, group, topics)
+                pipe = client.pipeline(transaction=False)
+                for topic in topics:
+                    pipe.xlen(dead_letters_key(group, topic))
+                return status, dict(zip(topics, pipe.execute(), strict=True))
         except _REDIS_FAILURES as exc:
             raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
 
@@ -251,12 +270,20 @@ class OperatorApi:
         group = self._group(request)
         topic = self._topic(group, request.query.get("topic"))
         offset = _offset(request)
-        total, keys = blocked_keys(group, topic, _limit(request, 20), offset)
+        states = _key_states(request)
+        total, keys = blocked_keys(group, topic, _limit(request, 20), offset, states=states)
         shown = fit([asdict(key) for key in keys], self._list_bytes)
         return web.json_response(
             {"group": group.name, "total": total, "offset": offset, "keys": shown,
              "next_offset": _next_offset(offset, len(shown), total)}
         )
+
+    async def clients(self, request: web.Request) -> web.Response:
+        """The clients pulling the group from this proxy, most recent pull first."""
+        group = self._group(request)
+        found = self._service.clients.clients(group.name)
+        shown = fit([asdict(client) for client in found[:_limit(request, 100)]], self._list_bytes)
+        return web.json_response({"group": group.name, "total": len(found), "clients": shown})
 
     # dead letters ----------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ in the browser tab only). The script builds the DOM from text nodes, and the pag
 Content Security Policy that allows only its own files, so no key or message body can run as code.
 
 ``/admin/groups/{group}/lag-history`` answers the samples :class:`~ddmq.proxy.lag.LagHistory` keeps
-(every 5 s for the last hour, in memory); the sampler runs while the HTTP server does.
+(every 5 s for the last hour, in memory and in Redis) and the rates in and out they give; the
+sampler runs while the HTTP server does.
 
 >>> ConsoleApi(service).add_routes(app)
 """
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Final
 from aiohttp import web
 
 from ddmq.proxy.errors import UnknownGroupError
-from ddmq.proxy.lag import LagHistory
+from ddmq.proxy.lag import LagHistory, LagSample, rates
 
 if TYPE_CHECKING:
     from ddmq.proxy.service import ProxyService
@@ -87,10 +88,19 @@ class ConsoleApi:
         name = request.match_info["group"]
         if name not in self._service.groups:
             raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self._service.groups)}")
+        series = self.history.series(name)
         return web.json_response(
             {
                 "group": name,
                 "interval_ms": int(self.history.interval_s * 1000),
-                "topics": {topic: [list(s) for s in samples] for topic, samples in self.history.series(name).items()},
+                "topics": {topic: [list(s) for s in samples] for topic, samples in series.items()},
+                "rates": {topic: _rates_json(samples) for topic, samples in series.items()},
             }
         )
+
+
+def _rates_json(samples: list[LagSample]) -> dict[str, float] | None:
+    found = rates(samples)
+    if found is None:
+        return None
+    return {"produced_per_s": round(found[0], 3), "consumed_per_s": round(found[1], 3)}

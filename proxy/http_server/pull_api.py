@@ -21,6 +21,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddmq.proxy.api import MAX_RESULT_OFFSETS, ConsumeService
+from ddmq.proxy.clients import ClientTracker
 from ddmq.proxy.errors import BadRequestError
 from ddmq.proxy.http_server.errors import validation_message
 from ddmq.proxy.types import PullBatch, QueueResult, StoredMessage
@@ -142,9 +143,10 @@ class JsonReply:
 class PullApi:
     """The two routes, bound to one service."""
 
-    def __init__(self, service: ConsumeService, read_body: BodyReader) -> None:
+    def __init__(self, service: ConsumeService, read_body: BodyReader, clients: ClientTracker | None = None) -> None:
         self._service = service
         self._read_body = read_body
+        self._clients = clients
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/pull", self.pull)
@@ -153,18 +155,33 @@ class PullApi:
     async def pull(self, request: web.Request) -> web.Response:
         body = parse(PullIn, await self._read_body(request))
         reply = JsonReply()
+        results = results_from_json(body.results)
         batch = await self._service.pull(
             body.group,
             body.topic,
             body.max_batch,
             body.linger_ms,
-            results_from_json(body.results),
+            results,
             max_per_key=body.max_per_key,
             reply=reply,
         )
+        if self._clients is not None:
+            # HTTP carries no version field: the User-Agent header says which client it is.
+            self._clients.pulled("http", _peer(request), body.group, request.headers.get("User-Agent"), batch, results)
         return web.Response(body=reply.body(body.group, body.topic or None, batch), content_type="application/json")
 
     async def ack(self, request: web.Request) -> web.Response:
         body = parse(AckIn, await self._read_body(request))
-        await self._service.submit(results_from_json(body.results), body.group)
+        results = results_from_json(body.results)
+        await self._service.submit(results, body.group)
+        if self._clients is not None:
+            self._clients.answered(results, body.group)
         return web.json_response({"ok": True})
+
+
+def _peer(request: web.Request) -> str:
+    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host, port = peer[0], peer[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return request.remote or "?"

@@ -83,7 +83,7 @@ def build_app(service: ProxyService, config: HttpConfig, connections: HttpConnec
         client_max_size=config.max_body_bytes,
         middlewares=[cors, errors_middleware, connections.middleware, guard],
     )
-    PullApi(service.endpoint(config.max_linger_ms), connections.read_body).add_routes(app)
+    PullApi(service.endpoint(config.max_linger_ms), connections.read_body, service.clients).add_routes(app)
     OperatorApi(service, connections.read_body).add_routes(app)
     ConsoleApi(service).add_routes(app)
     openapi = json.dumps(load_openapi()).encode()

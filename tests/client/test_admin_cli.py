@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -18,7 +19,7 @@ from ddmq.client.consumer import PullConsumer
 from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import ProxyClient
 from ddmq.protocol import keys
-from ddmq.protocol.wire import PullRequest
+from ddmq.protocol.wire import ConsumeResult, PullRequest
 
 from ..support import ProxyProcess, free_port
 
@@ -104,10 +105,14 @@ def test_in_flight_and_blocked_keys(proxy: ProxyProcess, redis_url: str) -> None
     jobs = json.loads(ddmq(proxy, "in-flight", "--group", GROUP, "--topic", TOPIC, "--json").stdout)["jobs"]
     assert (jobs[0]["qid"], jobs[0]["offset"], jobs[0]["state"]) == (1, 1, "in_flight")
 
+    # The head is in flight, not failing: the default (stuck keys) lists nothing, --all lists it.
     blocked = ddmq(proxy, "blocked-keys", "--group", GROUP)
-    assert blocked.returncode == 0 and "rider-1" in blocked.stdout, blocked.stderr
-    keys_ = json.loads(ddmq(proxy, "blocked-keys", "--group", GROUP, "--json").stdout)["keys"]
-    assert keys_[0]["order_key"] == "rider-1" and keys_[0]["chain_length"] == 4
+    assert blocked.returncode == 0 and "rider-1" not in blocked.stdout, blocked.stderr
+    assert "0 of 0 stuck keys" in blocked.stdout and "--all" in blocked.stdout, blocked.stdout
+    every = ddmq(proxy, "blocked-keys", "--group", GROUP, "--all")
+    assert "rider-1" in every.stdout and "in flight" in every.stdout and "1 of 1 keys" in every.stdout, every.stdout
+    keys_ = json.loads(ddmq(proxy, "blocked-keys", "--group", GROUP, "--all", "--json").stdout)["keys"]
+    assert keys_[0]["order_key"] == "rider-1" and keys_[0]["chain_length"] == 4 and keys_[0]["state"] == "in_flight"
 
     unknown = ddmq(proxy, "in-flight", "--group", "nosuch")
     assert unknown.returncode == 1 and "unknown group 'nosuch'" in unknown.stderr
@@ -117,3 +122,58 @@ def test_admin_commands_pointed_at_the_thrift_port_say_so(proxy: ProxyProcess) -
     result = subprocess.run([*DDMQ, "in-flight", "--group", GROUP, "--http", f"127.0.0.1:{proxy.port}"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "Thrift port" in result.stderr, result.stderr
+
+
+@pytest.fixture
+def retrying_proxy(tmp_path: Path, redis_url: str) -> Iterator[ProxyProcess]:
+    """A group whose failed messages wait a minute before their retry: a failed head stays failing."""
+    group = {TOPIC: {"actions": ["Order", "PullServer"], "order_key": "KEY", "max_retry": 3,
+                     "retry_intervals_ms": [60_000], "timeout_ms": 30_000}}
+    http = {"enabled": True, "host": "127.0.0.1", "port": free_port(), "admin_token": TOKEN}
+    process = ProxyProcess(tmp_path, redis_url, {GROUP: group}, {TOPIC: {"queues": 1}}, http=http).start()
+    process.http_url = f"http://127.0.0.1:{http['port']}"  # type: ignore[attr-defined]
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def test_blocked_keys_defaults_to_stuck_keys_pages_and_says_n_of_total(retrying_proxy: ProxyProcess,
+                                                                        redis_url: str) -> None:
+    proxy = retrying_proxy
+    with Producer(redis_url) as producer:
+        for key in ("k0", "k1", "k2"):
+            producer.send_batch(TOPIC, [{"key": key, "value": f"{key}-{i}", "qid": 0} for i in range(2)])
+    with ProxyClient("127.0.0.1", proxy.port) as client:
+        heads = client.pull(PullRequest(groupId=GROUP, topic=TOPIC, maxBatchSize=10, maxLingerTime=10_000))
+        assert sorted(m.key for m in heads.messages) == ["k0", "k1", "k2"]  # one head per key
+        k0 = next(m.offset for m in heads.messages if m.key == "k0")
+        assert client.submit(ConsumeResult(context=heads.context, failOffsets=[k0]))
+        with Producer(redis_url) as producer:
+            producer.send(TOPIC, "k3-0", key="k3", qid=0)  # read, never pulled: waiting
+
+        def listed(*extra: str) -> dict[str, Any]:
+            result = ddmq(proxy, "blocked-keys", "--group", GROUP, "--json", *extra)
+            assert result.returncode == 0, result.stderr
+            answer: dict[str, Any] = json.loads(result.stdout)
+            return answer
+
+        deadline = time.monotonic() + 30
+        while listed("--all")["total"] < 4:
+            assert time.monotonic() < deadline, "the proxy did not read k3"
+            time.sleep(0.1)
+
+        stuck = ddmq(proxy, "blocked-keys", "--group", GROUP)
+        assert stuck.returncode == 0, stuck.stderr
+        assert "1 of 1 stuck keys" in stuck.stdout and "failing" in stuck.stdout and "k0" in stuck.stdout
+        assert all(key not in stuck.stdout for key in ("k1", "k2", "k3")), stuck.stdout
+
+        first = ddmq(proxy, "blocked-keys", "--group", GROUP, "--all", "--limit", "2")
+        assert "2 of 4 keys" in first.stdout and "next page: --offset 2" in first.stdout, first.stdout
+        pages = listed("--all", "--limit", "2")["keys"] + listed("--all", "--limit", "2", "--offset", "2")["keys"]
+        states = {key["order_key"]: key["state"] for key in pages}
+        assert states == {"k0": "failing", "k1": "in_flight", "k2": "in_flight", "k3": "waiting"}
+        last = ddmq(proxy, "blocked-keys", "--group", GROUP, "--all", "--limit", "2", "--offset", "2")
+        assert "2 of 4 keys" in last.stdout and "next page" not in last.stdout, last.stdout
+        text = ddmq(proxy, "blocked-keys", "--group", GROUP, "--all").stdout
+        assert "in flight" in text and "waiting" in text

@@ -5,6 +5,7 @@ Real proxy processes, real sockets, the real CLI in a subprocess."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import subprocess
@@ -23,6 +24,7 @@ from ddmq.client.pulling import Backoff
 from ddmq.client.status import group_status
 from ddmq.client.thrift_client import ProxyClientError, PullError, WrongPortError
 from ddmq.protocol import keys
+from ddmq.protocol.producer import Producer
 
 from ..support import ProxyProcess, free_port, produce_keyed
 
@@ -190,3 +192,47 @@ def test_a_processor_in_another_thread_can_stop_run(proxy: ProxyProcess, redis_u
     threading.Timer(1.0, consumer.stop).start()
     consumer.run()  # returns once stop() is called
     assert not consumer.running and consumer.error is None
+
+
+def test_consume_timeout_gives_up_when_no_proxy_answers() -> None:
+    started = time.monotonic()
+    run = subprocess.run([*DDMQ, "consume", "--servers", f"127.0.0.1:{free_port()}", "--group", GROUP,
+                          "--timeout", "1.5"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run
+    assert "no proxy answered within 1.5 s" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    assert time.monotonic() - started < 30  # the issue: it used to retry for ever
+
+
+def test_consume_rejects_a_server_with_a_scheme_as_a_usage_error() -> None:
+    run = subprocess.run([*DDMQ, "consume", "--servers", "http://127.0.0.1:9713", "--group", GROUP,
+                          "--timeout", "5"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run
+    assert "without a scheme" in run.stderr and "'http://127.0.0.1:9713'" in run.stderr, run.stderr
+
+
+def test_consume_prints_integers_produce_time_and_json_values(proxy: ProxyProcess, redis_url: str) -> None:
+    before_ms = int(time.time() * 1000)
+    values = ['{"k": "a", "n": 1}', '{"k": "b", "n": 2}', "not json {", "[1, 2]"]
+    with Producer(redis_url) as producer:
+        producer.send_batch(TOPIC, [{"key": "a", "value": v} for v in values])
+    after_ms = int(time.time() * 1000)
+    # An idle timeout after messages were printed ends a drain normally (status 0).
+    run = subprocess.run([*DDMQ, "consume", "--servers", server(proxy), "--group", GROUP, "--timeout", "2",
+                          "--json-values"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    records = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [r["value"] for r in records] == [{"k": "a", "n": 1}, {"k": "b", "n": 2}, "not json {", [1, 2]]
+    for record in records:
+        assert isinstance(record["qid"], int) and isinstance(record["offset"], int)
+        assert before_ms - 1000 <= record["produce_ms"] <= after_ms + 1000
+    # Without --json-values a JSON value stays a string; the drained group has nothing more: status 1.
+    with Producer(redis_url) as producer:
+        producer.send_batch(TOPIC, [{"key": "a", "value": values[0]}])
+    line = subprocess.run([*DDMQ, "consume", "--servers", server(proxy), "--group", GROUP, "--count", "1"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+    assert json.loads(line)["value"] == values[0]
+    idle = subprocess.run([*DDMQ, "consume", "--servers", server(proxy), "--group", GROUP, "--timeout", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert idle.returncode == 1 and idle.stdout == ""
+    assert "no message within 1 s (the proxies answered" in idle.stderr, idle.stderr

@@ -201,7 +201,7 @@ def test_cli_skips_messages_over_max_message_bytes_and_sums_up(redis_url: str, c
     lines = b'{"value": "small", "qid": 0}\n{"value": "%s", "qid": 0}\n{"value": "after", "qid": 0}\n' % (
         b"x" * 2000)
     proc = subprocess.run(
-        _ddmq("produce", "--redis", redis_url, "--topic", "t", "--max-message-bytes", "1024"),
+        _ddmq("produce", "--redis", redis_url, "--topic", "t", "--create", "--max-message-bytes", "1024"),
         input=lines, capture_output=True, timeout=60, check=False,
     )
     stderr = proc.stderr.decode()
@@ -223,7 +223,7 @@ def test_cli_shows_progress_only_on_a_terminal(redis_url: str, tmp_path: Any) ->
     controller, terminal = pty.openpty()
     feeder = subprocess.Popen([sys.executable, "-c", pacer, str(source)], stdout=subprocess.PIPE)
     proc = subprocess.Popen(
-        _ddmq("produce", "--redis", redis_url, "--topic", "t", "--batch", "50"),
+        _ddmq("produce", "--redis", redis_url, "--topic", "t", "--create", "--batch", "50"),
         stdin=feeder.stdout, stdout=subprocess.DEVNULL, stderr=terminal,
     )
     os.close(terminal)
@@ -245,7 +245,7 @@ def test_cli_shows_progress_only_on_a_terminal(redis_url: str, tmp_path: Any) ->
     assert "\rsent " in text and " ..." in text, text
     assert "sent 3000 message(s) to 't' over 8 queue(s)" in text
     # without a terminal: only the summary
-    piped = subprocess.run(_ddmq("produce", "--redis", redis_url, "--topic", "t"), input=lines,
+    piped = subprocess.run(_ddmq("produce", "--redis", redis_url, "--topic", "t", "--create"), input=lines,
                            capture_output=True, timeout=60, check=True)
     assert piped.stderr.decode().count("\n") == 1 and "\r" not in piped.stderr.decode()
 

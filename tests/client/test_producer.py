@@ -318,7 +318,8 @@ def test_produce_cli_end_to_end(redis_url: str, client: redis.Redis) -> None:
         json.dumps({"value": "more", "key": "rider-42"}),
     ]
     proc = subprocess.run(
-        [*_ddmq_command(), "produce", "--redis", redis_url, "--topic", "rides", "--queues", "8", "--batch", "2"],
+        [*_ddmq_command(), "produce", "--redis", redis_url, "--topic", "rides", "--create", "--queues", "8",
+         "--batch", "2"],
         input="\n".join(lines).encode(),
         capture_output=True,
         timeout=60,
@@ -346,7 +347,7 @@ def test_produce_cli_end_to_end(redis_url: str, client: redis.Redis) -> None:
 
 def test_produce_cli_all_good_exits_zero(redis_url: str, client: redis.Redis) -> None:
     proc = subprocess.run(
-        [*_ddmq_command(), "produce", "--redis", redis_url, "--topic", "orders"],
+        [*_ddmq_command(), "produce", "--redis", redis_url, "--topic", "orders", "--create"],
         input=b'{"value": "a", "qid": 0}\n{"value": 1, "qid": 0}\n',
         capture_output=True,
         timeout=60,

@@ -41,9 +41,9 @@ class StallableMembership(Membership):
     def resume(self) -> None:
         self._running.set()
 
-    async def heartbeat(self, group: str) -> list[str]:
+    async def heartbeat(self, group: str, topic: str | None = None) -> list[str]:
         await self._running.wait()
-        return await super().heartbeat(group)
+        return await super().heartbeat(group, topic)
 
 
 class Proxy:

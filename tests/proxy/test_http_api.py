@@ -291,6 +291,14 @@ async def test_admin_views_show_groups_owners_in_flight_and_blocked_keys(redis_u
         assert status == 200 and (past["keys"], past["total"]) == ([], 2)
         status, error = await api.call("GET", "/admin/groups/g/blocked-keys", params={"offset": "-1"})
         assert (status, error["code"]) == (400, 1003)
+        # The state filter: both heads are delivered and unanswered, none has failed yet.
+        assert key["state"] == "in_flight"  # its last_error (the body is not JSON) is no failure
+        status, flying = await api.call("GET", "/admin/groups/g/blocked-keys", params={"state": "in_flight,waiting"})
+        assert status == 200 and flying["total"] == 2 and {k["state"] for k in flying["keys"]} == {"in_flight"}
+        status, failing = await api.call("GET", "/admin/groups/g/blocked-keys", params={"state": "failing"})
+        assert status == 200 and (failing["total"], failing["keys"]) == (0, [])
+        status, error = await api.call("GET", "/admin/groups/g/blocked-keys", params={"state": "stuck"})
+        assert (status, error["code"]) == (400, 1003) and "failing, in_flight, waiting" in error["message"]
 
 
 async def test_group_detail_has_time_lag_job_counts_and_the_member_ttl(redis_url: str) -> None:

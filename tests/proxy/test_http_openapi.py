@@ -59,6 +59,7 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
                 "/admin/groups/g",
                 "/admin/groups/g/in-flight",
                 "/admin/groups/g/blocked-keys",
+                "/admin/groups/g/clients",
             ):
                 assert (await api.call("GET", path))[0] == 200
             fail = [{"topic": "t", "qid": batch["qid"], "fail": [batch["messages"][0]["offset"]]}]

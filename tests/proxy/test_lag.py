@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import aiohttp
@@ -9,7 +10,7 @@ import redis.asyncio
 
 from ddmq.client.producer import AsyncProducer
 from ddmq.protocol import keys
-from ddmq.proxy.lag import LagHistory, produce_times, topic_lag
+from ddmq.proxy.lag import LagHistory, produce_times, rates, topic_lag
 
 from ..http_support import ApiClient, OpenApiChecker
 from .conftest import running_proxy
@@ -62,3 +63,38 @@ async def test_lag_history_keeps_a_bounded_series_per_group_and_topic(redis_url:
         await eventually(sampled)
         status, body = await api.call("GET", "/admin/groups/nope/lag-history")
         assert (status, body["code"]) == (404, 1001)
+
+
+async def test_lag_history_survives_a_restart_bounded_in_redis_with_rates(redis_url: str) -> None:
+    config = {"order_key": "KEY", "timeout_ms": 60_000}
+    async with running_proxy(redis_url, config, queues=2) as service:
+        async with redis.asyncio.Redis.from_url(redis_url) as client:
+            await client.delete(keys.lag_history("g", "t"))  # the proxy's own sampler may have written one
+        # A 10 ms interval: every sample below falls in an interval of its own.
+        first = LagHistory(service, interval_s=0.01, points=4)
+        async with AsyncProducer(redis_url) as producer:
+            for _ in range(6):
+                await producer.send_batch("t", [{"key": f"k{i}", "value": "v", "qid": 1} for i in range(10)])
+                await first.sample()
+                await asyncio.sleep(0.02)
+        (samples,) = first.series("g").values()
+        assert [s.produced for s in samples] == [30, 40, 50, 60]
+        async with redis.asyncio.Redis.from_url(redis_url) as client:
+            assert await client.xlen(keys.lag_history("g", "t")) == 4  # capped like the memory
+        found = rates(samples)
+        assert found is not None and found[0] > 0
+
+        # A proxy starting afresh (a new history) reads the stored samples back before its own.
+        second = LagHistory(service, interval_s=0.01, points=4)
+        await asyncio.sleep(0.02)
+        await second.sample()
+        (restored,) = second.series("g").values()
+        assert [s.produced for s in restored] == [40, 50, 60, 60]
+        assert [s.at_ms for s in restored[:3]] == [s.at_ms - s.at_ms % 10 for s in samples[1:]]
+
+        # The same interval sampled twice (two proxies of a group): Redis keeps one; no error.
+        shared = LagHistory(service, interval_s=3600, points=4)
+        await shared.sample()
+        await shared.sample()
+        async with redis.asyncio.Redis.from_url(redis_url) as client:
+            assert await client.xlen(keys.lag_history("g", "t")) == 4

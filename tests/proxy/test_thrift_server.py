@@ -819,20 +819,22 @@ async def test_consume_cli_prints_and_acks(
     assert lines == [
         {
             "topic": "t",
-            "qid": "2",
+            "qid": 2,
             "offset": 1,
             "key": "k1",
             "tag": "tag",
             "properties": {"p": "1"},
+            "produce_ms": 1_700_000_000_001,
             "value": '{"a": 1}',
         },
         {
             "topic": "t",
-            "qid": "2",
+            "qid": 2,
             "offset": 2,
             "key": "k2",
             "tag": "tag",
             "properties": {"p": "2"},
+            "produce_ms": 1_700_000_000_002,
             "value_b64": "//4=",
         },
     ]

@@ -62,8 +62,14 @@
     return `${Math.floor(m / 60)} h ${String(m % 60).padStart(2, "0")} m`;
   }
 
+  // The one way the console shows a point in time: ISO 8601 in UTC to the second, as the ddmq CLIs do.
   function clock(ms) {
-    return ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 19) : "–";
+    return ms ? new Date(ms).toISOString().slice(0, 19) + "Z" : "–";
+  }
+
+  function rate(perSecond) {
+    if (perSecond === null || perSecond === undefined) return "–";
+    return perSecond < 10 ? perSecond.toFixed(1) : Math.round(perSecond).toLocaleString("en-US");
   }
 
   function preview(letter) {
@@ -145,6 +151,8 @@
 
   function renderTopics(detail, history) {
     const rows = detail.topics.map((t) => {
+      const rates = (history.rates || {})[t.topic] || null;
+      const dead = (detail.dead_letters || {})[t.topic];
       const queues = detail.queues.filter((q) => q.topic === t.topic);
       const lag = queues.reduce((sum, q) => sum + q.lag, 0);
       const ages = queues.map((q) => q.lag_ms).filter((v) => v !== null);
@@ -154,11 +162,14 @@
         { dataset: { topic: t.topic } },
         cell(t.topic),
         cell(num(t.queues), "num"),
+        cell(rate(rates && rates.produced_per_s), "num rate-in"),
+        cell(rate(rates && rates.consumed_per_s), "num rate-out"),
         cell(num(lag), "num lag" + (lag > 0 ? " behind" : "")),
         cell(age(timeLag), "num age"),
         cell(num(t.in_flight), "num"),
         cell(num(t.ready), "num"),
         cell(num(t.retry_wait), "num"),
+        cell(num(dead), "num dead" + (dead > 0 ? " bad" : "")),
         cell(t.held.length ? `${t.held.length} of ${t.queues}` : "none", "num"),
         chartCell(history.topics[t.topic] || [], history.interval_ms),
       );
@@ -209,6 +220,26 @@
       });
     if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "3", className: "muted" }, "no members")));
     $("members").tBodies[0].replaceChildren(...rows);
+  }
+
+  function renderClients(answer) {
+    const rows = answer.clients.map((c) =>
+      el(
+        "tr",
+        { dataset: { peer: c.peer } },
+        cell(c.peer, "mono"),
+        cell(c.protocol),
+        cell(c.version === null ? "–" : c.version, "mono version"),
+        cell(clock(c.last_pull_ms), "last-pull"),
+        cell(num(c.pulls), "num"),
+        cell(num(c.in_flight), "num in-flight"),
+      ),
+    );
+    if (answer.total > answer.clients.length) {
+      rows.push(el("tr", {}, el("td", { colspan: "6", className: "muted" }, `${answer.clients.length} of ${num(answer.total)} shown`)));
+    }
+    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "6", className: "muted" }, "no client has pulled lately")));
+    $("clients").tBodies[0].replaceChildren(...rows);
   }
 
   function pagerRange(pager, first, count, total) {
@@ -344,10 +375,11 @@
         return;
       }
       const g = enc(state.group);
-      const [detail, history, blocked] = await Promise.all([
+      const [detail, history, blocked, clients] = await Promise.all([
         api(`/admin/groups/${g}`),
         api(`/admin/groups/${g}/lag-history`),
         api(`/admin/groups/${g}/blocked-keys?limit=${PAGE}&offset=${state.blockedOffset}`),
+        api(`/admin/groups/${g}/clients`),
       ]);
       renderDeadTopics(detail);
       let page = null;
@@ -358,11 +390,12 @@
       renderTopics(detail, history);
       renderQueues(detail);
       renderMembers(detail);
+      renderClients(clients);
       renderBlocked(blocked);
       if (page) renderDead(page);
       $("main").hidden = false;
       showError(null);
-      $("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
+      $("status").textContent = `updated ${clock(Date.now())}`;
     } catch (error) {
       if (error instanceof AuthError) {
         $("main").hidden = true;
