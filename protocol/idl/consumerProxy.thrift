@@ -153,6 +153,8 @@ struct AckResult {
 struct LeaseAck {
     1: required string groupId;
     2: required list<string> leaseIds;
+    /* true: the reader gave these leases up (their proxy was gone); no later ack finishes their messages */
+    3: optional bool abandon;
 }
 
 exception PullException {
