@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from ddmq.protocol import keys
+from ddmq.protocol.connection import eval_script
 from ddmq.proxy.broker import map_redis_errors
 from ddmq.proxy.errors import BadRequestError, DdmqError, UnavailableError
 from ddmq.proxy.job import JobState, UpstreamJob
@@ -80,6 +81,13 @@ RECORD_GRACE_MS: Final = 600_000
 #: The field of a lease record that says its reader gave it up: an ack then finishes nothing.
 _ABANDONED: Final = "abandoned"
 _SWEEP_INTERVAL_S: Final = 1.0
+# KEYS: the lease's record.  ARGV: field, value, ttl_ms.  One key, so one slot on a Cluster, and the
+# expiry is set in the same step (a death between two commands would leave a record that never expires).
+_RECORD = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
 _EMPTY = PullBatch(None, [])
 
 
@@ -196,10 +204,8 @@ class ReplayLeases:
         redis = self._group.broker.redis
         try:
             with map_redis_errors(f"recording replay lease {lease_id!r}"):
-                async with redis.pipeline(transaction=True) as pipe:
-                    pipe.hset(key, f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)))
-                    pipe.pexpire(key, timeout_ms + RECORD_GRACE_MS)
-                    await pipe.execute()
+                await eval_script(redis, _RECORD, [key], [f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)),
+                                                          timeout_ms + RECORD_GRACE_MS])
         except DdmqError as exc:
             log.warning("replay lease %r of group %s not recorded (%s): a proxy death would deliver it again",
                         lease_id, self._buffer.group, exc)
@@ -276,12 +282,17 @@ class ReplayLeases:
                     await redis.append(keys.finished(self._buffer.group, topic, qid), "," + ranges)
                 tracker = consumer.trackers.get(qid)
                 if tracker is not None and qid in consumer.ownership.held:
-                    ahead = tracker.skip_ahead(offsets)
-                    if ahead < len(offsets):
-                        log.warning("replay lease %r acked here after this proxy took %s#%d: %d of its %d "
-                                    "messages were read again already", lease_id, topic, qid,
-                                    len(offsets) - ahead, len(offsets))
-                    touched.add(QueueId(topic, qid))
+                    # This proxy reads the queue (it took it from the dead proxy, or is that proxy
+                    # restarted): its tracker and buffer must learn it, or its next commit drops the
+                    # appended ranges and it delivers them again.
+                    queue = QueueId(topic, qid)
+                    tracker.skip_ahead(offsets)
+                    read = [offset for offset in offsets if tracker.commit_point <= offset < tracker.next_offset]
+                    late = self._buffer.finish_elsewhere(queue, read)
+                    if late:
+                        log.warning("replay lease %r acked here after this proxy took %s#%d and handed out %d "
+                                    "of its %d messages again", lease_id, topic, qid, late, len(offsets))
+                    touched.add(queue)
         return touched
 
     async def abandon(self, lease_ids: list[str]) -> None:
@@ -293,10 +304,7 @@ class ReplayLeases:
             _check(lease_id, 0, 1)
             key = keys.replay_lease(self._buffer.group, lease_id)
             with map_redis_errors(f"abandoning replay lease {lease_id!r}"):
-                async with redis.pipeline(transaction=True) as pipe:
-                    pipe.hset(key, _ABANDONED, "1")
-                    pipe.pexpire(key, MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS)
-                    await pipe.execute()
+                await eval_script(redis, _RECORD, [key], [_ABANDONED, "1", MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS])
 
     def _sweep(self, now: float) -> None:
         if now < self._next_sweep:
