@@ -209,8 +209,9 @@ class _Proxies:
         return merged
 
     def ack_leases(self, server: int, lease_ids: list[str]) -> bool:
-        """Ack ``lease_ids`` on proxy number ``server`` (it ignores the ids it does not hold). True when
-        done, or when nothing listens there: its leases died with its process. False: try again later."""
+        """Ack ``lease_ids`` on proxy number ``server``: it finishes the leases it holds, and those another
+        proxy served from their records in Redis. True when done, or when nothing listens there (its
+        leases died with its process, and every proxy that answers gets the ack). False: try again later."""
         address = self.options.servers[server]
         try:
             self.client(address).ack_leases(LeaseAck(groupId=self.options.group, leaseIds=lease_ids))
