@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import redis
 
 from ddmq.client.cli import build_parser
 from ddmq.client.demo import produce_rides
@@ -24,6 +25,8 @@ from ddmq.client.spark import pipeline
 from ddmq.client.spark.options import parse_options
 from ddmq.client.spark.pull_mode import PullPartition, PullStreamReader, read_leased
 from ddmq.client.spark.queue_mode import QueuePartition, read_range
+from ddmq.client.thrift_client import ProxyConnectionError
+from ddmq.protocol import keys
 
 from ..support import ProxyProcess, free_port, order_violations
 from .helpers import Collector, owners, positions, produce, wait_until
@@ -119,10 +122,22 @@ def test_a_queue_partition_goes_on_at_the_next_server_when_its_own_dies_mid_read
         other.stop()
 
 
-def test_a_pull_partition_whose_proxy_refuses_connections_reads_nothing() -> None:
-    options = parse_options({"servers": f"127.0.0.1:{free_port()}", "group": "g"})
+def test_a_pull_partition_whose_proxy_refuses_connections_reads_nothing_and_abandons_its_lease(
+    proxy: ProxyProcess, redis_url: str
+) -> None:
+    options = parse_options({"servers": f"127.0.0.1:{free_port()},127.0.0.1:{proxy.port}", "group": "g"})
     dead = options.servers[0]
     assert list(read_leased(options, PullPartition(dead[0], dead[1], "spark-g/1/0", 100))) == []
+    # marked at the proxy that answers, so that the batch's ack finishes nothing of the lease
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.hget(keys.replay_lease("g", "spark-g/1/0"), "abandoned") == b"1"
+
+
+def test_a_pull_partition_whose_proxy_is_gone_fails_when_no_proxy_takes_the_abandonment() -> None:
+    options = parse_options({"servers": f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}", "group": "g"})
+    dead = options.servers[0]
+    with pytest.raises(ProxyConnectionError, match="no other proxy took"):
+        list(read_leased(options, PullPartition(dead[0], dead[1], "spark-g/1/0", 100)))
 
 
 def test_planning_and_acks_leave_out_a_proxy_that_refuses_connections(proxy: ProxyProcess, redis_url: str) -> None:
