@@ -161,6 +161,12 @@ def replayed(group: str, topic: str, qid: int) -> str:
     return f"{_queue_tag(topic, qid)}:replayed:{group}"
 
 
+def replay_lease(group: str, lease_id: str) -> str:
+    """What a replay lease handed out (a hash: ``"<qid> <topic>"`` -> offset ranges). Every command
+    names this one key, so no hash tag is needed on a Cluster."""
+    return f"{PREFIX}:replaylease:{group}:{lease_id}"
+
+
 def stream_id(offset: int) -> str:
     """The stream entry id of an offset. Offsets map to ids ``0-<offset>`` exactly (offset >= 1)."""
     return f"0-{offset}"

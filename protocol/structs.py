@@ -205,8 +205,11 @@ if TYPE_CHECKING:
     class LeaseAck(TPayload):
         groupId: str | None
         leaseIds: list[str] | None
+        abandon: bool | None
 
-        def __init__(self, groupId: str | None = None, leaseIds: list[str] | None = None) -> None: ...
+        def __init__(
+            self, groupId: str | None = None, leaseIds: list[str] | None = None, abandon: bool | None = None
+        ) -> None: ...
 
     class PullException(TException):
         code: int | None

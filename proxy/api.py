@@ -51,9 +51,11 @@ class ConsumeService(Protocol):
         still takes acks while it drains."""
         ...
 
-    async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
-        """Ack every message of the named pull leases; returns how many were acked. Unknown ids are
-        ignored. Raises UnknownGroupError."""
+    async def ack_leases(self, group: str, lease_ids: list[str], abandon: bool = False) -> int:
+        """Ack every message of the named pull leases; returns how many were acked. Ids of leases
+        another proxy served are acked from their records in Redis; unknown ids are ignored. With
+        ``abandon``, mark the leases given up instead (no later ack finishes anything of them; answers
+        0). Raises UnknownGroupError."""
         ...
 
     async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:

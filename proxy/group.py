@@ -324,6 +324,10 @@ class ConsumerGroup:
         #: Set when the group left the config: pulls get "unknown group", acks still count.
         self.removed = False
 
+    @property
+    def broker(self) -> Broker:
+        return self._broker
+
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
         consumer = TopicConsumer(

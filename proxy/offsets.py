@@ -72,6 +72,16 @@ class OffsetTracker:
         else:
             self._done.add(offset)
 
+    def skip_ahead(self, offsets: set[int]) -> int:
+        """Offsets finished elsewhere (a replay lease acked at another proxy) before this proxy read
+        them: skipped like a previous owner's when they are read. Returns how many were still ahead;
+        those already read are beyond reach (they may be out again)."""
+        ahead = {offset for offset in offsets if offset >= self._next} - self._skip
+        if ahead:
+            self._skip |= ahead
+            self.version += 1
+        return len(ahead)
+
     @property
     def commit_point(self) -> int:
         return self._pending[0] if self._pending else self._next
@@ -86,8 +96,9 @@ class OffsetTracker:
         return len(self._pending) - len(self._done)
 
     def finished_beyond(self) -> str:
-        """The offsets finished past the commit point, encoded for storage."""
-        return encode_ranges(sorted(self._done))
+        """The offsets finished past the commit point, encoded for storage: with those a previous owner
+        (or an ack elsewhere) finished and this proxy has not read yet, which a commit must not drop."""
+        return encode_ranges(sorted(self._done | self._skip))
 
 
 def encode_ranges(offsets: list[int]) -> str:

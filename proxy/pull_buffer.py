@@ -95,6 +95,9 @@ class PullBuffer:
         self._ready_count = 0
         self._jobs: dict[QueueId, dict[int, UpstreamJob]] = {}
         self._runs: dict[QueueId, dict[int, UpstreamJob]] = {}  # run members in flight behind their heads
+        #: Offsets finished elsewhere (a replay lease acked at another proxy) that were read here but wait
+        #: behind their key: finished instead of made ready when they get here (see finish_elsewhere).
+        self._finished_elsewhere: dict[QueueId, set[int]] = {}
         self._waiters: deque[_Waiter] = deque()
         self._wake_scheduled = False
         self.redelivery = Redelivery(group, self.queue_stats, self._timed_out, self._make_ready, self._finish, clock)
@@ -125,6 +128,15 @@ class PullBuffer:
     def add(self, job: UpstreamJob) -> None:
         """A runnable job reached the PullServer action."""
         queue = job.queue
+        if self._finished_elsewhere:
+            done = self._finished_elsewhere.get(queue)
+            if done is not None and job.offset in done:
+                done.discard(job.offset)
+                if not done:
+                    del self._finished_elsewhere[queue]
+                self.queue_stats[queue].acked += 1
+                self._finish(job)
+                return
         jobs = self._jobs.get(queue)
         if jobs is None:
             jobs = self._jobs[queue] = {}
@@ -373,6 +385,23 @@ class PullBuffer:
         if members is not None and not members and self._runs.get(queue) is members:
             del self._runs[queue]
 
+    def finish_elsewhere(self, queue: QueueId, offsets: Iterable[int]) -> int:
+        """Finish read offsets of ``queue`` that a client acked at another proxy (a replay lease served
+        by a proxy that died, whose queue this one took): a ready job never handed out here is finished
+        at once, one still waiting behind its key when it gets here. Returns how many were handed out
+        here already (too late: they are in flight or were delivered)."""
+        late = 0
+        for offset in offsets:
+            job = self.job(queue, offset)
+            if job is None:
+                self._finished_elsewhere.setdefault(queue, set()).add(offset)
+            elif job.attempts or job.state is not _READY:
+                late += 1
+            else:
+                self.queue_stats[queue].acked += 1
+                self._finish(job)  # its stale entry in the ready deque is skipped when taken
+        return late
+
     def fail(self, queue: QueueId, offsets: Iterable[int], reason: str = "client reported failure") -> None:
         jobs = self._jobs.get(queue)
         stats = self.queue_stats[queue]
@@ -462,6 +491,7 @@ class PullBuffer:
         """Forget every job of ``queue`` (the queue moved away); returns them."""
         # Heads first, then run members in their chains' order: the caller releases them in this order.
         dropped = [*self._jobs.pop(queue, {}).values(), *self._runs.pop(queue, {}).values()]
+        self._finished_elsewhere.pop(queue, None)
         for job in dropped:
             if job.state is JobState.IN_FLIGHT:
                 self.redelivery.unwatch(job)

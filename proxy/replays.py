@@ -34,6 +34,15 @@ of the same partition (the one that reached the sink, say) never saw them. Expir
 tombstones are swept lazily, at most once per second.
 
 Leases are kept in the memory of one proxy: a lease's replays must go to the proxy that served it.
+What a lease handed out is also *recorded* in Redis (:func:`ddmq.protocol.keys.replay_lease`, written
+before the pull is answered, kept for the lease timeout plus :data:`RECORD_GRACE_MS`), so that its ack
+outlives the proxy: an ack of a lease this proxy does not hold (the proxy that served it died, or
+restarted) reads the record and marks those offsets finished for whoever reads the queue next (and
+skips them here if this proxy reads the queue). An ack of a lease held here finishes its messages and
+commits their queues before it answers, so an answered ack is durable. A lease *abandoned* by its
+reader (its proxy refused connections, so the micro-batch goes on without its rows) is marked so in
+its record, and no later ack finishes anything of it. DESIGN.md, "A proxy's death under a Spark
+query", walks through the races.
 """
 
 from __future__ import annotations
@@ -42,12 +51,19 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from ddmq.proxy.errors import BadRequestError, UnavailableError
+from ddmq.protocol import keys
+from ddmq.protocol.connection import eval_script
+from ddmq.proxy.broker import map_redis_errors
+from ddmq.proxy.errors import BadRequestError, DdmqError, UnavailableError
 from ddmq.proxy.job import JobState, UpstreamJob
+from ddmq.proxy.offsets import decode_ranges, encode_ranges
 from ddmq.proxy.pull_buffer import THRIFT_REPLY, PullBuffer
 from ddmq.proxy.types import PullBatch, QueueId, ReplySize
+
+if TYPE_CHECKING:
+    from ddmq.proxy.group import ConsumerGroup
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +75,19 @@ MAX_LEASES_PER_GROUP: Final = 100_000
 MAX_LEASE_ID_CHARS: Final = 512
 #: Most pulls one lease may hold.
 MAX_LEASE_INDEX: Final = 10_000
+#: A lease's record in Redis outlives the lease by this much: the driver acks after Spark committed,
+#: which may take a while after the last read, and a dead proxy's queues move only after their TTL.
+RECORD_GRACE_MS: Final = 600_000
+#: The field of a lease record that says its reader gave it up: an ack then finishes nothing.
+_ABANDONED: Final = "abandoned"
 _SWEEP_INTERVAL_S: Final = 1.0
+# KEYS: the lease's record.  ARGV: field, value, ttl_ms.  One key, so one slot on a Cluster, and the
+# expiry is set in the same step (a death between two commands would leave a record that never expires).
+_RECORD = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
 _EMPTY = PullBatch(None, [])
 
 
@@ -75,6 +103,8 @@ class _Lease:
     #: The last message handed out under the lease of each key with runs: later pulls of the lease
     #: may continue those keys' runs.
     tails: list[UpstreamJob] = field(default_factory=list)
+    #: Every offset handed out under the lease, per queue (what its record in Redis says).
+    offsets: dict[QueueId, list[int]] = field(default_factory=lambda: defaultdict(list))
 
     def live(self) -> bool:
         return all(job.state is JobState.IN_FLIGHT and job.attempts == attempts for job, attempts in self.jobs)
@@ -83,8 +113,10 @@ class _Lease:
 class ReplayLeases:
     """The replay leases of one consumer group, on top of its pull buffer."""
 
-    def __init__(self, buffer: PullBuffer) -> None:
+    def __init__(self, buffer: PullBuffer, group: ConsumerGroup | None = None) -> None:
         self._buffer = buffer
+        #: The group whose queues the leases come from; None keeps leases in memory only (no records).
+        self._group = group
         self._leases: dict[str, _Lease] = {}
         self._next_sweep = 0.0
         self.replayed = 0
@@ -154,24 +186,126 @@ class ReplayLeases:
             if max_per_key > 1:
                 lease.tails = _tails(lease.tails, taken)
         lease.expires = max(lease.expires, loop.time() + timeout_ms / 1000)
-        future.set_result(batch)
+        try:
+            if batch.queue is not None and batch.messages:
+                offsets = lease.offsets[batch.queue]
+                offsets.extend(message.offset for message in batch.messages)
+                await self._record(lease_id, batch.queue, offsets, timeout_ms)
+        finally:
+            future.set_result(batch)  # replays must not hang on a record that failed or was cancelled
         return batch
 
-    def ack(self, lease_ids: list[str]) -> int:
-        """Ack every message of the named leases and forget them; unknown ids are ignored. Returns the
-        number of messages acked."""
+    async def _record(self, lease_id: str, queue: QueueId, offsets: list[int], timeout_ms: int) -> None:
+        """Write what the lease handed out of ``queue`` to its record, before the pull is answered: an ack
+        that reaches another proxy after this one died finds it there. A Redis error costs only that:
+        the lease's messages are then delivered again after a death (at least once), as without records."""
+        if self._group is None:
+            return
+        key = keys.replay_lease(self._buffer.group, lease_id)
+        redis = self._group.broker.redis
+        try:
+            with map_redis_errors(f"recording replay lease {lease_id!r}"):
+                await eval_script(redis, _RECORD, [key], [f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)),
+                                                          timeout_ms + RECORD_GRACE_MS])
+        except DdmqError as exc:
+            log.warning("replay lease %r of group %s not recorded (%s): a proxy death would deliver it again",
+                        lease_id, self._buffer.group, exc)
+
+    async def ack(self, lease_ids: list[str]) -> int:
+        """Ack every message of the named leases and forget them. A lease held here is finished and its
+        queues committed before this returns (DdmqError when that commit fails: ack again). A lease not
+        held here is taken from its record in Redis (see :meth:`_ack_recorded`). Returns the number of
+        messages acked (those of leases held here)."""
         before = self._buffer.stats.acked
+        touched: set[QueueId] = set()
+        held: list[str] = []
+        recorded: list[str] = []
         for lease_id in lease_ids:
             lease = self._leases.pop(lease_id, None)
-            if lease is None or lease.dead:
+            if lease is None:
+                recorded.append(lease_id)
+                continue
+            held.append(lease_id)
+            if lease.dead:
                 continue
             by_queue: dict[QueueId, list[int]] = defaultdict(list)
             for job, _ in lease.jobs:
                 if job.state is not JobState.FINISHED:
                     by_queue[job.queue].append(job.offset)
+                    touched.add(job.queue)
             for queue, offsets in by_queue.items():
                 self._buffer.ack(queue, offsets)
-        return self._buffer.stats.acked - before
+        acked = self._buffer.stats.acked - before
+        if self._group is None:
+            return acked
+        if recorded:
+            touched |= await self._ack_recorded(recorded)
+        for queue in touched:
+            consumer = self._group.consumers.get(queue.topic) or self._group.retiring.get(queue.topic)
+            if consumer is not None:
+                await consumer.commits.commit(queue.qid)
+        if held:
+            try:
+                with map_redis_errors("deleting acked replay lease records"):
+                    await self._group.broker.redis.delete(*(keys.replay_lease(self._buffer.group, i) for i in held))
+            except DdmqError as exc:  # they expire by themselves; a later ack of them finishes nothing new
+                log.debug("replay lease records of group %s not deleted: %s", self._buffer.group, exc)
+        return acked
+
+    async def _ack_recorded(self, lease_ids: list[str]) -> set[QueueId]:
+        """Ack leases another proxy (or an earlier incarnation of this one) served, from their records:
+        their offsets are appended to each queue's finished offsets, which the queue's next owner skips
+        when it loads them, and skipped here when this proxy reads the queue. Returns the queues held
+        here whose trackers changed (to commit). Records marked abandoned, or gone, finish nothing."""
+        assert self._group is not None
+        group = self._group
+        redis = group.broker.redis
+        touched: set[QueueId] = set()
+        for lease_id in lease_ids:
+            with map_redis_errors(f"reading replay lease {lease_id!r}"):
+                record = await redis.hgetall(keys.replay_lease(self._buffer.group, lease_id))
+            fields = {_text(name): _text(value) for name, value in record.items()}
+            if not fields or _ABANDONED in fields:
+                continue
+            for name, ranges in fields.items():
+                qid_text, _, topic = name.partition(" ")
+                consumer = group.consumers.get(topic)
+                try:
+                    qid, offsets = int(qid_text), decode_ranges(ranges)
+                except ValueError:
+                    log.warning("replay lease %r: unreadable record field %r; ignored", lease_id, name)
+                    continue
+                if consumer is None or not offsets:
+                    continue
+                # APPEND keeps the ranges valid (decode_ranges takes the union of comma-separated parts)
+                # and is one command on one key, so no owner's commit can interleave inside it.
+                with map_redis_errors(f"finishing replay lease {lease_id!r} on {topic}#{qid}"):
+                    await redis.append(keys.finished(self._buffer.group, topic, qid), "," + ranges)
+                tracker = consumer.trackers.get(qid)
+                if tracker is not None and qid in consumer.ownership.held:
+                    # This proxy reads the queue (it took it from the dead proxy, or is that proxy
+                    # restarted): its tracker and buffer must learn it, or its next commit drops the
+                    # appended ranges and it delivers them again.
+                    queue = QueueId(topic, qid)
+                    tracker.skip_ahead(offsets)
+                    read = [offset for offset in offsets if tracker.commit_point <= offset < tracker.next_offset]
+                    late = self._buffer.finish_elsewhere(queue, read)
+                    if late:
+                        log.warning("replay lease %r acked here after this proxy took %s#%d and handed out %d "
+                                    "of its %d messages again", lease_id, topic, qid, late, len(offsets))
+                    touched.add(queue)
+        return touched
+
+    async def abandon(self, lease_ids: list[str]) -> None:
+        """Mark the named leases given up by their reader: no later ack finishes anything of them."""
+        if self._group is None:
+            return
+        redis = self._group.broker.redis
+        for lease_id in lease_ids:
+            _check(lease_id, 0, 1)
+            key = keys.replay_lease(self._buffer.group, lease_id)
+            with map_redis_errors(f"abandoning replay lease {lease_id!r}"):
+                await eval_script(redis, _RECORD, [key], [_ABANDONED, "1", MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS])
 
     def _sweep(self, now: float) -> None:
         if now < self._next_sweep:
@@ -199,6 +333,10 @@ def _tails(tails: list[UpstreamJob], taken: list[UpstreamJob]) -> list[UpstreamJ
     """The lease's last message per key once ``taken`` went out too: a message whose successor is now
     in flight (in this lease: nobody else may take a key this lease holds) is no longer the last."""
     return [job for job in (*tails, *taken) if job.next is None or job.next.state is not JobState.IN_FLIGHT]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _check(lease_id: str, index: int, timeout_ms: int) -> None:

@@ -106,8 +106,8 @@ class Endpoint:
     async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
         await self._service.submit(results, group)
 
-    async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
-        return await self._service.ack_leases(group, lease_ids)
+    async def ack_leases(self, group: str, lease_ids: list[str], abandon: bool = False) -> int:
+        return await self._service.ack_leases(group, lease_ids, abandon)
 
     async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
         return await self._service.consume_stats(group, topic)

@@ -369,11 +369,15 @@ class ProxyService:
     def _replays(self, group: ConsumerGroup) -> ReplayLeases:
         replays = self.replays.get(group.name)
         if replays is None:
-            replays = self.replays[group.name] = ReplayLeases(group.buffer)
+            replays = self.replays[group.name] = ReplayLeases(group.buffer, group)
         return replays
 
-    async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
-        return self._replays(self._group(group)).ack(lease_ids)
+    async def ack_leases(self, group: str, lease_ids: list[str], abandon: bool = False) -> int:
+        replays = self._replays(self._group(group))
+        if abandon:
+            await replays.abandon(lease_ids)
+            return 0
+        return await replays.ack(lease_ids)
 
     async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
         if group is not None:

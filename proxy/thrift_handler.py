@@ -136,7 +136,7 @@ class ThriftHandler:
         request = args.request
         if request is None or not request.groupId:
             raise BadRequestError("LeaseAck.groupId is required")
-        return await self._service.ack_leases(request.groupId, list(request.leaseIds or ()))
+        return await self._service.ack_leases(request.groupId, list(request.leaseIds or ()), bool(request.abandon))
 
     async def _submit(self, args: Any) -> bool:
         results = results_from_wire(args.result)

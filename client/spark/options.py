@@ -39,6 +39,10 @@ class SourceOptions:
     max_messages_per_trigger: int | None
     max_messages: int | None
     timeout_s: float
+    #: Testing hook (option ``testAckGate``): a directory; when it holds ``hold-N``, the pull-mode
+    #: driver, before acking the leases up to offset ``seq`` N, creates ``ack-N.wait`` there and waits
+    #: (up to two minutes) until ``ack-N.go`` exists.
+    ack_gate: str | None = None
 
     def server(self, index: int) -> tuple[str, int]:
         """The server partition ``index`` talks to (partitions are spread round-robin)."""
@@ -114,4 +118,5 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", None, 1),
         max_messages=_int(options, "maxMessages", None, 1),
         timeout_s=timeout_s,
+        ack_gate=_get(options, "testAckGate") or None,
     )

@@ -24,8 +24,12 @@ answers the very same runs. With
 ``maxPerKey`` 1 a key advances one message per micro-batch, the next going out only after the ack.
 
 A proxy's death: a partition yields its whole lease or nothing, and nothing when its proxy refuses
-connections (the lease died with it; its messages come back through the survivors). DESIGN.md, "A
-proxy's death under a Spark query", says why nothing weaker is safe.
+connections (the lease died with it; its messages come back through the survivors): it then marks the
+lease abandoned at another proxy, so that the batch's ack finishes none of it. Acks go to every proxy
+that answers: the one holding the lease finishes it, the others finish what the lease's record in
+Redis says it handed out, so the ack of a lease whose proxy died after Spark committed still keeps its
+messages from coming again. DESIGN.md, "A proxy's death under a Spark query", says why nothing weaker
+is safe.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -94,6 +99,7 @@ def read_leased(options: SourceOptions, partition: PullPartition) -> Iterator[An
                     "through the queues' next owner, in a later micro-batch (%s)",
                     partition.lease_id, partition.host, partition.port, exc,
                 )
+                abandon(options, partition)
                 return
             if not exc.retriable or time.monotonic() + backoff_s > deadline:
                 raise
@@ -104,6 +110,26 @@ def read_leased(options: SourceOptions, partition: PullPartition) -> Iterator[An
             continue
         yield from batches
         return
+
+
+def abandon(options: SourceOptions, partition: PullPartition) -> None:
+    """Mark the partition's lease abandoned at every other proxy that answers: an earlier read of it (a
+    failed task attempt) may have been recorded, and the batch's ack must not finish rows this read
+    does not yield. Raises when no proxy took it (the task fails and is retried, as before)."""
+    errors = []
+    for host, port in options.servers:
+        if (host, port) == (partition.host, partition.port):
+            continue
+        try:
+            with ProxyClient(host, port, timeout_s=options.timeout_s) as client:
+                client.ack_leases(LeaseAck(groupId=options.group, leaseIds=[partition.lease_id], abandon=True))
+            return
+        except ProxyClientError as exc:
+            errors.append(f"{host}:{port}: {exc}")
+    raise ProxyConnectionError(
+        f"lease {partition.lease_id}: its proxy is gone and no other proxy took the lease's abandonment: "
+        + ("; ".join(errors) or "no other proxy configured")
+    )
 
 
 def _pull_lease(options: SourceOptions, partition: PullPartition) -> list[Any]:
@@ -183,8 +209,9 @@ class _Proxies:
         return merged
 
     def ack_leases(self, server: int, lease_ids: list[str]) -> bool:
-        """Ack ``lease_ids`` on proxy number ``server`` (it ignores the ids it does not hold). True when
-        done, or when nothing listens there: its leases died with its process. False: try again later."""
+        """Ack ``lease_ids`` on proxy number ``server``: it finishes the leases it holds, and those another
+        proxy served from their records in Redis. True when done, or when nothing listens there (its
+        leases died with its process, and every proxy that answers gets the ack). False: try again later."""
         address = self.options.servers[server]
         try:
             self.client(address).ack_leases(LeaseAck(groupId=self.options.group, leaseIds=lease_ids))
@@ -322,6 +349,7 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         :meth:`_Proxies.ack_leases`), so a dead proxy does not grow the list."""
         if seq <= 0:
             return
+        self._wait_for_gate(seq)
         parts = self.options.num_partitions
         for server in range(len(self.options.servers)):
             done = self._acked_through.get(server)
@@ -331,6 +359,17 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lease_ids = [self.lease_id(s, p) for s in range(first, seq + 1) for p in range(parts)]
             if self.proxies.ack_leases(server, lease_ids):
                 self._acked_through[server] = seq
+
+    def _wait_for_gate(self, seq: int) -> None:
+        """The ``testAckGate`` hook: lets a test act between Spark's commit of a batch and its ack."""
+        gate = self.options.ack_gate
+        if gate is None or not (Path(gate) / f"hold-{seq}").exists():
+            return
+        wait, go = Path(gate) / f"ack-{seq}.wait", Path(gate) / f"ack-{seq}.go"
+        wait.touch()
+        deadline = time.monotonic() + 120
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     # executor side -----------------------------------------------------------------------------
 

@@ -153,6 +153,8 @@ struct AckResult {
 struct LeaseAck {
     1: required string groupId;
     2: required list<string> leaseIds;
+    /* true: the reader gave these leases up (their proxy was gone); no later ack finishes their messages */
+    3: optional bool abandon;
 }
 
 exception PullException {
@@ -172,7 +174,9 @@ service ConsumerService {
 
     bool ack(1: AckResult result);
 
-    /* ddmq extension: ack the messages of pull leases; answers how many messages were acked.
-     * Unknown or expired lease ids are ignored. */
+    /* ddmq extension: ack the messages of pull leases; answers how many messages this proxy held
+     * and acked. A lease another proxy served is acked from its record in Redis (its messages are
+     * finished for the queue's owner; counted 0); unknown or expired lease ids are ignored. With
+     * abandon, the leases are marked given up instead, and no later ack finishes their messages. */
     i32 ackLeases(1: LeaseAck request) throws (1: PullException error);
 }

@@ -114,6 +114,7 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
     "LeaseAck": {
         1: (STRING, "groupId", "required", None),
         2: (LIST, "leaseIds", "required", STRING),
+        3: (BOOL, "abandon", "optional", None),
     },
     "PullException": {
         1: (I32, "code", "", None),

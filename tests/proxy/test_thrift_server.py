@@ -130,7 +130,7 @@ class FakeService:
     async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
         self.submits.append(results)
 
-    async def ack_leases(self, group: str, lease_ids: list[str]) -> int:
+    async def ack_leases(self, group: str, lease_ids: list[str], abandon: bool = False) -> int:
         return 0
 
     async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:

@@ -9,12 +9,15 @@ survivor. Either way the query ends by itself and the parquet sink holds every r
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
+import redis
 
 from ddmq.client.cli import build_parser
 from ddmq.client.demo import produce_rides
@@ -22,6 +25,8 @@ from ddmq.client.spark import pipeline
 from ddmq.client.spark.options import parse_options
 from ddmq.client.spark.pull_mode import PullPartition, PullStreamReader, read_leased
 from ddmq.client.spark.queue_mode import QueuePartition, read_range
+from ddmq.client.thrift_client import ProxyConnectionError
+from ddmq.protocol import keys
 
 from ..support import ProxyProcess, free_port, order_violations
 from .helpers import Collector, owners, positions, produce, wait_until
@@ -117,10 +122,22 @@ def test_a_queue_partition_goes_on_at_the_next_server_when_its_own_dies_mid_read
         other.stop()
 
 
-def test_a_pull_partition_whose_proxy_refuses_connections_reads_nothing() -> None:
-    options = parse_options({"servers": f"127.0.0.1:{free_port()}", "group": "g"})
+def test_a_pull_partition_whose_proxy_refuses_connections_reads_nothing_and_abandons_its_lease(
+    proxy: ProxyProcess, redis_url: str
+) -> None:
+    options = parse_options({"servers": f"127.0.0.1:{free_port()},127.0.0.1:{proxy.port}", "group": "g"})
     dead = options.servers[0]
     assert list(read_leased(options, PullPartition(dead[0], dead[1], "spark-g/1/0", 100))) == []
+    # marked at the proxy that answers, so that the batch's ack finishes nothing of the lease
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.hget(keys.replay_lease("g", "spark-g/1/0"), "abandoned") == b"1"
+
+
+def test_a_pull_partition_whose_proxy_is_gone_fails_when_no_proxy_takes_the_abandonment() -> None:
+    options = parse_options({"servers": f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}", "group": "g"})
+    dead = options.servers[0]
+    with pytest.raises(ProxyConnectionError, match="no other proxy took"):
+        list(read_leased(options, PullPartition(dead[0], dead[1], "spark-g/1/0", 100)))
 
 
 def test_planning_and_acks_leave_out_a_proxy_that_refuses_connections(proxy: ProxyProcess, redis_url: str) -> None:
@@ -171,6 +188,77 @@ def test_available_now_waits_for_a_dead_proxys_queues_longer_than_its_idle_batch
             for key, seq, _, _ in rows:
                 seqs.setdefault(key, []).append(seq)
         assert order_violations(seqs, produced) == []
+    finally:
+        for process in proxies:
+            process.stop()
+
+
+@pytest.mark.timeout(420)
+def test_a_raw_file_sink_gets_every_message_once_when_a_proxy_dies_between_commit_and_ack(
+    spark: Any, redis_url: str, tmp_path: Path
+) -> None:
+    """Pull mode, a plain parquet sink of raw rows (no per-key state to hide a duplicate). The driver is
+    held (``testAckGate``) after Spark committed the first micro-batch and before it acks its leases;
+    one proxy is killed with -9 right then, so its leases of a committed batch are never acked where
+    they live. The ack then reaches the survivor, which finishes them from their records: nothing of
+    the committed batch comes again, and every message arrives, each key in order."""
+    proxies: list[ProxyProcess] = []
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "hold-1").touch()  # seq 1 ends micro-batch 0
+    try:
+        start_two(tmp_path, redis_url, {"g": {"t": {"order_key": "KEY", "max_pull_batch_size": 1000}}}, "t",
+                  LEASES, proxies)
+        produced = produce(redis_url, 300, 8)
+        out, checkpoint = tmp_path / "rows", tmp_path / "checkpoint"
+        query = (
+            spark.readStream.format("ddmq")
+            .option("servers", ",".join(f"127.0.0.1:{p.port}" for p in proxies))
+            .option("group", "g")
+            .option("lingerMs", "50")
+            .option("maxMessagesPerTrigger", "800")
+            .option("testAckGate", str(gate))
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        wait_until(lambda: (gate / "ack-1.wait").exists() or not query.isActive, 180, "micro-batch 0's commit")
+        assert query.isActive, query.exception()
+        assert (checkpoint / "commits" / "0").exists()  # Spark committed it; its leases are not acked yet
+        proxies[0].kill()
+        (gate / "ack-1.go").touch()
+        query.awaitTermination(300)
+        assert not query.isActive and query.exception() is None
+
+        # Each row's micro-batch, from the file sink's own log (which files each batch committed).
+        batch_of: dict[str, int] = {}
+        for log_file in (out / "_spark_metadata").iterdir():
+            if log_file.name.split(".")[0].isdigit():
+                for line in log_file.read_text().splitlines()[1:]:
+                    batch_of[Path(json.loads(line)["path"]).name] = int(log_file.name.split(".")[0])
+        seen: set[tuple[str, int, int]] = set()
+        bodies: set[bytes] = set()
+        duplicates = []
+        arrivals: dict[str, list[tuple[int, int]]] = {}
+        for name, batch in sorted(batch_of.items(), key=lambda item: item[1]):
+            table = pq.read_table(out / name)
+            for topic, qid, offset, value in zip(*(table.column(c).to_pylist()
+                                                   for c in ("topic", "qid", "offset", "value")), strict=True):
+                if (topic, qid, offset) in seen or value in bodies:
+                    duplicates.append((topic, qid, offset, value))
+                seen.add((topic, qid, offset))
+                bodies.add(value)
+                event = json.loads(value)
+                arrivals.setdefault(event["k"], []).append((batch, event["seq"]))
+        assert 0 in batch_of.values() and max(batch_of.values()) > 0  # the kill fell between micro-batches
+        assert duplicates == []
+        assert len(seen) == sum(produced.values())
+        # Per key: batch by batch in key order (a file holds one partition's rows, in the order read).
+        assert order_violations({key: [seq for _, seq in sorted(got, key=lambda a: a[0])]
+                                 for key, got in arrivals.items()}, produced) == []
     finally:
         for process in proxies:
             process.stop()
