@@ -12,7 +12,7 @@ from __future__ import annotations
 from ddmq.actions.base import ChainContext, Status, register
 from ddmq.actions.expression import compile_expression
 from ddmq.actions.jsonpath import MISSING
-from ddmq.proxy.job import INVALID_JSON, NOT_PARSED, UpstreamJob
+from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 
 
 @register("Filter")

@@ -35,7 +35,7 @@ from ddmq.actions.expression import Predicate, compile_expression
 from ddmq.actions.jsonpath import MISSING, check_jsonpath, compile_jsonpath
 from ddmq.actions.push import Failure, Outcome, PushAction
 from ddmq.config.schema import RedisCommandConfig
-from ddmq.proxy.job import INVALID_JSON, NOT_PARSED, UpstreamJob
+from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 
 log = logging.getLogger(__name__)
 

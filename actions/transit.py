@@ -14,7 +14,7 @@ from typing import Any
 
 from ddmq.actions.base import ChainContext, Status, register
 from ddmq.actions.jsonpath import MISSING, compile_jsonpath
-from ddmq.proxy.job import INVALID_JSON, UpstreamJob
+from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 
 
 @register("Transit")

@@ -83,7 +83,7 @@ def engine_config(url: str, order_key: str = "KEY", topic: str = "t") -> Any:
 
 async def drain_engine(service: Any, messages: int, max_per_key: int | None = None, topic: str = "t") -> None:
     """:data:`PULLERS` pullers call ``service.pull`` (acks on their next pull) until ``messages`` arrived."""
-    from ddmq.proxy.types import QueueResult
+    from ddmq.proxy.core.types import QueueResult
 
     received = 0
 
@@ -143,7 +143,7 @@ def _clients(port: int, messages: int, max_per_key: int) -> None:
 
 def _traced(messages: int, topic: str, order_key: str, max_per_key: int, thrift: bool, clients_python: str) -> None:
     """The body of one traced run: embedded Redis, backlog from a child process, one drain."""
-    from ddmq.proxy.embedded import EmbeddedRedis
+    from ddmq.proxy.store.embedded import EmbeddedRedis
 
     with tempfile.TemporaryDirectory() as data_dir:
         redis_server = EmbeddedRedis(data_dir).start()

@@ -37,7 +37,7 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 import redis
 
-from ddmq.proxy.embedded import EmbeddedRedis
+from ddmq.proxy.store.embedded import EmbeddedRedis
 
 # The child: produce `messages` keyed messages in batches, print the seconds it took. Only what every
 # release's client has is imported, so --before can measure an older install with it.

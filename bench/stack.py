@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from ddmq.proxy.embedded import EmbeddedRedis
-from ddmq.proxy.embedded_cluster import EmbeddedCluster
+from ddmq.proxy.store.embedded import EmbeddedRedis
+from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
 __all__ = [
     "ClusterServer",

@@ -82,7 +82,7 @@ class ProxyClientError(Exception):
 
 
 class PullError(ProxyClientError):
-    """The proxy answered with a ``PullException``; ``code`` is one of ``ddmq.proxy.errors``' codes."""
+    """The proxy answered with a ``PullException``; ``code`` is one of ``ddmq.proxy.core.errors``' codes."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"{message} (code {code})")
@@ -241,7 +241,7 @@ class ProxyClient(_CallCodec):
         return acked
 
     def fetch(self, request: FetchRequest) -> FetchResponse:
-        """Low-level read from the offsets the request names (no ordering gates); see ``proxy/fetch.py``."""
+        """Low-level read from the offsets the request names (no ordering gates); see ``proxy/api/fetch.py``."""
         response: FetchResponse = self._call("fetch", self._pull_wait_s(request), request=request)
         return response
 

@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from ddmq.config.schema import ProxyConfig
-from ddmq.proxy.errors import ConfigError
+from ddmq.proxy.core.errors import ConfigError
 
 
 class _StrictLoader(yaml.SafeLoader):

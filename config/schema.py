@@ -420,7 +420,7 @@ class TopicGroupConfig(_Model):
 
 
 class LeaseConfig(_Model):
-    """Queue leases (see ``ddmq.proxy.leases`` for why these numbers)."""
+    """Queue leases (see ``ddmq.proxy.cluster.leases`` for why these numbers)."""
 
     #: A queue whose owner stopped renewing moves to another proxy after this.
     ttl_ms: Annotated[int, Field(ge=200)] = 30_000

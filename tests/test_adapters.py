@@ -3,7 +3,7 @@
 Each case runs once per adapter against a real proxy (in this event loop), real Redis and real
 sockets; :class:`Wire` is the only thing that differs: it speaks one protocol and maps its answers
 and errors onto the same small values. The request rules themselves live behind the service
-(``ddmq.proxy.requests``); a case that fails for one adapter only means that adapter decides
+(``ddmq.proxy.api.requests``); a case that fails for one adapter only means that adapter decides
 something itself. Cases that deliver messages check per-key order and that every produced message
 is delivered and committed.
 """
@@ -27,9 +27,9 @@ from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.protocol import writer as thrift_writer
 from ddmq.protocol.pull_codec import encode_pull_reply
-from ddmq.proxy.api import MAX_RESULT_OFFSETS
+from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
+from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.types import StoredMessage
 
 from .http_support import ApiClient, OpenApiChecker
 from .proxy.conftest import proxy_config, running_proxy

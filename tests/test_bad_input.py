@@ -11,7 +11,7 @@ import pytest
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.protocol import wire
-from ddmq.proxy.errors import UnknownGroupError
+from ddmq.proxy.core.errors import UnknownGroupError
 
 from .proxy.conftest import running_proxy
 

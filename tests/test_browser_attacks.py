@@ -20,8 +20,8 @@ from aiohttp import web
 from playwright.async_api import BrowserContext, Page, async_playwright, expect
 
 from ddmq.client.producer import AsyncProducer
+from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.types import StoredMessage
 
 from .http_support import ApiClient
 from .proxy.test_http_api import http_proxy

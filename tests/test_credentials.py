@@ -17,7 +17,7 @@ import requests
 
 from ddmq.client.producer import AsyncProducer
 from ddmq.protocol.connection import redact_url
-from ddmq.proxy.errors import BrokerError
+from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.service import ProxyService
 
 from .proxy.conftest import proxy_config

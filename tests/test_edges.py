@@ -27,8 +27,8 @@ from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, PullError
 from ddmq.config import parse
 from ddmq.protocol import wire
-from ddmq.proxy.api import MAX_RESULT_OFFSETS
-from ddmq.proxy.errors import BadRequestError, ConfigError
+from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
+from ddmq.proxy.core.errors import BadRequestError, ConfigError
 from ddmq.proxy.service import ProxyService
 
 from .http_support import ApiClient, OpenApiChecker

@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import keys, wire
+from ddmq.proxy.core.types import QueueResult
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.types import QueueResult
 
 from .proxy.conftest import running_proxy
 from .support import OrderChecker, ProxyProcess, check_and_ack, check_single_reader, produce_keyed

@@ -29,8 +29,8 @@ from ddmq.client.producer import AsyncProducer, Producer
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import keys, wire
 from ddmq.protocol.connection import sync_redis
-from ddmq.proxy.embedded import EmbeddedRedis
-from ddmq.proxy.embedded_cluster import EmbeddedCluster
+from ddmq.proxy.store.embedded import EmbeddedRedis
+from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
 from .support import OrderChecker, ProxyProcess, body, check_and_ack, free_port
 

@@ -31,7 +31,7 @@ from ddmq.client.producer import ProduceError, Producer
 from ddmq.client.thrift_client import ProxyClient
 from ddmq.protocol import keys, wire
 from ddmq.protocol.connection import sync_redis
-from ddmq.proxy.embedded_cluster import EmbeddedCluster
+from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
 from .support import (
     Delivery,

@@ -19,7 +19,7 @@ import redis
 
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import keys, wire
-from ddmq.proxy.embedded import EmbeddedRedis
+from ddmq.proxy.store.embedded import EmbeddedRedis
 
 from .support import OrderChecker, ProxyProcess, check_and_ack, free_port, produce_keyed
 

@@ -23,7 +23,7 @@ import yaml
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.protocol import keys, wire
-from ddmq.proxy.errors import UnknownGroupError
+from ddmq.proxy.core.errors import UnknownGroupError
 
 from .support import (
     Delivery,

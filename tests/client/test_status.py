@@ -14,7 +14,7 @@ import redis
 from ddmq.client.producer import AsyncProducer
 from ddmq.client.status import group_status
 from ddmq.protocol import keys
-from ddmq.proxy.types import QueueResult
+from ddmq.proxy.core.types import QueueResult
 
 from ..proxy.conftest import running_proxy
 from ..support import ProxyProcess

@@ -1,4 +1,4 @@
-"""Who may call what over HTTP (``ddmq.proxy.http_server.guard``), against a real proxy and real HTTP:
+"""Who may call what over HTTP (``ddmq.proxy.servers.http.guard``), against a real proxy and real HTTP:
 other sites' pages (``Origin``), bodies a page can send without asking (``text/plain``), rebound host
 names (``Host``), the data token, CORS for allowed origins, and the start-up warning for exposed binds.
 The same attacks from a real browser are in ``tests/test_browser_attacks.py``."""

@@ -9,7 +9,7 @@ import redis.asyncio
 
 from ddmq.client.producer import AsyncProducer
 from ddmq.protocol import keys
-from ddmq.proxy.lag import LagHistory, produce_times, topic_lag
+from ddmq.proxy.ops.lag import LagHistory, produce_times, topic_lag
 
 from ..http_support import ApiClient, OpenApiChecker
 from .conftest import running_proxy

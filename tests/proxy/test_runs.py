@@ -8,8 +8,8 @@ import json
 import random
 
 from ddmq.client.producer import AsyncProducer
+from ddmq.proxy.core.types import PullBatch, QueueResult
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.types import PullBatch, QueueResult
 
 from ..support import OrderChecker
 from .conftest import running_proxy

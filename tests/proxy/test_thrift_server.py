@@ -43,9 +43,17 @@ from ddmq.protocol.wire import (
     PullRequest,
     TMessageType,
 )
-from ddmq.proxy.errors import BrokerError, UnknownGroupError, UnknownTopicError
-from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueId, QueueResult, StoredMessage
+from ddmq.proxy.core.errors import BrokerError, UnknownGroupError, UnknownTopicError
+from ddmq.proxy.core.types import (
+    ConsumeStatsRow,
+    FetchedQueue,
+    PullBatch,
+    PullLease,
+    QueueId,
+    QueueResult,
+    StoredMessage,
+)
+from ddmq.proxy.servers.thrift.server import ThriftServer
 
 GUARD_S = 5  # failure guard for waits: a hang fails the test instead of blocking the run
 
