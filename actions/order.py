@@ -17,7 +17,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from ddmq.actions.base import ChainContext, Status, register
-from ddmq.actions.jsonpath import MISSING, compile_jsonpath
+from ddmq.config.jsonpath import MISSING, compile_jsonpath
 from ddmq.config.schema import ORDER_KEY_KEY, ORDER_KEY_NONE, ORDER_KEY_QID
 from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 

@@ -31,9 +31,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ddmq.actions.base import ChainContext, register
-from ddmq.actions.expression import Predicate, compile_expression
-from ddmq.actions.jsonpath import MISSING, check_jsonpath, compile_jsonpath
 from ddmq.actions.push import Failure, Outcome, PushAction
+from ddmq.config.expression import Predicate, compile_expression
+from ddmq.config.jsonpath import MISSING, check_jsonpath, compile_jsonpath
 from ddmq.config.schema import RedisCommandConfig
 from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 

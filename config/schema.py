@@ -169,13 +169,13 @@ class TopicConfig(_Model):
 
 
 def _jsonpath(value: str) -> str:
-    from ddmq.actions.jsonpath import check_jsonpath
+    from ddmq.config.jsonpath import check_jsonpath
 
     return check_jsonpath(value)
 
 
 def _expression(value: str) -> str:
-    from ddmq.actions.expression import compile_expression
+    from ddmq.config.expression import compile_expression
 
     compile_expression(value)  # raises ExpressionError (a ValueError) naming the column
     return value
@@ -192,7 +192,7 @@ class FilterConfig(_Model):
     tags: list[str] = []
     #: Drop messages with one of these tags.
     exclude_tags: list[str] = []
-    #: Keep only messages for which this is true (see ``ddmq.actions.expression``), e.g.
+    #: Keep only messages for which this is true (see ``ddmq.config.expression``), e.g.
     #: ``$.amount >= 100 and not $.city in ['bj', 'sh']``.
     expression: Expression | None = None
 

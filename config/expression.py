@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddmq.actions.jsonpath import MISSING, check_jsonpath, compile_jsonpath
+from ddmq.config.jsonpath import MISSING, check_jsonpath, compile_jsonpath
 
 Predicate = Callable[[Any], bool]
 _Getter = Callable[[Any], Any]
@@ -330,7 +330,7 @@ class _Parser:
 def compile_expression(text: str) -> Predicate:
     """Parse ``text`` into a predicate over a parsed JSON body; :class:`ExpressionError` if invalid.
 
-    Pass :data:`~ddmq.actions.jsonpath.MISSING` as the body when there is none (not JSON): every path
+    Pass :data:`~ddmq.config.jsonpath.MISSING` as the body when there is none (not JSON): every path
     then finds nothing.
     """
     return _Parser(text).parse()

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from ddmq.actions.expression import ExpressionError, compile_expression
-from ddmq.actions.jsonpath import MISSING
 from ddmq.config import load
+from ddmq.config.expression import ExpressionError, compile_expression
+from ddmq.config.jsonpath import MISSING
 
 BODY: dict[str, Any] = {
     "amount": 120,
