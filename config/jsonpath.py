@@ -1,4 +1,5 @@
-"""JSONPath getters shared by the actions: parsed once at build time, evaluated per message."""
+"""JSONPath getters shared by the actions and the key templates built from them: parsed once at build time,
+evaluated per message."""
 
 from __future__ import annotations
 
@@ -57,3 +58,25 @@ def compile_jsonpath(path: str) -> Callable[[Any], Any]:
         return matches[0].value if matches else MISSING
 
     return get_general
+
+
+_PLACEHOLDER = re.compile(r"\{(\$[^}]*)\}")
+
+#: One part of a key template: literal text, or a getter into the body.
+_Part = str | Callable[[Any], Any]
+
+
+def parse_key_template(template: str) -> list[_Part]:
+    """Split ``template`` into literal text and JSONPath getters; ``ValueError`` for a bad path."""
+    if not template:
+        raise ValueError("the key must not be empty")
+    parts: list[_Part] = []
+    pos = 0
+    for match in _PLACEHOLDER.finditer(template):
+        if match.start() > pos:
+            parts.append(template[pos : match.start()])
+        parts.append(compile_jsonpath(check_jsonpath(match.group(1))))
+        pos = match.end()
+    if pos < len(template):
+        parts.append(template[pos:])
+    return parts

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ddmq.protocol.connection import check_url
-from ddmq.protocol.keys import check_name
+from ddmq.protocol.keys import DEFAULT_MEMBER_TTL_MS, check_name
 
 #: Names an action chain may use; each is implemented in ``ddmq.actions``.
 ACTION_NAMES: frozenset[str] = frozenset({"Json", "Transit", "Filter", "Order", "PullServer", "AsyncHttp", "Redis"})
@@ -270,7 +270,7 @@ class RedisCommandConfig(_Model):
     @field_validator("key")
     @classmethod
     def _key_template(cls, key: str) -> str:
-        from ddmq.actions.redis_action import parse_key_template
+        from ddmq.config.jsonpath import parse_key_template
 
         parse_key_template(key)
         return key
@@ -423,7 +423,7 @@ class LeaseConfig(_Model):
     """Queue leases (see ``ddmq.proxy.cluster.leases`` for why these numbers)."""
 
     #: A queue whose owner stopped renewing moves to another proxy after this.
-    ttl_ms: Annotated[int, Field(ge=200)] = 30_000
+    ttl_ms: Annotated[int, Field(ge=200)] = DEFAULT_MEMBER_TTL_MS
     renew_ms: Annotated[int, Field(ge=50)] = 10_000
     #: How often a proxy heartbeats its group membership and claims queues it should own.
     claim_interval_ms: Annotated[int, Field(ge=50)] = 1_000
