@@ -28,7 +28,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
-from ddmq.proxy.core.errors import ConfigError
+from ddmq.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from ddmq.config.schema import TopicGroupConfig

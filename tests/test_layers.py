@@ -36,8 +36,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 #: the server side's layers, bottom first; a module belongs to the longest name that prefixes it
 LAYERS: tuple[str, ...] = (
     "ddmq.protocol",
-    "ddmq.proxy.core",
     "ddmq.config",
+    "ddmq.proxy.core",
     "ddmq.proxy.store",
     "ddmq.proxy.engine",
     "ddmq.actions",

@@ -17,17 +17,31 @@
     ├── BrokerError               1006  Redis failed; retriable
     └── ConfigError                     a config file is invalid (never on the wire)
 
-Code 1500 on the wire means an unexpected internal error (logged with a traceback by the proxy).
+Code 1500 on the wire means an unexpected internal error (logged with a traceback by the proxy). What
+each code means and whether it is retriable is written once, in :data:`ddmq.protocol.errors.ERROR_CODES`;
+``DdmqError`` lives there and ``ConfigError`` in ``ddmq.config.errors`` (both importable from here).
 """
 
 from __future__ import annotations
 
-INTERNAL_ERROR_CODE = 1500
+from ddmq.config.errors import ConfigError
+from ddmq.protocol.errors import INTERNAL_ERROR_CODE, DdmqError
 
-
-class DdmqError(Exception):
-    code: int = INTERNAL_ERROR_CODE
-    retriable: bool = False
+__all__ = [
+    "INTERNAL_ERROR_CODE",
+    "BadRequestError",
+    "BrokerError",
+    "ConfigError",
+    "DdmqError",
+    "ForbiddenError",
+    "NotSupportedError",
+    "RequestError",
+    "UnauthorizedError",
+    "UnavailableError",
+    "UnknownEntryError",
+    "UnknownGroupError",
+    "UnknownTopicError",
+]
 
 
 class RequestError(DdmqError):
@@ -69,20 +83,8 @@ class ForbiddenError(RequestError):
 
 class UnavailableError(DdmqError):
     code = 1005
-    retriable = True
 
 
 class BrokerError(DdmqError):
     code = 1006
-    retriable = True
 
-
-class ConfigError(DdmqError):
-    """A config file could not be loaded; the message names the file and the bad field's path."""
-
-
-ERRORS_BY_CODE: dict[int, type[DdmqError]] = {
-    cls.code: cls
-    for cls in (UnknownGroupError, UnknownTopicError, BadRequestError, NotSupportedError,
-                UnauthorizedError, ForbiddenError, UnavailableError, BrokerError)
-}

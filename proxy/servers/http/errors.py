@@ -14,6 +14,7 @@ from typing import Final
 from aiohttp import web
 from pydantic import ValidationError
 
+from ddmq.protocol.errors import is_retriable
 from ddmq.proxy.core.errors import (
     INTERNAL_ERROR_CODE,
     BadRequestError,
@@ -58,7 +59,9 @@ def status_of(exc: DdmqError) -> int:
     return 500
 
 
-def error_response(status: int, code: int, message: str, retriable: bool = False) -> web.Response:
+def error_response(status: int, code: int, message: str) -> web.Response:
+    """The error body; whether a retry can help is the code's (:data:`ddmq.protocol.errors.ERROR_CODES`)."""
+    retriable = is_retriable(code)
     headers = {"WWW-Authenticate": 'Bearer realm="ddmq-admin"'} if status == 401 else None
     return web.json_response({"code": code, "message": message, "retriable": retriable}, status=status, headers=headers)
 
@@ -82,7 +85,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         status = status_of(exc)
         level = logging.DEBUG if status < 500 else logging.WARNING
         log.log(level, "%s %s from %s: %s (code %d)", request.method, request.path, request.remote, exc, exc.code)
-        return error_response(status, exc.code, str(exc) or type(exc).__name__, exc.retriable)
+        return error_response(status, exc.code, str(exc) or type(exc).__name__)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
