@@ -44,7 +44,7 @@ from ddmq.proxy.store.embedded import EmbeddedRedis
 _DRIVER = r"""
 import json, sys, time
 mode, url, topic, messages, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-from ddmq.client.producer import Producer
+from ddmq.client import Producer
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol import keys
 body = "x" * 100

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
-from ddmq.client.producer import Producer
 from ddmq.protocol import clitools, keys
 from ddmq.protocol.connection import sync_redis
+from ddmq.protocol.producer import Producer
 
 EVENTS = ("call", "pickup", "pay")
 TOPIC = "rides"

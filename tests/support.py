@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
+from ddmq.protocol.producer import Producer
 
 
 def free_port() -> int:

@@ -22,10 +22,10 @@ import aiohttp
 import pytest
 from thriftpy2.thrift import TType
 
-from ddmq.client import wire
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
+from ddmq.protocol import wire
 from ddmq.protocol import writer as thrift_writer
+from ddmq.protocol.producer import Producer
 from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.types import StoredMessage

@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.protocol import wire
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.errors import UnknownGroupError
 
 from .proxy.conftest import running_proxy

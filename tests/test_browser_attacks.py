@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from playwright.async_api import BrowserContext, Page, async_playwright, expect
 
-from ddmq.client.producer import AsyncProducer
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 

@@ -15,8 +15,8 @@ import pytest
 import redis
 import requests
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.protocol.connection import redact_url
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.service import ProxyService
 

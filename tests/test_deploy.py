@@ -14,7 +14,7 @@ import promql_parser
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddmq.client.producer import AsyncProducer
+from ddmq.protocol.producer import AsyncProducer
 
 from .http_support import ApiClient, OpenApiChecker
 from .proxy.conftest import running_proxy

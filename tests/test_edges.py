@@ -23,10 +23,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, PullError
 from ddmq.config import parse
 from ddmq.protocol import wire
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.errors import BadRequestError, ConfigError
 from ddmq.proxy.service import ProxyService

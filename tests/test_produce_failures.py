@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from ddmq.client.producer import AsyncProducer, Producer
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import keys, wire
 from ddmq.protocol.connection import sync_redis
+from ddmq.protocol.producer import AsyncProducer, Producer
 from ddmq.proxy.store.embedded import EmbeddedRedis
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 

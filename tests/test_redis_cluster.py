@@ -27,10 +27,11 @@ import pytest
 import yaml
 from redis.crc import key_slot
 
-from ddmq.client.producer import ProduceError, Producer
 from ddmq.client.thrift_client import ProxyClient
 from ddmq.protocol import keys, wire
 from ddmq.protocol.connection import sync_redis
+from ddmq.protocol.producer import Producer
+from ddmq.protocol.queues import ProduceError
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
 from .support import (

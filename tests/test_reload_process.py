@@ -20,9 +20,9 @@ from typing import Any
 import redis.asyncio as aioredis
 import yaml
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.protocol import keys, wire
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.errors import UnknownGroupError
 
 from .support import (

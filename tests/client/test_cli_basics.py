@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddmq.client.producer import Producer
+from ddmq.protocol.producer import Producer
 
 from ..support import debian_tool
 

@@ -10,8 +10,8 @@ from types import TracebackType
 
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import AsyncProducer, OutgoingMessage
 from ddmq.config.schema import LeaseConfig, TopicGroupConfig
+from ddmq.protocol.producer import AsyncProducer, OutgoingMessage
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.membership import Membership

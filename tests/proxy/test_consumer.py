@@ -8,8 +8,8 @@ import json
 
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import ensure_topic
 from ddmq.config.schema import TopicGroupConfig
+from ddmq.protocol.queues import ensure_topic
 from ddmq.proxy.engine.offsets import decode_ranges
 
 from ..support import OrderChecker

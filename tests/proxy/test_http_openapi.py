@@ -8,8 +8,8 @@ import json
 import aiohttp
 from openapi_spec_validator import validate
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.config import parse
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.servers.http import build_app, load_openapi
 from ddmq.proxy.service import ProxyService
 

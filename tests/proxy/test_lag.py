@@ -7,8 +7,8 @@ import time
 import aiohttp
 import redis.asyncio
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.protocol import keys
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.ops.lag import LagHistory, produce_times, topic_lag
 
 from ..http_support import ApiClient, OpenApiChecker

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddmq.client.producer import AsyncProducer
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.ops.metrics import LatencyHistogram
 
 from ..http_support import ApiClient

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import ensure_topic
 from ddmq.config.schema import TopicGroupConfig
+from ddmq.protocol.queues import ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
 
 from ..support import OrderChecker

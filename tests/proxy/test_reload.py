@@ -17,10 +17,10 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.config import parse
 from ddmq.config.schema import ProxyConfig
 from ddmq.protocol import keys
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.errors import ConfigError, UnknownGroupError, UnknownTopicError
 from ddmq.proxy.core.types import QueueResult
 from ddmq.proxy.ops.reload import ConfigChange, ConfigReloader, diff
