@@ -1,4 +1,4 @@
-"""The request rules (ddmq.proxy.api.requests) as pure logic; tests/test_adapters.py runs them over the wire."""
+"""The request rules (ddmq.proxy.api.requests) as pure logic; tests/system/test_adapters.py runs them over the wire."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from ddmq.protocol.producer import Producer
 from ddmq.protocol.queues import ProduceError
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
-from .support import (
+from ..support import (
     Delivery,
     ProxyFleet,
     ProxyProcess,

@@ -19,8 +19,8 @@ from ddmq.protocol import keys, wire
 from ddmq.proxy.core.types import QueueResult
 from ddmq.proxy.service import ProxyService
 
-from .proxy.conftest import running_proxy
-from .support import OrderChecker, ProxyProcess, check_and_ack, check_single_reader, produce_keyed
+from ..proxy.conftest import running_proxy
+from ..support import OrderChecker, ProxyProcess, check_and_ack, check_single_reader, produce_keyed
 
 QUEUES = 4
 LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}

@@ -4,7 +4,7 @@ read an admin page and purge the dead letters, with the requests a page may send
 (``no-cors``, ``text/plain``) and with CORS ones; a page whose host name was rebound to the proxy
 (DNS rebinding, simulated with Chromium's host resolver rules) tries the same from the proxy's own
 origin. None of it gets anything, and the real consumer then receives every message, in key order.
-The console still works under ``localhost``, with and without a token (``tests/test_console.py``
+The console still works under ``localhost``, with and without a token (``tests/system/test_console.py``
 covers the rest of it).
 """
 
@@ -23,9 +23,9 @@ from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 
-from .http_support import ApiClient
-from .proxy.test_http_api import http_proxy
-from .support import free_port
+from ..http_support import ApiClient
+from ..proxy.test_http_api import http_proxy
+from ..support import free_port
 from .test_console import CHROMIUM_ARGS, TOKEN
 from .test_console import chromium as chromium  # the fixture: Debian's chromium, installed when missing
 

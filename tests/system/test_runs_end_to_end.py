@@ -28,7 +28,7 @@ from thriftpy2.transport import TFramedTransportFactory
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
 
-from .support import OrderChecker, ProxyProcess, produce_keyed
+from ..support import OrderChecker, ProxyProcess, produce_keyed
 
 QUEUES = 4
 GROUP = "g"

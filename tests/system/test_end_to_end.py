@@ -17,7 +17,7 @@ import pytest
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
 
-from .support import OrderChecker, ProxyProcess, produce_keyed
+from ..support import OrderChecker, ProxyProcess, produce_keyed
 
 QUEUES = 8
 KEYS = 1000

@@ -24,11 +24,11 @@ from playwright.async_api import BrowserContext, Dialog, Page, async_playwright,
 
 from ddmq.protocol.producer import AsyncProducer
 
-from .http_support import ApiClient, OpenApiChecker
-from .proxy.conftest import running_proxy
-from .proxy.test_http_api import eventually, pull
+from ..http_support import ApiClient, OpenApiChecker
+from ..proxy.conftest import running_proxy
+from ..proxy.test_http_api import eventually, pull
 
-ARTIFACTS = Path(__file__).parent / "artifacts"
+ARTIFACTS = Path(__file__).parent.parent / "artifacts"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -14,7 +14,7 @@ import requests
 
 from ddmq.protocol import keys, stream_entry
 
-from .support import ProxyProcess, free_port
+from ..support import ProxyProcess, free_port
 
 MIB = 1024 * 1024
 CAP = 4 * MIB

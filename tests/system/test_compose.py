@@ -26,7 +26,7 @@ from ddmq.client.cli import build_parser as ddmq_parser
 from ddmq.config import load
 from ddmq.proxy.cli import build_parser as proxy_parser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = "/app"  # the Dockerfile's WORKDIR: the repo's files are copied there
 
 

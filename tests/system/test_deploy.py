@@ -16,11 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ddmq.protocol.producer import AsyncProducer
 
-from .http_support import ApiClient, OpenApiChecker
-from .proxy.conftest import running_proxy
-from .proxy.test_http_api import eventually, pull
+from ..http_support import ApiClient, OpenApiChecker
+from ..proxy.conftest import running_proxy
+from ..proxy.test_http_api import eventually, pull
 
-DEPLOY = Path(__file__).parents[1] / "deploy"
+DEPLOY = Path(__file__).parents[2] / "deploy"
 #: Series Prometheus makes itself for every target.
 PROMETHEUS_OWN = {"up"}
 _LABEL_VALUES = re.compile(r"^label_values\((.+),\s*[a-zA-Z_]+\)$")

@@ -31,9 +31,9 @@ from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 
-from .http_support import ApiClient, OpenApiChecker
-from .proxy.conftest import proxy_config, running_proxy
-from .support import OrderChecker, produce_keyed
+from ..http_support import ApiClient, OpenApiChecker
+from ..proxy.conftest import proxy_config, running_proxy
+from ..support import OrderChecker, produce_keyed
 
 GUARD_S = 15  # failure guard for waits: a hang fails the test instead of blocking the run
 MAX_LINGER_MS = 1500  # both servers' bound; above the 1000 ms default so the two differ

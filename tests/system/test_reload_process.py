@@ -25,7 +25,7 @@ from ddmq.protocol import keys, wire
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.errors import UnknownGroupError
 
-from .support import (
+from ..support import (
     Delivery,
     OrderChecker,
     ProxyProcess,

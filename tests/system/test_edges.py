@@ -31,9 +31,9 @@ from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.errors import BadRequestError, ConfigError
 from ddmq.proxy.service import ProxyService
 
-from .http_support import ApiClient, OpenApiChecker
-from .proxy.conftest import running_proxy
-from .support import OrderChecker, ProxyProcess, free_port, produce_keyed
+from ..http_support import ApiClient, OpenApiChecker
+from ..proxy.conftest import running_proxy
+from ..support import OrderChecker, ProxyProcess, free_port, produce_keyed
 
 GUARD_S = 10  # failure guard for waits
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .support import OrderChecker, ProxyProcess, free_port, produce_keyed
+from ..support import OrderChecker, ProxyProcess, free_port, produce_keyed
 
 QUEUES = 8
 KEYS = 500

@@ -13,7 +13,7 @@ from ddmq.protocol import wire
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.errors import UnknownGroupError
 
-from .proxy.conftest import running_proxy
+from ..proxy.conftest import running_proxy
 
 # A valid compact "pull" call header followed by bytes that are no struct.
 GARBAGE = b"\x82\x21\x01\x04pull\xff\xff\xff"

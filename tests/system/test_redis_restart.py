@@ -21,7 +21,7 @@ from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import keys, wire
 from ddmq.proxy.store.embedded import EmbeddedRedis
 
-from .support import OrderChecker, ProxyProcess, check_and_ack, free_port, produce_keyed
+from ..support import OrderChecker, ProxyProcess, check_and_ack, free_port, produce_keyed
 
 QUEUES = 4
 KEYS = 300

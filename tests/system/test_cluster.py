@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 from ddmq.protocol import keys
 
-from .support import (
+from ..support import (
     Delivery,
     ProxyFleet,
     acked_prefixes,

@@ -28,7 +28,7 @@ from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import keys, wire
 from ddmq.proxy.store.embedded import EmbeddedRedis
 
-from .support import OrderChecker, ProxyProcess, free_port, produce_keyed
+from ..support import OrderChecker, ProxyProcess, free_port, produce_keyed
 from .test_stray_acks import metric
 
 QUEUES = 4

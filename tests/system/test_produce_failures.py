@@ -32,7 +32,7 @@ from ddmq.protocol.producer import AsyncProducer, Producer
 from ddmq.proxy.store.embedded import EmbeddedRedis
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
-from .support import OrderChecker, ProxyProcess, body, check_and_ack, free_port
+from ..support import OrderChecker, ProxyProcess, body, check_and_ack, free_port
 
 MESSAGES = 50_000
 BATCH = 500
