@@ -30,14 +30,11 @@ from redis.asyncio.connection import AbstractConnection
 from redis.typing import EncodableT, FieldT
 
 from ddmq.protocol import keys, stream_entry
-from ddmq.protocol.connection import REDIS_ERRORS, AsyncRedis, eval_script
+from ddmq.protocol.connection import REDIS_FAILURES, AsyncRedis, eval_script
 from ddmq.protocol.queues import ProduceError, repair_queue
 from ddmq.protocol.stream_entry import KEY, PRODUCE_TIME, TAG, VALUE
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import StoredMessage
-
-#: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
-_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 _EMPTY_PROPERTIES: dict[str, str] = {}
 #: ``StoredMessage(*fields)`` without the generated ``__new__``'s Python frame (once per message read).
@@ -52,7 +49,7 @@ _RAW_REPLY = "ddmq_raw_reply"
 def map_redis_errors(what: str) -> Iterator[None]:
     try:
         yield
-    except _FAILURES as exc:
+    except REDIS_FAILURES as exc:
         raise BrokerError(f"redis failed while {what}: {exc}") from exc
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ddmq.protocol.connection import REDIS_ERRORS, sync_redis
+from ddmq.protocol.connection import REDIS_FAILURES, sync_redis
 from ddmq.protocol.status import GroupStatus, QueueStatus, group_status
 from ddmq.proxy.core.errors import (
     BadRequestError,
@@ -30,9 +30,6 @@ from ddmq.proxy.groups.group import ConsumerGroup
 from ddmq.proxy.ops.views import blocked_keys, group_view, in_flight, queue_counts
 from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
-
-#: Redis failures (one server or a cluster) and socket errors: Redis is unavailable.
-_REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 if TYPE_CHECKING:
     from ddmq.proxy.service import ProxyService
@@ -178,7 +175,7 @@ class OperatorApi:
         if running and service.redis is not None:
             try:
                 redis_ok = bool(await asyncio.wait_for(service.redis.ping(), READY_PING_S))
-            except _REDIS_FAILURES as exc:  # TimeoutError is an OSError
+            except REDIS_FAILURES as exc:  # TimeoutError is an OSError
                 log.info("readyz: redis does not answer: %s", exc)
         ready = running and redis_ok
         return web.json_response(
@@ -233,7 +230,7 @@ class OperatorApi:
         try:
             with sync_redis(self._service.redis_url, socket_timeout=5) as client:
                 return group_status(client, group, topics)
-        except _REDIS_FAILURES as exc:
+        except REDIS_FAILURES as exc:
             raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
 
     async def in_flight(self, request: web.Request) -> web.Response:
