@@ -20,14 +20,8 @@ import yaml
 
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class ProxyProcess:

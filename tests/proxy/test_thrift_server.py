@@ -35,6 +35,7 @@ from ddmq.client.thrift_client import (
     RemoteApplicationError,
 )
 from ddmq.protocol import wire
+from ddmq.protocol.net import free_port
 from ddmq.protocol.wire import (
     ConsumeResult,
     ConsumerService,
@@ -601,10 +602,10 @@ async def test_clients_report_application_exceptions(server: ThriftServer, servi
 
 
 async def test_connection_refused() -> None:
-    client = ProxyClient("127.0.0.1", _free_port(), timeout_s=GUARD_S)
+    client = ProxyClient("127.0.0.1", free_port(), timeout_s=GUARD_S)
     with pytest.raises(ProxyConnectionError):
         await asyncio.to_thread(client.submit, None)
-    async with AsyncProxyClient("127.0.0.1", _free_port(), timeout_s=GUARD_S) as async_client:
+    async with AsyncProxyClient("127.0.0.1", free_port(), timeout_s=GUARD_S) as async_client:
         with pytest.raises(ProxyConnectionError):
             await async_client.submit(None)
 
@@ -619,13 +620,6 @@ def _eventually(condition: Callable[[], bool]) -> bool:
     return True
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # -- the pull consumers -----------------------------------------------------------------------------
@@ -801,7 +795,7 @@ async def test_pull_consumer_spreads_threads_over_servers(service: FakeService) 
 
 
 async def test_pull_consumer_counts_connection_errors_and_closes() -> None:
-    consumer = PullConsumer(f"127.0.0.1:{_free_port()}", "g", lambda m: True, threads=2, retry_sleep_ms=1)
+    consumer = PullConsumer(f"127.0.0.1:{free_port()}", "g", lambda m: True, threads=2, retry_sleep_ms=1)
     consumer.start()
     try:
         assert await asyncio.to_thread(_eventually, lambda: consumer.stats.errors >= 2)
