@@ -173,7 +173,8 @@ def http(proxy: ProxyProcess, path: str, payload: dict[str, Any] | None = None) 
     config = yaml.safe_load(proxy.config_path.read_text())
     request = urllib.request.Request(
         f"http://127.0.0.1:{config['http']['port']}/{path}",
-        data=None if payload is None else json.dumps(payload).encode(), method="GET" if payload is None else "POST")
+        data=None if payload is None else json.dumps(payload).encode(), method="GET" if payload is None else "POST",
+        headers={} if payload is None else {"Content-Type": "application/json"})  # the proxy takes JSON bodies only
     with urllib.request.urlopen(request, timeout=10) as answer:
         body: bytes = answer.read()
         return body
