@@ -3,7 +3,7 @@
 #   spark: the above plus Java 17 and PySpark, for `ddmq spark-pipeline`
 # The base is pinned to Debian 12 (bookworm): its archive has openjdk-17-jre-headless, which the spark
 # target installs; Debian 13 (trixie, the unpinned tag's base now) ships Java 21 only.
-# tests/test_compose.py replays the COPY and `pip install .` steps without Docker, so a file the build
+# tests/system/test_compose.py replays the COPY and `pip install .` steps without Docker, so a file the build
 # needs and the COPY lines miss fails the test suite.
 FROM python:3.11-slim-bookworm AS proxy
 WORKDIR /app

@@ -22,11 +22,11 @@ from typing import Any
 import aiohttp
 
 from ddmq.actions.base import ChainContext, register
-from ddmq.actions.jsonpath import MISSING, compile_jsonpath
 from ddmq.actions.push import Failure, Outcome, PushAction
+from ddmq.config.jsonpath import MISSING, compile_jsonpath
 from ddmq.protocol.connection import redact_url
-from ddmq.proxy.job import INVALID_JSON, NOT_PARSED, UpstreamJob
-from ddmq.proxy.reader import TokenBucket
+from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
+from ddmq.proxy.engine.reader import TokenBucket
 
 log = logging.getLogger(__name__)
 

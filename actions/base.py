@@ -28,14 +28,14 @@ from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
-from ddmq.proxy.errors import ConfigError
+from ddmq.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from ddmq.config.schema import TopicGroupConfig
-    from ddmq.proxy.job import UpstreamJob
-    from ddmq.proxy.ordering import UpstreamJobBlockingQueue
-    from ddmq.proxy.pull_buffer import PullBuffer
-    from ddmq.proxy.redelivery import Redelivery
+    from ddmq.proxy.engine.job import UpstreamJob
+    from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
+    from ddmq.proxy.engine.pull_buffer import PullBuffer
+    from ddmq.proxy.engine.redelivery import Redelivery
 
 
 class Status(Enum):

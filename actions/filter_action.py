@@ -3,16 +3,16 @@
 Config ``filter: {tags: [...], exclude_tags: [...], expression: "..."}``; a message is kept when it
 passes every condition given. A dropped message is finished at once (its offset may be committed and
 its key's successor runs), counted as ``filtered_out``. The expression language is in
-:mod:`ddmq.actions.expression`: comparisons over JSONPaths, ``and``/``or``/``not``; nothing runs as
+:mod:`ddmq.config.expression`: comparisons over JSONPaths, ``and``/``or``/``not``; nothing runs as
 code. In a body that is not JSON every path finds nothing.
 """
 
 from __future__ import annotations
 
 from ddmq.actions.base import ChainContext, Status, register
-from ddmq.actions.expression import compile_expression
-from ddmq.actions.jsonpath import MISSING
-from ddmq.proxy.job import INVALID_JSON, NOT_PARSED, UpstreamJob
+from ddmq.config.expression import compile_expression
+from ddmq.config.jsonpath import MISSING
+from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 
 
 @register("Filter")

@@ -6,7 +6,7 @@ import json
 import logging
 
 from ddmq.actions.base import ChainContext, Status, register
-from ddmq.proxy.job import INVALID_JSON, UpstreamJob
+from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from collections.abc import Hashable
 from typing import Any
 
 from ddmq.actions.base import ChainContext, Status, register
-from ddmq.actions.jsonpath import MISSING, compile_jsonpath
+from ddmq.config.jsonpath import MISSING, compile_jsonpath
 from ddmq.config.schema import ORDER_KEY_KEY, ORDER_KEY_NONE, ORDER_KEY_QID
-from ddmq.proxy.job import INVALID_JSON, UpstreamJob
+from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 
 _ASYNC = Status.ASYNC  # a plain global: enum members read through their class are slow on Python 3.11
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddmq.actions.base import ChainContext, Status, register
-from ddmq.proxy.job import UpstreamJob
+from ddmq.proxy.engine.job import UpstreamJob
 
 _ASYNC = Status.ASYNC  # a plain global: enum members read through their class are slow on Python 3.11
 

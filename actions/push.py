@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 from ddmq.actions.base import ChainContext, Status
-from ddmq.proxy.job import JobState, UpstreamJob
+from ddmq.proxy.engine.job import JobState, UpstreamJob
 
 log = logging.getLogger(__name__)
 

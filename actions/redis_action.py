@@ -23,43 +23,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
-from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ddmq.actions.base import ChainContext, register
-from ddmq.actions.expression import Predicate, compile_expression
-from ddmq.actions.jsonpath import MISSING, check_jsonpath, compile_jsonpath
 from ddmq.actions.push import Failure, Outcome, PushAction
+from ddmq.config.expression import Predicate, compile_expression
+from ddmq.config.jsonpath import MISSING, compile_jsonpath, parse_key_template
 from ddmq.config.schema import RedisCommandConfig
-from ddmq.proxy.job import INVALID_JSON, NOT_PARSED, UpstreamJob
+from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 
 log = logging.getLogger(__name__)
-
-_PLACEHOLDER = re.compile(r"\{(\$[^}]*)\}")
-
-#: One part of a key: literal text, or a getter into the body.
-_Part = str | Callable[[Any], Any]
-
-
-def parse_key_template(template: str) -> list[_Part]:
-    """Split ``template`` into literal text and JSONPath getters; ``ValueError`` for a bad path."""
-    if not template:
-        raise ValueError("the key must not be empty")
-    parts: list[_Part] = []
-    pos = 0
-    for match in _PLACEHOLDER.finditer(template):
-        if match.start() > pos:
-            parts.append(template[pos : match.start()])
-        parts.append(compile_jsonpath(check_jsonpath(match.group(1))))
-        pos = match.end()
-    if pos < len(template):
-        parts.append(template[pos:])
-    return parts
-
 
 def _text(value: Any) -> str:
     if isinstance(value, str):

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ddmq.actions.base import ChainContext, Status, register
-from ddmq.actions.jsonpath import MISSING, compile_jsonpath
-from ddmq.proxy.job import INVALID_JSON, UpstreamJob
+from ddmq.config.jsonpath import MISSING, compile_jsonpath
+from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 
 
 @register("Transit")

@@ -4,7 +4,7 @@ A body is ``{"k": <key>, "seq": <n-th message of that key>, "ts": <produce time,
 plus, for P3, ``"w"``: the simulated work of that message in milliseconds. Keys are chosen at
 random (seeded, so every run consumes the same data) from ``k0000`` .. ``k0999``; the message key and
 ``$.k`` are the same string, so the KEY, JSONPath and QID variants order exactly the same messages.
-Producing goes through the project's own :class:`~ddmq.client.producer.Producer` (its Lua script
+Producing goes through the project's own :class:`~ddmq.client.Producer` (its Lua script
 gives the dense offsets the proxy needs).
 """
 
@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ddmq.client.producer import Producer
 from ddmq.protocol import keys as redis_keys
+from ddmq.protocol.producer import Producer
 
 __all__ = ["QUEUES", "TOPIC", "Backlog", "body", "key_names", "produce_backlog", "streams"]
 

@@ -42,9 +42,9 @@ if __name__ == "__main__":  # run from a checkout: the repository root on the pa
     sys.path.append(str(here.parent))
 
 from bench.stack import ProxyRun, RedisServer, rss_mb
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import wire
+from ddmq.protocol.producer import Producer
 
 FRAME_BYTES = 16 * 1024 * 1024
 MESSAGES = 20_000

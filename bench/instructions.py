@@ -50,7 +50,7 @@ BATCH = 64
 
 async def produce_engine_backlog(url: str, messages: int, topic: str = "t") -> None:
     """The engine figures' backlog: ``messages`` JSON bodies over 1,000 keys."""
-    from ddmq.client.producer import AsyncProducer
+    from ddmq.protocol.producer import AsyncProducer
 
     producer = AsyncProducer(url)
     rng = random.Random(1)
@@ -83,7 +83,10 @@ def engine_config(url: str, order_key: str = "KEY", topic: str = "t") -> Any:
 
 async def drain_engine(service: Any, messages: int, max_per_key: int | None = None, topic: str = "t") -> None:
     """:data:`PULLERS` pullers call ``service.pull`` (acks on their next pull) until ``messages`` arrived."""
-    from ddmq.proxy.types import QueueResult
+    try:
+        from ddmq.proxy.core.types import QueueResult
+    except ImportError:  # a release from before proxy/ had subpackages
+        from ddmq.proxy.types import QueueResult  # type: ignore[no-redef]
 
     received = 0
 
@@ -143,7 +146,10 @@ def _clients(port: int, messages: int, max_per_key: int) -> None:
 
 def _traced(messages: int, topic: str, order_key: str, max_per_key: int, thrift: bool, clients_python: str) -> None:
     """The body of one traced run: embedded Redis, backlog from a child process, one drain."""
-    from ddmq.proxy.embedded import EmbeddedRedis
+    try:
+        from ddmq.proxy.store.embedded import EmbeddedRedis
+    except ImportError:  # a release from before proxy/ had subpackages
+        from ddmq.proxy.embedded import EmbeddedRedis  # type: ignore[no-redef]
 
     with tempfile.TemporaryDirectory() as data_dir:
         redis_server = EmbeddedRedis(data_dir).start()

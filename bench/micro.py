@@ -37,10 +37,10 @@ from thriftpy2.transport import TMemoryBuffer
 from bench.instructions import drain_engine, engine_config, produce_engine_backlog
 from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.protocol.wire import ConsumeResult, ConsumerService, Context, PullRequest, TMessageType, decode, encode
-from ddmq.proxy.embedded import EmbeddedRedis
+from ddmq.proxy.core.types import PullBatch, QueueId, StoredMessage
+from ddmq.proxy.servers.thrift.handler import pull_response
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.thrift_handler import pull_response
-from ddmq.proxy.types import PullBatch, QueueId, StoredMessage
+from ddmq.proxy.store.embedded import EmbeddedRedis
 
 BATCH = 64
 

@@ -37,14 +37,14 @@ if __name__ == "__main__" and __package__ in (None, ""):
 
 import redis
 
-from ddmq.proxy.embedded import EmbeddedRedis
+from ddmq.proxy.store.embedded import EmbeddedRedis
 
 # The child: produce `messages` keyed messages in batches, print the seconds it took. Only what every
 # release's client has is imported, so --before can measure an older install with it.
 _DRIVER = r"""
 import json, sys, time
 mode, url, topic, messages, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-from ddmq.client.producer import Producer
+from ddmq.client import Producer
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol import keys
 body = "x" * 100

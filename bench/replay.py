@@ -19,7 +19,7 @@ from bench.clientproc import Ready
 from ddmq.protocol import wire
 from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.protocol.wire import ConsumerService, TMessageType
-from ddmq.proxy.types import StoredMessage
+from ddmq.proxy.core.types import StoredMessage
 
 
 @dataclass(frozen=True)

@@ -78,10 +78,11 @@ from bench.clientproc import ClientProcess, Ready
 from bench.report import cpu_available, load_average, meta
 from bench.scenarios.base import log
 from bench.stack import HarnessError, ProxyRun, RedisServer
-from ddmq.client.producer import ProduceError, Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import keys, wire
 from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol.producer import Producer
+from ddmq.protocol.queues import ProduceError
 from tests.support import Delivery, OrderChecker, body, check_single_reader, term_of
 
 __all__ = ["SoakConfig", "SoakResult", "main", "run_soak"]

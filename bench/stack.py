@@ -28,8 +28,9 @@ from typing import Any
 
 import yaml
 
-from ddmq.proxy.embedded import EmbeddedRedis
-from ddmq.proxy.embedded_cluster import EmbeddedCluster
+from ddmq.protocol.net import free_port
+from ddmq.proxy.store.embedded import EmbeddedRedis
+from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
 __all__ = [
     "ClusterServer",
@@ -48,13 +49,6 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 class HarnessError(RuntimeError):
     """The harness itself broke (a process did not start, a load crashed): the run exits non-zero."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def rss_mb(pid: int) -> float:

@@ -8,16 +8,10 @@
 """
 
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, NotProcessed, PullConsumer
-from ddmq.client.producer import (
-    AsyncProducer,
-    DeliveryError,
-    OutgoingMessage,
-    ProduceError,
-    Producer,
-    SendResult,
-)
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError, PullError
 from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol.producer import AsyncProducer, DeliveryError, OutgoingMessage, Producer, SendResult
+from ddmq.protocol.queues import ProduceError
 
 __all__ = [
     "AsyncProducer",

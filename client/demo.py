@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
-from ddmq.client.producer import Producer
 from ddmq.protocol import clitools, keys
 from ddmq.protocol.connection import sync_redis
+from ddmq.protocol.net import free_port
+from ddmq.protocol.producer import Producer
 
 EVENTS = ("call", "pickup", "pay")
 TOPIC = "rides"
@@ -42,13 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--linger", type=float, default=0.0, metavar="SECONDS",
         help="keep the proxy and its console up this long after the summary (default 0; Ctrl-C ends it early)",
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_for(predicate: object, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -129,8 +123,8 @@ def main(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="ddmq-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "redis.url").unlink(missing_ok=True)
-    port = _free_port()
-    http_port = _free_port()
+    port = free_port()
+    http_port = free_port()
     config_path = data_dir / "demo.yaml"
     config_path.write_text(
         f"""instance_id: demo-proxy

@@ -1,4 +1,4 @@
-"""``ddmq produce``: JSON lines from stdin into a topic, through :class:`~ddmq.client.producer.Producer`."""
+"""``ddmq produce``: JSON lines from stdin into a topic, through :class:`~ddmq.client.Producer`."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from thriftpy2.thrift import TPayload
 
+from ddmq.protocol.errors import ERROR_CODES, is_retriable
 from ddmq.protocol.wire import (
     DEFAULT_PORT,
     FRAME_HEADER_BYTES,
@@ -65,10 +66,8 @@ DEFAULT_MAX_REPLY_BYTES: Final = 256 * 1024 * 1024
 #: What the proxy waits when a pull does not say (``maxLingerTime`` unset).
 _SERVER_DEFAULT_LINGER_MS: Final = 1000
 _MAX_CLIENT_SEQID: Final = 0x7FFFFFFF
-#: ``PullException`` codes that retrying the same request cannot cure: unknown group (1001) or topic
-#: (1002), a bad (1003) or unsupported (1004) request, a missing (1007) or refused (1008) admin token.
-#: The others (1005 unavailable, 1006 Redis failed, 1500 internal) are worth retrying after a pause.
-FATAL_CODES: Final = frozenset({1001, 1002, 1003, 1004, 1007, 1008})
+#: ``PullException`` codes that retrying the same request cannot cure (the table's non-retriable ones).
+FATAL_CODES: Final = frozenset(code for code, entry in ERROR_CODES.items() if not entry.retriable)
 #: What a reply's 4-byte frame header holds when the server is an HTTP server answering our bytes
 #: with an HTTP error ("HTTP/1.1 400 ..."): the proxy's HTTP port instead of its Thrift port.
 _HTTP_REPLY: Final = b"HTTP"
@@ -82,13 +81,13 @@ class ProxyClientError(Exception):
 
 
 class PullError(ProxyClientError):
-    """The proxy answered with a ``PullException``; ``code`` is one of ``ddmq.proxy.errors``' codes."""
+    """The proxy answered with a ``PullException``; ``code`` is one of :data:`ddmq.protocol.errors.ERROR_CODES`."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"{message} (code {code})")
         self.code = code
         self.message = message
-        self.retriable = code not in FATAL_CODES
+        self.retriable = is_retriable(code)
 
 
 class ProxyConnectionError(ProxyClientError, ConnectionError):
@@ -120,7 +119,7 @@ class RemoteApplicationError(ProxyClientError):
         head, sep, _ = message.partition(":")
         self.code: int | None = int(head) if sep and head.isdigit() else None
         if self.code is not None:
-            self.retriable = self.code not in FATAL_CODES
+            self.retriable = is_retriable(self.code)
         else:
             self.retriable = kind == TApplicationException.INTERNAL_ERROR
 
@@ -241,7 +240,7 @@ class ProxyClient(_CallCodec):
         return acked
 
     def fetch(self, request: FetchRequest) -> FetchResponse:
-        """Low-level read from the offsets the request names (no ordering gates); see ``proxy/fetch.py``."""
+        """Low-level read from the offsets the request names (no ordering gates); see ``proxy/api/fetch.py``."""
         response: FetchResponse = self._call("fetch", self._pull_wait_s(request), request=request)
         return response
 

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from ddmq.config.errors import ConfigError
 from ddmq.config.schema import ProxyConfig
-from ddmq.proxy.errors import ConfigError
 
 
 class _StrictLoader(yaml.SafeLoader):

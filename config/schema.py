@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ddmq.protocol.connection import check_url
-from ddmq.protocol.keys import check_name
+from ddmq.protocol.keys import DEFAULT_MEMBER_TTL_MS, check_name
 
 #: Names an action chain may use; each is implemented in ``ddmq.actions``.
 ACTION_NAMES: frozenset[str] = frozenset({"Json", "Transit", "Filter", "Order", "PullServer", "AsyncHttp", "Redis"})
@@ -174,13 +174,13 @@ class TopicConfig(_Model):
 
 
 def _jsonpath(value: str) -> str:
-    from ddmq.actions.jsonpath import check_jsonpath
+    from ddmq.config.jsonpath import check_jsonpath
 
     return check_jsonpath(value)
 
 
 def _expression(value: str) -> str:
-    from ddmq.actions.expression import compile_expression
+    from ddmq.config.expression import compile_expression
 
     compile_expression(value)  # raises ExpressionError (a ValueError) naming the column
     return value
@@ -197,7 +197,7 @@ class FilterConfig(_Model):
     tags: list[str] = []
     #: Drop messages with one of these tags.
     exclude_tags: list[str] = []
-    #: Keep only messages for which this is true (see ``ddmq.actions.expression``), e.g.
+    #: Keep only messages for which this is true (see ``ddmq.config.expression``), e.g.
     #: ``$.amount >= 100 and not $.city in ['bj', 'sh']``.
     expression: Expression | None = None
 
@@ -278,7 +278,7 @@ class RedisCommandConfig(_Model):
     @field_validator("key")
     @classmethod
     def _key_template(cls, key: str) -> str:
-        from ddmq.actions.redis_action import parse_key_template
+        from ddmq.config.jsonpath import parse_key_template
 
         parse_key_template(key)
         return key
@@ -437,10 +437,10 @@ class TopicGroupConfig(_Model):
 
 
 class LeaseConfig(_Model):
-    """Queue leases (see ``ddmq.proxy.leases`` for why these numbers)."""
+    """Queue leases (see ``ddmq.proxy.cluster.leases`` for why these numbers)."""
 
     #: A queue whose owner stopped renewing moves to another proxy after this.
-    ttl_ms: Annotated[int, Field(ge=200)] = 30_000
+    ttl_ms: Annotated[int, Field(ge=200)] = DEFAULT_MEMBER_TTL_MS
     #: How often an owner renews its leases; at most half of ``ttl_ms``.
     renew_ms: Annotated[int, Field(ge=50)] = 10_000
     #: How often a proxy heartbeats its group membership and claims queues it should own.

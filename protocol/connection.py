@@ -33,6 +33,7 @@ from redis.exceptions import NoScriptError, RedisClusterException
 
 __all__ = [
     "REDIS_ERRORS",
+    "REDIS_FAILURES",
     "AsyncRedis",
     "SyncRedis",
     "async_redis",
@@ -52,6 +53,8 @@ SyncRedis: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 
 #: What a Redis call may raise when Redis is at fault, on one server or on a cluster.
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+#: :data:`REDIS_ERRORS` and socket errors (a timeout is an ``OSError``): Redis is unavailable.
+REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 #: A URL's ``user:password@`` part (the password ends at the last ``@`` before the host list).
 _CREDENTIALS = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:@/?#]*):(?P<password>[^/?#]*)@")

@@ -132,6 +132,11 @@ def rollbacks(group: str, topic: str, qid: int) -> str:
     return f"{_queue_tag(topic, qid)}:rollback:{group}"
 
 
+#: How long a member may stay silent before the others drop it, unless ``leases.ttl_ms`` says otherwise;
+#: the config's default and what ``ddmq status`` assumes of a proxy it cannot ask.
+DEFAULT_MEMBER_TTL_MS = 30_000
+
+
 def members(group: str) -> str:
     return f"{PREFIX}:members:{{{group}}}"
 

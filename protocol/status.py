@@ -13,14 +13,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ddmq.config.schema import LeaseConfig
 from ddmq.protocol import keys
 from ddmq.protocol.connection import SyncRedis
 
 __all__ = ["DEFAULT_MEMBER_TTL_MS", "GroupStatus", "QueueStatus", "group_status"]
 
 #: A proxy drops members silent for longer than its ``leases.ttl_ms``; status assumes the default.
-DEFAULT_MEMBER_TTL_MS = LeaseConfig().ttl_ms
+DEFAULT_MEMBER_TTL_MS = keys.DEFAULT_MEMBER_TTL_MS
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """``ddmq-proxy --config FILE``: run the consume proxy until SIGTERM/SIGINT, then stop gracefully.
-SIGHUP reloads the config file (groups and topics change live; see ``ddmq.proxy.reload``)."""
+SIGHUP reloads the config file (groups and topics change live; see ``ddmq.proxy.ops.reload``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from ddmq.config import load
 from ddmq.protocol import clitools
-from ddmq.proxy.errors import ConfigError, DdmqError
-from ddmq.proxy.exports import export_lines
-from ddmq.proxy.reload import ConfigReloader
+from ddmq.proxy.core.errors import ConfigError, DdmqError
+from ddmq.proxy.ops.exports import export_lines
+from ddmq.proxy.ops.reload import ConfigReloader
 from ddmq.proxy.service import ProxyService
 
 log = logging.getLogger("ddmq.proxy")

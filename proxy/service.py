@@ -1,11 +1,11 @@
 """ProxyService: the consume proxy as one object with a start/close lifecycle.
 
 It owns the Redis connection (and the embedded redis-server when configured), one
-:class:`~ddmq.proxy.group.ConsumerGroup` per configured group, the offset committer and the server
-adapters. Each adapter holds an :class:`~ddmq.proxy.requests.Endpoint` (:meth:`endpoint`): the
-:class:`~ddmq.proxy.api.ConsumeService` surface (:meth:`pull`, :meth:`submit`, :meth:`ack_leases`,
+:class:`~ddmq.proxy.groups.group.ConsumerGroup` per configured group, the offset committer and the server
+adapters. Each adapter holds an :class:`~ddmq.proxy.api.requests.Endpoint` (:meth:`endpoint`): the
+:class:`~ddmq.proxy.api.surface.ConsumeService` surface (:meth:`pull`, :meth:`submit`, :meth:`ack_leases`,
 :meth:`consume_stats`, :meth:`fetch`, :meth:`ack`) with that server's limits, and calls nothing else.
-The request rules (:mod:`ddmq.proxy.requests`) and the group and topic checks are applied here.
+The request rules (:mod:`ddmq.proxy.api.requests`) and the group and topic checks are applied here.
 
 >>> async with ProxyService(load("proxy.yaml")) as service:
 ...     await service.wait_closed()
@@ -30,12 +30,13 @@ from ddmq.protocol.connection import (
     redact_url,
 )
 from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
-from ddmq.proxy.audit import ReadAudit
-from ddmq.proxy.broker import Broker, ConnectionCounter, map_redis_errors
-from ddmq.proxy.clients import ClientTracker
-from ddmq.proxy.commits import commit_periodically, flush_groups
-from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError
-from ddmq.proxy.errors import (
+from ddmq.proxy.api.fetch import LowLevelApi
+from ddmq.proxy.api.requests import Endpoint, RequestRules, batch_size, in_group, per_key, result_offsets
+from ddmq.proxy.cluster.audit import ReadAudit
+from ddmq.proxy.cluster.commits import commit_periodically, flush_groups
+from ddmq.proxy.cluster.leases import LeaseStore
+from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.core.errors import (
     BadRequestError,
     BrokerError,
     ConfigError,
@@ -43,19 +44,7 @@ from ddmq.proxy.errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
-from ddmq.proxy.exposure import exposure_warnings
-from ddmq.proxy.fetch import LowLevelApi
-from ddmq.proxy.group import ConsumerGroup, TopicConsumer, build_groups
-from ddmq.proxy.http_server import HttpServer
-from ddmq.proxy.leases import LeaseStore
-from ddmq.proxy.membership import Membership
-from ddmq.proxy.metrics import ProxyMetrics
-from ddmq.proxy.pull_buffer import THRIFT_REPLY
-from ddmq.proxy.reload import ConfigChange, apply_config
-from ddmq.proxy.replays import ReplayLeases
-from ddmq.proxy.requests import Endpoint, RequestRules, batch_size, in_group, per_key, result_offsets
-from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import (
+from ddmq.proxy.core.types import (
     ConsumeStatsRow,
     FetchedQueue,
     PullBatch,
@@ -64,6 +53,17 @@ from ddmq.proxy.types import (
     QueueResult,
     ReplySize,
 )
+from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY
+from ddmq.proxy.engine.replays import ReplayLeases
+from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer, build_groups
+from ddmq.proxy.ops.metrics import ProxyMetrics
+from ddmq.proxy.ops.reload import ConfigChange, apply_config
+from ddmq.proxy.servers.clients import ClientTracker
+from ddmq.proxy.servers.exposure import exposure_warnings
+from ddmq.proxy.servers.http import HttpServer
+from ddmq.proxy.servers.thrift.server import ThriftServer
+from ddmq.proxy.store.broker import Broker, ConnectionCounter, map_redis_errors
+from ddmq.proxy.store.embedded import EmbeddedRedis, EmbeddedRedisError
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ class ProxyService:
 
     async def reload(self, config: ProxyConfig) -> ConfigChange:
         """Apply a new, already validated config: groups and topics change live (see
-        :mod:`ddmq.proxy.reload`). Raises ConfigError, and changes nothing, when it cannot apply."""
+        :mod:`ddmq.proxy.ops.reload`). Raises ConfigError, and changes nothing, when it cannot apply."""
         if self._state != "running":
             raise UnavailableError(f"cannot reload the config of a proxy that is {self._state}")
         async with self._reloading:

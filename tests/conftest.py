@@ -9,8 +9,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from ddmq.proxy.embedded import EmbeddedRedis
-from ddmq.proxy.embedded_cluster import EmbeddedCluster
+from ddmq.proxy.store.embedded import EmbeddedRedis
+from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
 #: ``cluster-node-timeout``: a killed master's replica takes over about two of these later.
 CLUSTER_NODE_TIMEOUT_MS = 1000

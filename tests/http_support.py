@@ -12,7 +12,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from ddmq.proxy.http_server import load_openapi
+from ddmq.proxy.servers.http import load_openapi
 
 _DOC_URI = "urn:ddmq-openapi"
 

@@ -18,16 +18,10 @@ from typing import Any
 
 import yaml
 
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from ddmq.protocol.net import free_port
+from ddmq.protocol.producer import Producer
 
 
 class ProxyProcess:

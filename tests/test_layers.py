@@ -1,11 +1,17 @@
-"""Which product package may import which: the wire contract and what both sides share live in
-``protocol/``, so the proxy never needs the client SDK and the client never needs the server.
+"""Which product package may import which.
+
+Between the product folders: the wire contract and what both sides share live in ``protocol/``, so
+the proxy never needs the client SDK and the client never needs the server.
 
     protocol/           imports none of client, proxy, actions
     proxy/ actions/ config/   import protocol, never client
     client/             imports protocol, never proxy or actions
 
-Every module is read with ``ast`` (imports inside functions and ``TYPE_CHECKING`` blocks count too).
+On the server side, the layers DESIGN.md lists ("Layers"), bottom first: a module imports only from its
+own layer or one below (``LAYERS``).
+
+Every module is read with ``ast`` (imports inside functions and ``TYPE_CHECKING`` blocks count too);
+the few upward type-only imports left are listed, by module, in ``UPWARD_FOR_TYPES``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,63 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "config": ("ddmq.client",),
     "client": ("ddmq.proxy", "ddmq.actions"),
 }
+
+
+#: the server side's layers, bottom first; a module belongs to the longest name that prefixes it
+LAYERS: tuple[str, ...] = (
+    "ddmq.protocol",
+    "ddmq.config",
+    "ddmq.proxy.core",
+    "ddmq.proxy.store",
+    "ddmq.proxy.engine",
+    "ddmq.actions",
+    "ddmq.proxy.cluster",
+    "ddmq.proxy.groups",
+    "ddmq.proxy.api",
+    "ddmq.proxy.ops",
+    "ddmq.proxy.servers",
+    "ddmq.proxy",  # the process: service, cli
+)
+
+#: module -> the modules above its layer it names in annotations only (under ``TYPE_CHECKING``):
+#: the service and the consumer passed down whole, to be replaced by narrow interfaces
+UPWARD_FOR_TYPES: dict[str, frozenset[str]] = {
+    "ddmq.proxy.engine.reader": frozenset({"ddmq.proxy.groups.group"}),
+    "ddmq.proxy.engine.replays": frozenset({"ddmq.proxy.groups.group"}),
+    "ddmq.proxy.cluster.ownership": frozenset({"ddmq.proxy.groups.group"}),
+    "ddmq.proxy.cluster.commits": frozenset({"ddmq.proxy.groups.group"}),
+    "ddmq.proxy.api.requests": frozenset({"ddmq.proxy.service"}),
+    "ddmq.proxy.ops.metrics": frozenset({"ddmq.proxy.service"}),
+    "ddmq.proxy.ops.lag": frozenset({"ddmq.proxy.service"}),
+    "ddmq.proxy.ops.reload": frozenset({"ddmq.proxy.service"}),
+    "ddmq.proxy.servers.http.admin": frozenset({"ddmq.proxy.service"}),
+    "ddmq.proxy.servers.http.console": frozenset({"ddmq.proxy.service"}),
+    "ddmq.proxy.servers.http.server": frozenset({"ddmq.proxy.service"}),
+}
+
+
+def layer_of(module: str) -> int | None:
+    """Index in ``LAYERS`` of ``module``'s layer; None for what is no layer (the stdlib, client, ...)."""
+    best = None
+    for index, name in enumerate(LAYERS):
+        if (module == name or module.startswith(name + ".")) and (best is None or len(name) > len(LAYERS[best])):
+            best = index
+    return best
+
+
+def upward_imports(source: str, module: str, package: str) -> list[str]:
+    own = layer_of(module)
+    if own is None:
+        return []
+    allowed = UPWARD_FOR_TYPES.get(module, frozenset())
+    found = []
+    for line, target in imported_modules(source, package):
+        layer = layer_of(target)
+        if layer is not None and layer > own and not any(
+            target == name or target.startswith(name + ".") for name in allowed
+        ):
+            found.append(f"line {line}: {target} ({LAYERS[layer]} is above {LAYERS[own]})")
+    return found
 
 
 def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
@@ -70,6 +133,41 @@ def test_module_keeps_to_its_layer(folder: str, path: Path) -> None:
     package = "ddmq." + ".".join(path.relative_to(ROOT).parent.parts)  # a module's or an __init__'s package
     found = violations(path.read_text(), package, FORBIDDEN[folder])
     assert not found, f"{path.relative_to(ROOT)} imports what its layer must not: {found}"
+
+
+@pytest.mark.parametrize(("folder", "path"), _modules(), ids=_module_id)
+def test_module_imports_only_down_the_layers(folder: str, path: Path) -> None:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    package = "ddmq." + ".".join(parts[:-1])
+    module = package if parts[-1] == "__init__" else f"{package}.{parts[-1]}"
+    found = upward_imports(path.read_text(), module, package)
+    assert not found, f"{path.relative_to(ROOT)} imports from a layer above its own: {found}"
+
+
+def test_every_proxy_module_is_in_a_layer_below_the_process() -> None:
+    top = LAYERS.index("ddmq.proxy")
+    loose = sorted(p.name for p in (ROOT / "proxy").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "cli.py", "service.py"]  # the process and its entry points
+    for folder in sorted(p for p in (ROOT / "proxy").iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        assert layer_of(f"ddmq.proxy.{folder.name}") not in (None, top), folder.name
+
+
+@pytest.mark.parametrize(
+    ("source", "module"),
+    [
+        ("from ddmq.proxy.groups.group import TopicConsumer\n", "ddmq.proxy.engine.reader2"),
+        ("def later():\n    from ddmq.proxy.service import ProxyService\n", "ddmq.proxy.ops.views"),
+        ("from ddmq.proxy.engine import job\n", "ddmq.config.schema"),
+        ("from ..service import ProxyService\n", "ddmq.proxy.api.surface"),
+    ],
+)
+def test_the_layer_check_catches_an_upward_import(source: str, module: str) -> None:
+    assert upward_imports(source, module, module.rsplit(".", 1)[0])
+
+
+def test_the_layer_check_lets_downward_and_sideways_imports_through() -> None:
+    source = "from ddmq.proxy.store.broker import Broker\nfrom ddmq.proxy.engine import offsets\nimport asyncio\n"
+    assert upward_imports(source, "ddmq.proxy.engine.reader", "ddmq.proxy.engine") == []
 
 
 @pytest.mark.parametrize(

@@ -101,10 +101,10 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
     assert not [n for n in files if n.endswith((".so", ".pyd", ".c"))]  # compiled only with DDMQ_COMPILE=1
     assert not any(n.split("/")[0] in GENERIC_NAMES for n in names)
     assert "ddmq/proxy/__init__.py" in files
-    assert "ddmq/proxy/http_server/openapi.yaml" in files  # served at /openapi.json
+    assert "ddmq/proxy/servers/http/openapi.yaml" in files  # served at /openapi.json
     for name in ("index.html", "console.js", "console.css", "favicon.svg"):  # the console
-        assert f"ddmq/proxy/http_server/static/{name}" in files
-    assert "ddmq/client/producer.py" in files and "ddmq/client/py.typed" in files
+        assert f"ddmq/proxy/servers/http/static/{name}" in files
+    assert "ddmq/client/consumer.py" in files and "ddmq/client/py.typed" in files
     assert "ddmq/protocol/keys.py" in files and "ddmq/protocol/py.typed" in files
     thrifts = sorted((REPO / "protocol" / "idl").glob("*.thrift"))
     assert thrifts

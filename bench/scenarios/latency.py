@@ -21,7 +21,7 @@ from bench.dataset import QUEUES, TOPIC, body, key_names, streams
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections
 from bench.stack import ProxyRun, RedisServer
-from ddmq.client.producer import Producer
+from ddmq.protocol.producer import Producer
 
 __all__ = ["latency"]
 

@@ -34,8 +34,8 @@ from bench.dataset import QUEUES, TOPIC, key_names
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections
 from bench.stack import ProxyRun, RedisServer
-from ddmq.client.producer import Producer
 from ddmq.client.spark.options import DEFAULT_MAX_PER_KEY
+from ddmq.protocol.producer import Producer
 
 __all__ = ["spark"]
 

@@ -3,7 +3,7 @@
 Offsets are micro-batch numbers, ``{"seq": n, "flush": bool, "parts": P, "rows": R, "servers": [i, ...]}``.
 Batch ``n`` has ``P`` partitions; partition ``p`` pulls up to ``R`` messages under the lease
 ``<consumerId>/<n>/<p>`` from the ``p mod len(servers)``-th of the proxies that answered when the batch
-was planned (see :mod:`ddmq.proxy.replays`), so every read of it (each action of a ``foreachBatch``, a
+was planned (see :mod:`ddmq.proxy.engine.replays`), so every read of it (each action of a ``foreachBatch``, a
 task retry, a rerun after a restart) sees the same rows. Nothing is acked until Spark has committed
 the batch:
 

@@ -5,7 +5,7 @@
  * Default port 9713. Field ids and types are those of DDMQ's consumer proxy, so DDMQ's own client
  * SDKs (Java, Go, C++) talk to ddmq-proxy unchanged.
  *
- * PullException.code (see proxy/errors.py for the error classes behind each code):
+ * PullException.code (see proxy/core/errors.py for the error classes behind each code):
  *   1001  unknown group
  *   1002  unknown topic
  *   1003  bad request (e.g. a missing required field)

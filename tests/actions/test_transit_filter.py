@@ -7,8 +7,8 @@ import json
 
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import AsyncProducer
-from ddmq.proxy.types import QueueResult
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.core.types import QueueResult
 from tests.support import OrderChecker
 
 from ..proxy.conftest import running_proxy

@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from ddmq.client.consumer import PullConsumer
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import ProxyClient
 from ddmq.protocol import keys
+from ddmq.protocol.producer import Producer
 from ddmq.protocol.wire import ConsumeResult, PullRequest
 
 from ..support import ProxyProcess, free_port

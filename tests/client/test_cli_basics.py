@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddmq.client.producer import Producer
+from ddmq.protocol.producer import Producer
 
 from ..support import debian_tool
 
@@ -114,7 +114,7 @@ def test_redis_defaults_to_the_embedded_redis_of_a_proxy_running_in_this_directo
 ) -> None:
     from ddmq.config.schema import EmbeddedRedisConfig
     from ddmq.protocol.clitools import EMBEDDED_REDIS_URL_FILE
-    from ddmq.proxy.embedded import URL_FILE
+    from ddmq.proxy.store.embedded import URL_FILE
 
     # The proxy's side: the default data_dir and the file it writes its URL into.
     assert Path(EMBEDDED_REDIS_URL_FILE) == Path(EmbeddedRedisConfig().data_dir) / URL_FILE

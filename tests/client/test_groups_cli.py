@@ -12,9 +12,9 @@ from typing import Any
 
 import redis
 
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import ProxyClient
 from ddmq.protocol import keys
+from ddmq.protocol.producer import Producer
 from ddmq.protocol.wire import ConsumeResult, PullRequest
 
 from ..support import ProxyProcess

@@ -17,9 +17,9 @@ from typing import Any, cast
 import pytest
 import redis
 
-from ddmq.client.producer import AsyncProducer, DeliveryError, MessageTooLargeError, Producer, SendResult
 from ddmq.protocol import keys
 from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol.producer import AsyncProducer, DeliveryError, MessageTooLargeError, Producer, SendResult
 from ddmq.protocol.queues import IDEMPOTENT_PRODUCE_LUA, OUT_OF_ORDER, PRODUCE_LUA
 
 

@@ -17,8 +17,8 @@ import redis
 
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
 from ddmq.client.offsets import Target, plan
-from ddmq.client.producer import Producer
 from ddmq.protocol import keys
+from ddmq.protocol.producer import Producer
 
 from ..support import ProxyProcess, produce_keyed
 

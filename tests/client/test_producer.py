@@ -19,18 +19,10 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ddmq.client.producer import (
-    AsyncProducer,
-    DeliveryError,
-    OutgoingMessage,
-    ProduceError,
-    Producer,
-    SendResult,
-    TopicMismatchError,
-    ensure_topic,
-)
 from ddmq.protocol import keys
 from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol.producer import AsyncProducer, DeliveryError, OutgoingMessage, Producer, SendResult
+from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import redis
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.client.status import group_status
 from ddmq.protocol import keys
-from ddmq.proxy.types import QueueResult
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.core.types import QueueResult
 
 from ..proxy.conftest import running_proxy
 from ..support import ProxyProcess
@@ -92,7 +92,7 @@ def test_status_into_a_closed_pipe_ends_quietly(redis_url: str) -> None:
 
 
 def test_status_shows_the_time_lag_of_the_first_unfinished_message(redis_url: str) -> None:
-    from ddmq.client.producer import Producer
+    from ddmq.protocol.producer import Producer
 
     with Producer(redis_url) as producer:
         for i in range(3):

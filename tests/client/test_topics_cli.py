@@ -9,8 +9,8 @@ import time
 
 import redis
 
-from ddmq.client.producer import Producer
 from ddmq.protocol import keys
+from ddmq.protocol.producer import Producer
 
 DDMQ = [sys.executable, "-m", "ddmq.client.cli"]
 

@@ -12,7 +12,7 @@ import pytest
 from ddmq.actions import registered_names
 from ddmq.config import load, parse
 from ddmq.config.schema import ACTION_NAMES
-from ddmq.proxy.errors import ConfigError
+from ddmq.proxy.core.errors import ConfigError
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "config" / "examples").glob("*.yaml"))
 

@@ -17,8 +17,8 @@ from thriftpy2.transport import TMemoryBuffer
 from ddmq.protocol import layout, pull_codec, wire
 from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.protocol.wire import ConsumerService, Message, PullResponse, TMessageType
-from ddmq.proxy.thrift_handler import pull_response
-from ddmq.proxy.types import PullBatch, QueueId, StoredMessage
+from ddmq.proxy.core.types import PullBatch, QueueId, StoredMessage
+from ddmq.proxy.servers.thrift.handler import pull_response
 
 _ALPHABET = "abcXYZ019 _-:/{}\"'\\\x00\x7féüß€日本語🙂\U0010fffd"
 

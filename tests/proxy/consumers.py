@@ -10,15 +10,15 @@ from types import TracebackType
 
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import AsyncProducer, OutgoingMessage
 from ddmq.config.schema import LeaseConfig, TopicGroupConfig
-from ddmq.proxy.audit import ReadAudit
-from ddmq.proxy.broker import Broker
-from ddmq.proxy.group import TopicConsumer
-from ddmq.proxy.leases import LeaseStore
-from ddmq.proxy.membership import Membership
-from ddmq.proxy.pull_buffer import PullBuffer
-from ddmq.proxy.types import PullBatch
+from ddmq.protocol.producer import AsyncProducer, OutgoingMessage
+from ddmq.proxy.cluster.audit import ReadAudit
+from ddmq.proxy.cluster.leases import LeaseStore
+from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.core.types import PullBatch
+from ddmq.proxy.engine.pull_buffer import PullBuffer
+from ddmq.proxy.groups.group import TopicConsumer
+from ddmq.proxy.store.broker import Broker
 
 from ..support import OrderChecker, body
 

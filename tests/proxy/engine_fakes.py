@@ -1,6 +1,6 @@
 """A job's owner and a clock for unit tests of the pull buffer and redelivery (no Redis, no consumer).
 
-:class:`Owner` plays the :class:`~ddmq.proxy.job.JobOwner` of a consumer whose chain is ``Order,
+:class:`Owner` plays the :class:`~ddmq.proxy.engine.job.JobOwner` of a consumer whose chain is ``Order,
 PullServer``: it keeps the real key gate, and a key's successor released by a finished head goes to the
 buffer at once (as the dispatcher and PullServer would do)."""
 
@@ -11,12 +11,12 @@ from collections.abc import Hashable
 from typing import Any
 
 from ddmq.config.schema import TopicGroupConfig
-from ddmq.proxy.errors import BrokerError
-from ddmq.proxy.job import JobState, UpstreamJob
-from ddmq.proxy.offsets import OffsetTracker
-from ddmq.proxy.ordering import UpstreamJobBlockingQueue
-from ddmq.proxy.pull_buffer import PullBuffer
-from ddmq.proxy.types import QueueId, StoredMessage
+from ddmq.proxy.core.errors import BrokerError
+from ddmq.proxy.core.types import QueueId, StoredMessage
+from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.offsets import OffsetTracker
+from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
+from ddmq.proxy.engine.pull_buffer import PullBuffer
 
 
 class Clock:

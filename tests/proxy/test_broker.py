@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.protocol import keys
-from ddmq.proxy.broker import Broker, decode_entry, decode_fields
-from ddmq.proxy.types import StoredMessage
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.core.types import StoredMessage
+from ddmq.proxy.store.broker import Broker, decode_entry, decode_fields
 
 
 def test_the_producers_layout_and_any_other_order_decode_alike() -> None:

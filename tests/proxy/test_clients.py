@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.client.thrift_client import AsyncProxyClient
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.protocol.wire import ConsumeResult, Context, PullRequest
-from ddmq.proxy.clients import MAX_CLIENTS, ClientTracker
-from ddmq.proxy.types import PullBatch, QueueId, QueueResult, StoredMessage
+from ddmq.proxy.core.types import PullBatch, QueueId, QueueResult, StoredMessage
+from ddmq.proxy.servers.clients import MAX_CLIENTS, ClientTracker
 
 from .test_http_api import http_proxy, pull
 

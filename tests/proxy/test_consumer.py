@@ -8,9 +8,9 @@ import json
 
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import ensure_topic
 from ddmq.config.schema import TopicGroupConfig
-from ddmq.proxy.offsets import decode_ranges
+from ddmq.protocol.queues import ensure_topic
+from ddmq.proxy.engine.offsets import decode_ranges
 
 from ..support import OrderChecker
 from .consumers import Proxy, consume_all, deliver, produce

@@ -11,14 +11,14 @@ from typing import Any
 
 import redis.asyncio
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.protocol import keys, stream_entry
 from ddmq.protocol.connection import async_redis
 from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol.producer import AsyncProducer
 from ddmq.protocol.queues import ensure_topic
-from ddmq.proxy.dead_letters import DeadLetters
+from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.types import StoredMessage
+from ddmq.proxy.store.dead_letters import DeadLetters
 
 from ..http_support import ApiClient
 from .test_http_api import http_proxy, pull

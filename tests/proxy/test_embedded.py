@@ -14,7 +14,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ddmq.proxy.embedded import EmbeddedRedis, EmbeddedRedisError, find_executable
+from ddmq.proxy.store.embedded import EmbeddedRedis, EmbeddedRedisError, find_executable
 
 
 def _client(server: EmbeddedRedis) -> redis.Redis:
@@ -110,7 +110,7 @@ def test_a_server_left_by_a_dead_owner_is_shut_down_first(tmp_path: Path) -> Non
     # the owner dies without stop(): its redis-server (own session) keeps running, orphaned
     script = (
         "import os, sys, redis\n"
-        "from ddmq.proxy.embedded import EmbeddedRedis\n"
+        "from ddmq.proxy.store.embedded import EmbeddedRedis\n"
         "server = EmbeddedRedis(sys.argv[1]).start()\n"
         "redis.Redis.from_url(server.url).set('k', 'from the orphan')\n"
         "print(server.pid, flush=True)\n"

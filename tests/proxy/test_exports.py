@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from ddmq.proxy.exports import export_lines
+from ddmq.proxy.ops.exports import export_lines
 
 from ..support import free_port
 

@@ -11,12 +11,12 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import AsyncProducer, OutgoingMessage
 from ddmq.client.thrift_client import AsyncProxyClient, RemoteApplicationError
 from ddmq.protocol import keys
+from ddmq.protocol.producer import AsyncProducer, OutgoingMessage
 from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest, FetchResponse
-from ddmq.proxy.fetch import MAX_FETCH_BYTES
-from ddmq.proxy.types import QueueResult
+from ddmq.proxy.api.fetch import MAX_FETCH_BYTES
+from ddmq.proxy.core.types import QueueResult
 
 from .conftest import running_proxy
 

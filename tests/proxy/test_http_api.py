@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ddmq.client.producer import AsyncProducer
-from ddmq.proxy.http_server.guard import is_loopback as _is_loopback
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.servers.http.guard import is_loopback as _is_loopback
 from ddmq.proxy.service import ProxyService
 
 from ..http_support import ApiClient, OpenApiChecker

@@ -1,7 +1,7 @@
-"""Who may call what over HTTP (``ddmq.proxy.http_server.guard``), against a real proxy and real HTTP:
+"""Who may call what over HTTP (``ddmq.proxy.servers.http.guard``), against a real proxy and real HTTP:
 other sites' pages (``Origin``), bodies a page can send without asking (``text/plain``), rebound host
 names (``Host``), the data token, CORS for allowed origins, and the start-up warning for exposed binds.
-The same attacks from a real browser are in ``tests/test_browser_attacks.py``."""
+The same attacks from a real browser are in ``tests/system/test_browser_attacks.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ddmq.client.producer import AsyncProducer
+from ddmq.protocol.producer import AsyncProducer
 
 from .test_http_api import TOKEN, http_proxy, pull
 

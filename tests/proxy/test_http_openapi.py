@@ -8,9 +8,9 @@ import json
 import aiohttp
 from openapi_spec_validator import validate
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.config import parse
-from ddmq.proxy.http_server import build_app, load_openapi
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.servers.http import build_app, load_openapi
 from ddmq.proxy.service import ProxyService
 
 from ..http_support import ApiClient, OpenApiChecker

@@ -3,8 +3,8 @@ UTF-32 too; only what is not JSON at all follows the order-key fallback."""
 
 from __future__ import annotations
 
-from ddmq.client.producer import AsyncProducer
-from ddmq.proxy.types import QueueResult
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.core.types import QueueResult
 
 from .conftest import running_proxy
 

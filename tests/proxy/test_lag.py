@@ -8,9 +8,9 @@ import time
 import aiohttp
 import redis.asyncio
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.protocol import keys
-from ddmq.proxy.lag import LagHistory, produce_times, rates, topic_lag
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.ops.lag import LagHistory, produce_times, rates, topic_lag
 
 from ..http_support import ApiClient, OpenApiChecker
 from .conftest import running_proxy

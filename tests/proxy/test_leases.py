@@ -7,7 +7,7 @@ import asyncio
 import redis.asyncio as aioredis
 
 from ddmq.protocol import keys
-from ddmq.proxy.leases import LeaseStore
+from ddmq.proxy.cluster.leases import LeaseStore
 
 
 async def test_only_one_owner_at_a_time(redis_client: aioredis.Redis) -> None:

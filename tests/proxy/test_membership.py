@@ -7,7 +7,7 @@ import itertools
 
 import redis.asyncio as aioredis
 
-from ddmq.proxy.membership import Membership, assign
+from ddmq.proxy.cluster.membership import Membership, assign
 
 
 def test_assignment_covers_every_queue_exactly_once_and_is_balanced() -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddmq.client.producer import AsyncProducer
-from ddmq.proxy.metrics import LatencyHistogram
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.ops.metrics import LatencyHistogram
 
 from ..http_support import ApiClient
 from .test_http_api import eventually, http_proxy, pull

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ddmq.proxy.offsets import OffsetTracker, decode_ranges, encode_ranges
+from ddmq.proxy.engine.offsets import OffsetTracker, decode_ranges, encode_ranges
 
 
 def test_commit_point_stops_at_first_unfinished() -> None:

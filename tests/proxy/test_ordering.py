@@ -7,15 +7,15 @@ import random
 import redis.asyncio as aioredis
 
 from ddmq.config.schema import LeaseConfig, TopicGroupConfig
-from ddmq.proxy.broker import Broker
-from ddmq.proxy.group import TopicConsumer
-from ddmq.proxy.job import JobState, UpstreamJob
-from ddmq.proxy.leases import LeaseStore
-from ddmq.proxy.membership import Membership
-from ddmq.proxy.offsets import OffsetTracker
-from ddmq.proxy.ordering import UpstreamJobBlockingQueue
-from ddmq.proxy.pull_buffer import PullBuffer
-from ddmq.proxy.types import QueueId, StoredMessage
+from ddmq.proxy.cluster.leases import LeaseStore
+from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.core.types import QueueId, StoredMessage
+from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.offsets import OffsetTracker
+from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
+from ddmq.proxy.engine.pull_buffer import PullBuffer
+from ddmq.proxy.groups.group import TopicConsumer
+from ddmq.proxy.store.broker import Broker
 
 
 def make_consumer() -> TopicConsumer:

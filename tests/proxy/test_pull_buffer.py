@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from ddmq.protocol.pull_codec import encode_pull_reply
-from ddmq.proxy.job import JobState, UpstreamJob
-from ddmq.proxy.pull_buffer import PullBuffer
-from ddmq.proxy.types import PullBatch, QueueId
+from ddmq.proxy.core.types import PullBatch, QueueId
+from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.pull_buffer import PullBuffer
 
 from .engine_fakes import Clock, Owner
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import ensure_topic
 from ddmq.config.schema import TopicGroupConfig
-from ddmq.proxy.audit import ReadAudit
+from ddmq.protocol.queues import ensure_topic
+from ddmq.proxy.cluster.audit import ReadAudit
 
 from ..support import OrderChecker
 from .consumers import Proxy, consume_all, deliver, produce

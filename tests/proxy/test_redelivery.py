@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ddmq.proxy.job import JobState, UpstreamJob
-from ddmq.proxy.redelivery import TICK_S, BufferStats, Redelivery
-from ddmq.proxy.types import QueueId
+from ddmq.proxy.core.types import QueueId
+from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.redelivery import TICK_S, BufferStats, Redelivery
 
 from .engine_fakes import Clock, Owner
 

@@ -17,14 +17,14 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.config import parse
 from ddmq.config.schema import ProxyConfig
 from ddmq.protocol import keys
-from ddmq.proxy.errors import ConfigError, UnknownGroupError, UnknownTopicError
-from ddmq.proxy.reload import ConfigChange, ConfigReloader, diff
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.core.errors import ConfigError, UnknownGroupError, UnknownTopicError
+from ddmq.proxy.core.types import QueueResult
+from ddmq.proxy.ops.reload import ConfigChange, ConfigReloader, diff
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.types import QueueResult
 
 from ..support import OrderChecker, body
 
@@ -347,7 +347,7 @@ async def test_invalid_configs_are_rejected_and_the_old_one_keeps_serving(
         ]:
             path.write_text(text)
             caplog.clear()
-            with caplog.at_level(logging.ERROR, logger="ddmq.proxy.reload"):
+            with caplog.at_level(logging.ERROR, logger="ddmq.proxy.ops.reload"):
                 assert await reloader.reload() is None
             assert any("rejected" in r.message and reason in r.message for r in caplog.records), caplog.text
             assert service.config is running and set(service.groups) == {"g1"}
@@ -375,7 +375,7 @@ async def test_file_watch_and_process_level_fields(
     reloader.start()
     try:
         port = service.config.thrift.port
-        with caplog.at_level(logging.INFO, logger="ddmq.proxy.reload"):
+        with caplog.at_level(logging.INFO, logger="ddmq.proxy.ops.reload"):
             path.write_text(
                 yaml.safe_dump(
                     raw_config(redis_url, {"g1": {"t1": ORDERED}, "g2": {"t2": ORDERED}}, thrift={"port": 1})

@@ -1,13 +1,13 @@
-"""The request rules (ddmq.proxy.requests) as pure logic; tests/test_adapters.py runs them over the wire."""
+"""The request rules (ddmq.proxy.api.requests) as pure logic; tests/system/test_adapters.py runs them over the wire."""
 
 from __future__ import annotations
 
 import pytest
 
-from ddmq.proxy.api import MAX_RESULT_OFFSETS
-from ddmq.proxy.errors import BadRequestError
-from ddmq.proxy.requests import DEFAULT_LINGER_MS, RequestRules, batch_size, in_group, per_key, result_offsets
-from ddmq.proxy.types import QueueResult
+from ddmq.proxy.api.requests import DEFAULT_LINGER_MS, RequestRules, batch_size, in_group, per_key, result_offsets
+from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
+from ddmq.proxy.core.errors import BadRequestError
+from ddmq.proxy.core.types import QueueResult
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ import asyncio
 import json
 import random
 
-from ddmq.client.producer import AsyncProducer
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.core.types import PullBatch, QueueResult
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.types import PullBatch, QueueResult
 
 from ..support import OrderChecker
 from .conftest import running_proxy
@@ -98,6 +98,7 @@ async def test_a_fail_inside_a_run_returns_the_rest_which_waits_for_the_failed_m
     config = {"order_key": "KEY", "retry_intervals_ms": [200], "max_retry": 3}
     async with running_proxy(redis_url, config) as service:
         await produce(redis_url, ["a"] * 5)
+        await settle(service, 1, 5)
         run = await pull(service, 5)
         assert events(run) == [("a", i) for i in range(5)]
         buffer = service.groups["g"].buffer
@@ -121,6 +122,7 @@ async def test_an_ack_after_the_fail_or_before_its_turn_is_ignored_and_the_messa
     config = {"order_key": "KEY", "retry_intervals_ms": [0]}
     async with running_proxy(redis_url, config) as service:
         await produce(redis_url, ["a"] * 4)
+        await settle(service, 1, 4)
         run = await pull(service, 4)
         buffer = service.groups["g"].buffer
         # a2 acked before a1 (out of turn): ignored, a2 stays in flight.

@@ -10,11 +10,11 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client.producer import AsyncProducer
 from ddmq.protocol import keys
-from ddmq.proxy.errors import UnknownGroupError, UnknownTopicError
+from ddmq.protocol.producer import AsyncProducer
+from ddmq.proxy.core.errors import UnknownGroupError, UnknownTopicError
+from ddmq.proxy.core.types import PullBatch, QueueResult
 from ddmq.proxy.service import ProxyService
-from ddmq.proxy.types import PullBatch, QueueResult
 
 from .conftest import proxy_config, running_proxy
 

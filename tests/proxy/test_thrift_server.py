@@ -35,6 +35,7 @@ from ddmq.client.thrift_client import (
     RemoteApplicationError,
 )
 from ddmq.protocol import wire
+from ddmq.protocol.net import free_port
 from ddmq.protocol.wire import (
     ConsumeResult,
     ConsumerService,
@@ -43,9 +44,17 @@ from ddmq.protocol.wire import (
     PullRequest,
     TMessageType,
 )
-from ddmq.proxy.errors import BrokerError, UnknownGroupError, UnknownTopicError
-from ddmq.proxy.thrift_server import ThriftServer
-from ddmq.proxy.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueId, QueueResult, StoredMessage
+from ddmq.proxy.core.errors import BrokerError, UnknownGroupError, UnknownTopicError
+from ddmq.proxy.core.types import (
+    ConsumeStatsRow,
+    FetchedQueue,
+    PullBatch,
+    PullLease,
+    QueueId,
+    QueueResult,
+    StoredMessage,
+)
+from ddmq.proxy.servers.thrift.server import ThriftServer
 
 GUARD_S = 5  # failure guard for waits: a hang fails the test instead of blocking the run
 
@@ -252,7 +261,7 @@ async def test_empty_pull_names_the_asked_topic(server: ThriftServer, service: F
 
 @pytest.mark.parametrize("asked", [None, -5, 0, 4999, 10**9])
 async def test_linger_is_passed_as_asked(server: ThriftServer, service: FakeService, asked: int | None) -> None:
-    """The service bounds it (tests/proxy/test_requests.py, tests/test_adapters.py)."""
+    """The service bounds it (tests/proxy/test_requests.py, tests/system/test_adapters.py)."""
     service.add(QueueId("t", 0), [1])  # ready, so the fake never waits
     async with AsyncProxyClient("127.0.0.1", server.port, timeout_s=GUARD_S) as client:
         await client.pull(PullRequest(groupId="g", maxLingerTime=asked))
@@ -593,10 +602,10 @@ async def test_clients_report_application_exceptions(server: ThriftServer, servi
 
 
 async def test_connection_refused() -> None:
-    client = ProxyClient("127.0.0.1", _free_port(), timeout_s=GUARD_S)
+    client = ProxyClient("127.0.0.1", free_port(), timeout_s=GUARD_S)
     with pytest.raises(ProxyConnectionError):
         await asyncio.to_thread(client.submit, None)
-    async with AsyncProxyClient("127.0.0.1", _free_port(), timeout_s=GUARD_S) as async_client:
+    async with AsyncProxyClient("127.0.0.1", free_port(), timeout_s=GUARD_S) as async_client:
         with pytest.raises(ProxyConnectionError):
             await async_client.submit(None)
 
@@ -611,13 +620,6 @@ def _eventually(condition: Callable[[], bool]) -> bool:
     return True
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # -- the pull consumers -----------------------------------------------------------------------------
@@ -793,7 +795,7 @@ async def test_pull_consumer_spreads_threads_over_servers(service: FakeService) 
 
 
 async def test_pull_consumer_counts_connection_errors_and_closes() -> None:
-    consumer = PullConsumer(f"127.0.0.1:{_free_port()}", "g", lambda m: True, threads=2, retry_sleep_ms=1)
+    consumer = PullConsumer(f"127.0.0.1:{free_port()}", "g", lambda m: True, threads=2, retry_sleep_ms=1)
     consumer.start()
     try:
         assert await asyncio.to_thread(_eventually, lambda: consumer.stats.errors >= 2)

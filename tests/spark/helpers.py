@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddmq.client.producer import Producer
 from ddmq.client.thrift_client import ProxyClient
+from ddmq.protocol.producer import Producer
 from ddmq.protocol.wire import ConsumeStatsRequest
 
 from ..support import OrderChecker, ProxyProcess, body

@@ -15,8 +15,8 @@ import pytest
 
 from ddmq.client.cli import build_parser
 from ddmq.client.demo import produce_rides
-from ddmq.client.producer import Producer
 from ddmq.client.spark import pipeline
+from ddmq.protocol.producer import Producer
 
 from ..support import ProxyProcess
 

@@ -1,0 +1,82 @@
+"""JSONPath getters shared by the actions and the key templates built from them: parsed once at build time,
+evaluated per message."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from jsonpath_ng.ext.parser import parse as parse_jsonpath
+
+#: What a getter returns when the path finds nothing (``None`` is a JSON value: null).
+MISSING: Any = object()
+
+_SIMPLE_PATH = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+def check_jsonpath(path: str) -> str:
+    """Raise ``ValueError`` naming the problem when ``path`` is not a JSONPath starting with ``$``."""
+    if not path.startswith("$"):
+        raise ValueError(f"{path!r} is not a JSONPath (it must start with '$')")
+    try:
+        parse_jsonpath(path)
+    except Exception as exc:  # jsonpath-ng raises several unrelated types for bad input
+        raise ValueError(f"invalid JSONPath {path!r}: {exc}") from exc
+    return path
+
+
+def compile_jsonpath(path: str) -> Callable[[Any], Any]:
+    """A getter returning the first match of ``path`` in a parsed body, or :data:`MISSING`.
+
+    Plain dotted paths (``$.order.id``) become chained dict lookups; anything else uses jsonpath-ng,
+    parsed once here rather than per message.
+
+    >>> compile_jsonpath("$.order.id")({"order": {"id": 7}})
+    7
+    """
+    if _SIMPLE_PATH.match(path):
+        names = path[2:].split(".")
+
+        def get_simple(data: Any) -> Any:
+            for name in names:
+                if not isinstance(data, dict):
+                    return MISSING
+                data = data.get(name, MISSING)
+                if data is MISSING:
+                    return MISSING
+            return data
+
+        return get_simple
+
+    expression = parse_jsonpath(path)
+
+    def get_general(data: Any) -> Any:
+        if data is MISSING:
+            return MISSING
+        matches = expression.find(data)
+        return matches[0].value if matches else MISSING
+
+    return get_general
+
+
+_PLACEHOLDER = re.compile(r"\{(\$[^}]*)\}")
+
+#: One part of a key template: literal text, or a getter into the body.
+_Part = str | Callable[[Any], Any]
+
+
+def parse_key_template(template: str) -> list[_Part]:
+    """Split ``template`` into literal text and JSONPath getters; ``ValueError`` for a bad path."""
+    if not template:
+        raise ValueError("the key must not be empty")
+    parts: list[_Part] = []
+    pos = 0
+    for match in _PLACEHOLDER.finditer(template):
+        if match.start() > pos:
+            parts.append(template[pos : match.start()])
+        parts.append(compile_jsonpath(check_jsonpath(match.group(1))))
+        pos = match.end()
+    if pos < len(template):
+        parts.append(template[pos:])
+    return parts

@@ -1,0 +1,7 @@
+"""The request surface: :class:`ConsumeService` (what both servers call), the request rules they share,
+and the low-level fetch/ack API.
+"""
+
+from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS, ConsumeService
+
+__all__ = ["MAX_RESULT_OFFSETS", "ConsumeService"]

@@ -1,0 +1,125 @@
+"""The rules of a client's request, shared by every server adapter.
+
+The Thrift and HTTP servers translate their wire forms into :class:`~ddmq.proxy.api.surface.ConsumeService`
+calls and the service's errors back; what a request may ask and what the proxy makes of what it
+leaves out is decided here, once, so that both protocols answer the same request the same way:
+
+- the long-poll wait (``maxLingerTime`` / ``linger_ms``): unset means :data:`DEFAULT_LINGER_MS`,
+  and it is bounded by ``0..max_linger_ms`` of the server the request came through;
+- the batch size: unset or 0 means the topic's ``max_pull_batch_size``, which also bounds it;
+- ``maxPerKey``: unset, 0 or 1 means one message per key;
+- acks and fails: at most :data:`~ddmq.proxy.api.surface.MAX_RESULT_OFFSETS` offsets per request, else the
+  request is refused whole; a result that names no group belongs to the request's group.
+
+:class:`Endpoint` is what a server adapter holds: the service with that server's linger bound.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
+from ddmq.proxy.core.errors import BadRequestError
+from ddmq.proxy.core.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueResult, ReplySize
+
+if TYPE_CHECKING:
+    from ddmq.proxy.service import ProxyService
+
+#: Long-poll wait when a client does not say.
+DEFAULT_LINGER_MS: Final = 1000
+
+
+class RequestRules(NamedTuple):
+    """The limits of one server (its ``max_linger_ms``) and the rules every request follows."""
+
+    max_linger_ms: int
+
+    def linger(self, asked_ms: int | None) -> int:
+        """The client's long-poll wait within ``0..max_linger_ms``; unset: the default, within the same bound."""
+        if asked_ms is None:
+            return min(DEFAULT_LINGER_MS, self.max_linger_ms)
+        return min(max(asked_ms, 0), self.max_linger_ms)
+
+
+def batch_size(asked: int | None, cap: int) -> int:
+    """At most ``cap`` messages; unset or 0 asks for ``cap``."""
+    if asked is not None and asked < 0:
+        raise BadRequestError(f"maxBatchSize must not be negative, got {asked}")
+    return min(asked, cap) if asked else cap
+
+
+def per_key(asked: int | None) -> int:
+    """How many messages of one key a reply may carry (an ordered run); unset or 0 means one."""
+    if asked is not None and asked < 0:
+        raise BadRequestError(f"maxPerKey must not be negative, got {asked}")
+    return asked or 1
+
+
+def result_offsets(results: list[QueueResult]) -> int:
+    """How many offsets ``results`` carry; raises BadRequestError over MAX_RESULT_OFFSETS."""
+    total = sum(len(r.success) + len(r.fail) for r in results)
+    if total > MAX_RESULT_OFFSETS:
+        raise too_many_offsets(total)
+    return total
+
+
+def too_many_offsets(total: int | None = None) -> BadRequestError:
+    """The refusal of a request over MAX_RESULT_OFFSETS (``total`` when it is known: the Thrift
+    decoder stops counting at the limit)."""
+    has = f", this one has {total}" if total is not None else ""
+    return BadRequestError(
+        f"a request may carry at most {MAX_RESULT_OFFSETS} offsets (acks and fails together){has}; "
+        "split them over several"
+    )
+
+
+def in_group(results: list[QueueResult], group: str | None) -> list[QueueResult]:
+    """``results`` with the request's ``group`` where a result names none."""
+    if not group:
+        return results
+    return [r if r.group else r._replace(group=group) for r in results]
+
+
+class Endpoint:
+    """The :class:`~ddmq.proxy.api.surface.ConsumeService` one server adapter calls: the service, with the
+    linger bound of that server (``thrift.max_linger_ms`` or ``http.max_linger_ms``)."""
+
+    def __init__(self, service: ProxyService, rules: RequestRules) -> None:
+        self._service = service
+        self._rules = rules
+
+    async def pull(
+        self,
+        group: str,
+        topic: str | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+        results: list[QueueResult],
+        lease: PullLease | None = None,
+        max_per_key: int | None = None,
+        reply: ReplySize | None = None,
+    ) -> PullBatch:
+        return await self._service.pull(
+            group, topic, max_batch, linger_ms, results, lease, max_per_key, reply, rules=self._rules
+        )
+
+    async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
+        await self._service.submit(results, group)
+
+    async def ack_leases(self, group: str, lease_ids: list[str], abandon: bool = False) -> int:
+        return await self._service.ack_leases(group, lease_ids, abandon)
+
+    async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
+        return await self._service.consume_stats(group, topic)
+
+    async def fetch(
+        self,
+        group: str,
+        offsets: dict[str, dict[str, int]] | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+    ) -> list[FetchedQueue]:
+        return await self._service.fetch(group, offsets, max_batch, linger_ms, rules=self._rules)
+
+    async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
+        await self._service.ack(group, offsets)

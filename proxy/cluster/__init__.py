@@ -1,0 +1,1 @@
+"""Sharing queues between proxies: leases, membership, ownership of queues, offset commits, read audits."""

@@ -1,0 +1,161 @@
+"""Queue leases: one proxy reads a (group, queue) at a time, and a stale owner cannot write.
+
+A lease is the string ``"<owner> <term>"`` under :func:`keys.lease`, with a PX expiry. ``term`` comes
+from a per-(group, queue) counter that only grows, so it is a fencing token: every write a lease
+holder makes (offset commits) runs in a Lua script that first checks the holder still has *its*
+term. A proxy that was paused past its lease and wakes up finds a newer term and writes nothing.
+
+A lease that expired but that nobody took over (the term counter still shows our term) is still
+ours: renewing it restores it, and commits go through, because no other proxy can have read the
+queue in between. So a short stall costs nothing, and a real takeover always bumps the term.
+
+Acquiring is allowed when the lease is free (missing or expired) or held by the same ``owner``: an
+instance restarted under the same instance id reclaims its leases at once (with a new term, which
+fences any leftover of its previous incarnation).
+
+All keys of one queue share its Cluster hash tag, so each script touches a single slot.
+
+Timing (defaults, see ``leases`` in the config): lease TTL 30 s, renewed every 10 s. Three renewals
+fit in a TTL, so one slow or lost round trip never costs the lease; a crashed owner's queues move
+after at most 30 s. (RocketMQ's broker lock uses 60 s / 20 s; we halve it because a proxy's queues
+hold no state another proxy cannot rebuild from Redis.)
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+from ddmq.protocol import keys
+from ddmq.protocol.connection import AsyncRedis, eval_script
+from ddmq.proxy.store.broker import STREAM_INTACT_LUA, map_redis_errors, read_mark
+
+# KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
+_ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local owner = string.match(current, '^(.*) %d+$')
+  if owner ~= ARGV[1] then return 0 end
+end
+local term = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. term, 'PX', ARGV[2])
+return term
+"""
+
+# Shared check: does ARGV[1] (the token "<owner> <term>") still hold the lease?
+_HOLDS = """
+local function holds()
+  local current = redis.call('GET', KEYS[1])
+  if current then return current == ARGV[1] end
+  local term = string.match(ARGV[1], ' (%d+)$')
+  return redis.call('GET', KEYS[2]) == term
+end
+"""
+
+# KEYS: lease, term.  ARGV: token, ttl_ms.  1 = renewed, 0 = lost.
+_RENEW = _HOLDS + """
+if not holds() then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: lease, term.  ARGV: token.  1 = released, 0 = it was not ours any more.
+_RELEASE = _HOLDS + """
+if not holds() then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+# KEYS: lease, term, committed, finished, stream, sequence.  ARGV: token, offset, finished ranges
+# ("" = none), then the reader's mark (n, ts, sha: see STREAM_INTACT_LUA).
+# 1 = written, 0 = fenced off, 2 = not written: the queue no longer holds what was read (a rollback),
+# so a commit point taken from what was read could skip messages written after the rollback.
+_COMMIT = _HOLDS + STREAM_INTACT_LUA + """
+if not holds() then return 0 end
+if not stream_intact(KEYS[5], KEYS[6], tonumber(ARGV[4]), ARGV[5], ARGV[6]) then return 2 end
+redis.call('SET', KEYS[3], ARGV[2])
+if ARGV[3] == '' then redis.call('DEL', KEYS[4]) else redis.call('SET', KEYS[4], ARGV[3]) end
+return 1
+"""
+
+
+class CommitResult(IntEnum):
+    FENCED = 0
+    WRITTEN = 1
+    ROLLED_BACK = 2
+
+
+class Lease(NamedTuple):
+    group: str
+    topic: str
+    qid: int
+    owner: str
+    term: int
+
+    @property
+    def token(self) -> str:
+        return f"{self.owner} {self.term}"
+
+    def keys(self) -> list[str]:
+        return [keys.lease(self.group, self.topic, self.qid), keys.lease_term(self.group, self.topic, self.qid)]
+
+
+class LeaseHolder(NamedTuple):
+    owner: str
+    term: int
+    expires_in_ms: int
+
+
+class LeaseStore:
+    """Lease operations for one proxy instance (``owner``)."""
+
+    def __init__(self, redis: AsyncRedis, owner: str, ttl_ms: int) -> None:
+        if " " in owner:
+            raise ValueError(f"instance id {owner!r} must not contain spaces")
+        self.redis = redis
+        self.owner = owner
+        self.ttl_ms = ttl_ms
+
+    async def _run(self, script: str, keys_: list[str], args: list[Any], what: str) -> int:
+        with map_redis_errors(what):
+            return int(await eval_script(self.redis, script, keys_, args))
+
+    async def acquire(self, group: str, topic: str, qid: int) -> Lease | None:
+        """Take the lease if it is free or already ours (restart); None when someone else holds it."""
+        probe = Lease(group, topic, qid, self.owner, 0)
+        term = await self._run(_ACQUIRE, probe.keys(), [self.owner, self.ttl_ms], f"acquiring {probe.token}")
+        return probe._replace(term=term) if term else None
+
+    async def renew(self, lease: Lease) -> bool:
+        return bool(await self._run(_RENEW, lease.keys(), [lease.token, self.ttl_ms], f"renewing {lease}"))
+
+    async def release(self, lease: Lease) -> bool:
+        return bool(await self._run(_RELEASE, lease.keys(), [lease.token], f"releasing {lease}"))
+
+    async def commit(
+        self, lease: Lease, offset: int, finished: str = "", mark: list[str | int] | None = None
+    ) -> CommitResult:
+        """Write the committed offset, and the ``finished`` ranges past it, only while ``lease`` still
+        holds (else FENCED) and the queue still holds what the reader read (``mark``, from
+        :func:`~ddmq.proxy.store.broker.read_mark`; else ROLLED_BACK)."""
+        group, topic, qid = lease.group, lease.topic, lease.qid
+        return CommitResult(await self._run(
+            _COMMIT,
+            [*lease.keys(), keys.committed(group, topic, qid), keys.finished(group, topic, qid),
+             keys.stream(topic, qid), keys.sequence(topic, qid)],
+            [lease.token, offset, finished, *(mark or read_mark(0, None))],
+            f"committing {lease}",
+        ))
+
+    async def holder(self, group: str, topic: str, qid: int) -> LeaseHolder | None:
+        """Who holds a queue's lease now (for status views)."""
+        key = keys.lease(group, topic, qid)
+        with map_redis_errors(f"reading the lease of {group}/{topic}#{qid}"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.get(key)
+                pipe.pttl(key)
+                raw, ttl = await pipe.execute()
+        if raw is None:
+            return None
+        owner, _, term = raw.decode().rpartition(" ")
+        return LeaseHolder(owner, int(term), int(ttl))

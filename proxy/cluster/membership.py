@@ -1,0 +1,60 @@
+"""Group membership and queue assignment.
+
+Every proxy heartbeats its instance id into the group's member set (a sorted set scored by the time
+of the last heartbeat). A member whose last heartbeat is older than the member timeout is gone.
+Every proxy computes the same assignment from the same sorted member list, so no coordinator is
+needed: :func:`assign` averages the sorted queues over the sorted members in contiguous blocks,
+the first ``queues % members`` members taking one extra (RocketMQ's
+AllocateMessageQueueAveragely). Leases make the hand-over safe while members disagree for a moment.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ddmq.protocol import keys
+from ddmq.protocol.connection import AsyncRedis
+from ddmq.proxy.store.broker import map_redis_errors
+
+
+def assign(members: list[str], queues: int, me: str) -> range:
+    """The qids of ``0..queues-1`` that ``me`` owns among ``members`` (any order; sorted here)."""
+    ordered = sorted(set(members))
+    if me not in ordered or queues <= 0:
+        return range(0)
+    index, count = ordered.index(me), len(ordered)
+    base, extra = divmod(queues, count)
+    size = base + (1 if index < extra else 0)
+    start = index * base + min(index, extra)
+    return range(start, start + size)
+
+
+class Membership:
+    """This proxy's membership in the groups it serves."""
+
+    def __init__(self, redis: AsyncRedis, instance_id: str, timeout_ms: int) -> None:
+        self.redis = redis
+        self.instance_id = instance_id
+        self.timeout_ms = timeout_ms
+
+    async def heartbeat(self, group: str, topic: str | None = None) -> list[str]:
+        """Record that we are alive (and, given ``topic``, that the group consumes it: the group
+        registry ``ddmq groups`` reads); forget members silent for longer than the timeout; return
+        the live members, sorted."""
+        now = int(time.time() * 1000)
+        key = keys.members(group)
+        with map_redis_errors(f"heartbeating group {group}"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(key, {self.instance_id: now})
+                pipe.zremrangebyscore(key, "-inf", now - self.timeout_ms)
+                pipe.zrange(key, 0, -1)
+                if topic is not None:
+                    pipe.hset(keys.group_topics(group), topic, now)
+                    pipe.sadd(keys.groups(), group)
+                replies = await pipe.execute()
+        return sorted(member.decode() for member in replies[2])
+
+    async def leave(self, group: str) -> None:
+        """Graceful exit: the others rebalance at their next heartbeat instead of after the timeout."""
+        with map_redis_errors(f"leaving group {group}"):
+            await self.redis.zrem(keys.members(group), self.instance_id)

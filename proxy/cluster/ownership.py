@@ -1,0 +1,219 @@
+"""Queue ownership of one TopicConsumer: which queues of its topic this proxy reads, under which lease.
+
+The lease loop heartbeats into the group's member set, claims the queues assigned to this proxy,
+hands off those assigned elsewhere and renews what it holds. Opening a queue (its tracker, its
+reader) and dropping one (its reader, its unfinished jobs, its lease) live here too, so that a
+queue is read exactly while its lease is held. The fencing itself is in :mod:`ddmq.proxy.cluster.leases`;
+why the loop works this way is in DESIGN.md, "Leases and fencing".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ddmq.proxy.cluster.leases import Lease
+from ddmq.proxy.cluster.membership import assign
+from ddmq.proxy.core.errors import DdmqError
+from ddmq.proxy.core.types import QueueId
+from ddmq.proxy.engine.reader import QueueReader
+
+if TYPE_CHECKING:
+    from ddmq.proxy.groups.group import TopicConsumer
+
+log = logging.getLogger(__name__)
+
+#: How often a consumer whose topic has no metadata yet looks again.
+METADATA_POLL_S = 1.0
+
+
+class QueueOwnership:
+    """The leases one consumer holds and the loop that claims, renews and hands them off."""
+
+    def __init__(self, consumer: TopicConsumer) -> None:
+        self.consumer = consumer
+        #: The queues this proxy should own, from the last heartbeat (none until the first one).
+        self.assigned: range = range(0)
+        #: Leases this proxy holds, by qid.
+        self.held: dict[int, Lease] = {}
+        #: When each held lease was last confirmed (loop time before the call that confirmed it).
+        self._confirmed_at: dict[int, float] = {}
+        self._lease_s = consumer.lease_config.ttl_ms / 1000
+        #: Hand-offs under way, by qid (the lease loop starts one per queue assigned elsewhere).
+        self.handoffs: dict[int, asyncio.Task[None]] = {}
+
+    def _name(self, qid: int) -> str:
+        return f"{self.consumer.group}/{self.consumer.topic}#{qid}"
+
+    # the lease loop ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Find the topic's queues (waiting for its metadata if need be), then run the lease loop."""
+        consumer = self.consumer
+        warned = False
+        while True:
+            try:
+                queues = await consumer.broker.topic_queues(consumer.topic)
+            except DdmqError as exc:
+                log.warning("%s/%s: %s", consumer.group, consumer.topic, exc)
+                queues = None
+            if queues:
+                break
+            if not warned:
+                log.warning("topic %s has no metadata yet; group %s waits for its first producer",
+                            consumer.topic, consumer.group)
+                warned = True
+            await asyncio.sleep(METADATA_POLL_S)
+        consumer.queues = queues
+        await self._maintain()
+
+    async def _maintain(self) -> None:
+        """Heartbeat, claim the queues assigned to us, hand off the others, renew what we hold."""
+        consumer = self.consumer
+        loop = asyncio.get_running_loop()
+        claim_s = consumer.lease_config.claim_interval_ms / 1000
+        renew_s = consumer.lease_config.renew_ms / 1000
+        next_renew = loop.time() + renew_s
+        while True:
+            try:
+                members = await consumer.membership.heartbeat(consumer.group, consumer.topic)
+                self.assigned = assign(members, consumer.queues, consumer.membership.instance_id)
+            except DdmqError as exc:  # keep the last assignment; leases keep it safe
+                log.warning("%s/%s: heartbeat failed: %s", consumer.group, consumer.topic, exc)
+            for qid in list(self.held):
+                if qid not in self.assigned and qid not in self.handoffs:
+                    self.handoffs[qid] = asyncio.create_task(self._hand_off(qid), name=f"handoff:{self._name(qid)}")
+            for qid in self.assigned:
+                if qid not in self.held:
+                    await self._claim(qid)
+            if loop.time() >= next_renew:
+                next_renew = loop.time() + renew_s
+                for qid, lease in list(self.held.items()):
+                    await self._renew(qid, lease)
+            await asyncio.sleep(claim_s)
+
+    async def _claim(self, qid: int) -> None:
+        asked_at = asyncio.get_running_loop().time()
+        consumer = self.consumer
+        try:
+            lease = await consumer.leases.acquire(consumer.group, consumer.topic, qid)
+        except DdmqError as exc:
+            log.warning("%s: cannot claim: %s", self._name(qid), exc)
+            return
+        if lease is None:
+            return
+        self.held[qid] = lease
+        self._confirmed_at[qid] = asked_at
+        await self.open_queue(qid, lease.term)
+
+    async def _renew(self, qid: int, lease: Lease) -> None:
+        asked_at = asyncio.get_running_loop().time()
+        try:
+            renewed = await self.consumer.leases.renew(lease)
+        except DdmqError as exc:
+            # Keep it: it stays valid until its TTL runs out, and confirmed() turns false then.
+            log.warning("%s: lease renewal failed: %s", self._name(qid), exc)
+            return
+        if renewed and self.held.get(qid) == lease:
+            self._confirmed_at[qid] = asked_at
+        elif not renewed:
+            log.warning("%s: lease term %d was taken over; dropping the queue", self._name(qid), lease.term)
+            await self.drop_queue(qid)
+
+    async def _hand_off(self, qid: int) -> None:
+        """The queue is assigned elsewhere: stop reading, let clients ack what they hold (bounded),
+        commit, release. The lease keeps being renewed until then."""
+        consumer = self.consumer
+        try:
+            reader = consumer.readers.pop(qid, None)
+            if reader is not None:
+                await reader.stop()
+            tracker = consumer.trackers.get(qid)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + consumer.lease_config.handoff_drain_ms / 1000
+            while tracker is not None and tracker.unfinished and loop.time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            if qid in self.held:
+                await consumer.commits.commit(qid)
+                await self.drop_queue(qid, release=True)
+                log.info("%s: handed off", self._name(qid))
+        except DdmqError as exc:
+            log.warning("%s: hand-off failed (%s); the lease expires by itself", self._name(qid), exc)
+            await self.drop_queue(qid)
+        finally:
+            self.handoffs.pop(qid, None)
+
+    # the state of one queue ----------------------------------------------------------------------
+
+    def confirmed(self, qid: int) -> bool:
+        """True while the lease on ``qid`` is surely valid: its last confirmation is younger than the TTL."""
+        confirmed = self._confirmed_at.get(qid)
+        return confirmed is not None and asyncio.get_running_loop().time() - confirmed < self._lease_s
+
+    def unconfirm(self, qid: int) -> None:
+        """Hand out and read nothing more of ``qid`` until it is dropped and claimed again."""
+        self._confirmed_at.pop(qid, None)
+
+    async def open_queue(self, qid: int, term: int) -> None:
+        """Start reading ``qid`` (just claimed under ``term``) from its committed offset."""
+        consumer = self.consumer
+        tracker = consumer.trackers[qid] = await consumer.commits.load(qid)
+        reader = consumer.readers[qid] = QueueReader(consumer, qid, term)
+        reader.start()
+        log.info("%s: lease term %d, reading from offset %d", self._name(qid), term, tracker.committed)
+
+    async def drop_queue(self, qid: int, release: bool = False) -> None:
+        """Stop reading ``qid`` and forget its unfinished jobs (they stay uncommitted, so the queue's
+        next owner delivers them again). With ``release``, free the lease for the next owner."""
+        consumer = self.consumer
+        reader = consumer.readers.pop(qid, None)
+        if reader is not None:
+            await reader.stop()
+        tracker = consumer.trackers.pop(qid, None)
+        if tracker is not None:
+            tracker.dropped = True
+        consumer.gap_until.pop(qid, None)
+        for job in consumer.buffer.drop_queue(QueueId(consumer.topic, qid)):
+            consumer.finish(job)
+        lease = self.held.pop(qid, None)
+        self._confirmed_at.pop(qid, None)
+        if release and lease is not None:
+            try:
+                await consumer.leases.release(lease)
+            except DdmqError as exc:
+                log.warning("%s: releasing the lease failed (%s); it expires by itself", self._name(qid), exc)
+
+    # giving every queue up -----------------------------------------------------------------------
+
+    async def give_up(self, drain_ms: int) -> int:
+        """Retire: with reading stopped, wait for running hand-offs, give clients up to ``drain_ms`` to
+        ack or fail what they hold, commit and release every held queue. Returns how many jobs were
+        left unfinished (they stay uncommitted: whoever reads the queue next delivers them again)."""
+        consumer = self.consumer
+        await asyncio.gather(*self.handoffs.values(), return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_ms / 1000
+        log.info("%s/%s: retiring: reading stopped; clients have up to %d ms to ack %d jobs in flight",
+                 consumer.group, consumer.topic, drain_ms, consumer.buffer.in_flight_of(consumer.topic))
+        # Once per reload, so polling is fine; the ack path stays free of retirement bookkeeping.
+        while consumer.buffer.in_flight_of(consumer.topic) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        left = sum(tracker.unfinished for tracker in consumer.trackers.values())
+        for qid in list(self.held):
+            try:
+                await consumer.commits.commit(qid)
+            except DdmqError as exc:
+                log.warning("%s: final commit failed (%s); the unacked part is redelivered", self._name(qid), exc)
+            await self.drop_queue(qid, release=True)
+        return left
+
+    async def release_all(self) -> None:
+        """Leave the member set and give every held queue up (graceful shutdown, after the final flush)."""
+        consumer = self.consumer
+        try:
+            await consumer.membership.leave(consumer.group)
+        except DdmqError as exc:
+            log.warning("%s: leaving the member set failed: %s", consumer.group, exc)
+        for qid in list(self.held):
+            await self.drop_queue(qid, release=True)

@@ -1,0 +1,150 @@
+"""QueueReader: reads one queue strictly in offset order, as fast as its consumer has room."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ddmq.proxy.core.errors import BrokerError
+from ddmq.proxy.core.types import QueueId, StoredMessage
+from ddmq.proxy.store.broker import ForeignEntry
+
+if TYPE_CHECKING:
+    from ddmq.proxy.engine.offsets import OffsetTracker
+    from ddmq.proxy.groups.group import TopicConsumer
+
+log = logging.getLogger(__name__)
+
+#: How long one stream read blocks when the queue is empty.
+READ_BLOCK_MS = 1000
+#: How often a reader whose lease is not confirmed looks again.
+_LEASE_WAIT_S = 0.05
+
+
+class TokenBucket:
+    """``rate`` tokens per second, bursts up to one second's worth; shared by a topic's readers."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.capacity = max(1.0, rate)
+        self._tokens = self.capacity
+        self._stamp = time.monotonic()
+
+    async def take(self, wanted: int) -> int:
+        """Wait for at least one token; take up to ``wanted``. Returns how many were taken."""
+        while True:
+            now = time.monotonic()
+            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            if self._tokens >= 1:
+                granted = min(wanted, int(self._tokens))
+                self._tokens -= granted
+                return granted
+            await asyncio.sleep((1 - self._tokens) / self.rate)
+
+
+class QueueReader:
+    def __init__(self, consumer: TopicConsumer, qid: int, term: int = 0) -> None:
+        self.consumer = consumer
+        self.qid = qid
+        #: The lease term this reader reads under (recorded by the read audit).
+        self.term = term
+        self.queue = QueueId(consumer.topic, qid)
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        #: The connection count when this reader last checked its stream (see ``_stream_intact``).
+        self._checked = 0
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("QueueReader already started")
+        name = f"reader:{self.consumer.group}/{self.consumer.topic}#{self.qid}"
+        self._task = asyncio.create_task(self._run(), name=name)
+        self._task.add_done_callback(self._report_crash)
+
+    def _report_crash(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("reader %s stopped by an unexpected error", task.get_name(), exc_info=task.exception())
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        # The flag, not only the cancel: some redis-py releases (8.0, 8.1) lose a cancel that hits a
+        # command in flight, and a reader that never stops would hang shutdown.
+        self._stopping = True
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _stream_intact(self, tracker: OffsetTracker, batch: list[StoredMessage] | None) -> bool:
+        """Does Redis still hold the last entry read (of ``batch``, when it has one)? If not, Redis
+        rolled back: the consumer drops the queue's state (in a task, as that stops this reader)."""
+        consumer = self.consumer
+        self._checked = consumer.broker.connections.count
+        last = batch[-1] if batch else tracker.last_read
+        if await consumer.broker.stream_intact(consumer.topic, self.qid, tracker.next_offset - 1, last):
+            return True
+        consumer.commits.on_rollback(self.qid, tracker)
+        return False
+
+    async def _run(self) -> None:
+        consumer = self.consumer
+        broker = consumer.broker
+        tracker = consumer.trackers[self.qid]
+        queue = self.queue
+        connections = broker.connections
+        self._checked = connections.count
+        backoff = 0.1
+        while not self._stopping:
+            room = await consumer.wait_for_room()
+            # Looked up per batch, not once: a config reload may change them in place.
+            wanted = min(consumer.config.read_batch_size, room)
+            limiter = consumer.limiter
+            if limiter is not None:
+                wanted = await limiter.take(wanted)
+            if not consumer.may_serve(self.qid):
+                # Not confirmed lately (e.g. the process was paused past its TTL): read nothing under a
+                # term that may be gone until the lease loop renews it or drops the queue.
+                await asyncio.sleep(_LEASE_WAIT_S)
+                continue
+            try:
+                # Every command after a Redis restart runs on a new connection: when connections were
+                # opened since the last check, make sure Redis still holds what this reader read (it
+                # may have come back without its last writes) before reading on, and after a read
+                # during which that happened (redis-py retries on a new connection) before taking it.
+                if connections.count != self._checked and not await self._stream_intact(tracker, None):
+                    return
+                try:
+                    messages = await broker.read(
+                        consumer.topic, self.qid, tracker.next_offset - 1, wanted, READ_BLOCK_MS
+                    )
+                except ForeignEntry as entry:
+                    await consumer.skip_foreign(self.qid, tracker, entry)
+                    continue
+                if connections.count != self._checked and not await self._stream_intact(tracker, messages):
+                    return
+            except BrokerError as exc:
+                self._checked = -1  # check the stream once Redis answers again
+                log.warning("%s#%s: %s; retrying in %.1fs", consumer.topic, self.qid, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            if self._stopping:
+                return  # not tracked, so never committed: the next reader reads them again
+            if not messages:
+                gap = consumer.gap_until.pop(self.qid, None)
+                if gap is not None:
+                    # Nothing past what was read, and producers write past ``gap`` (the sequence was
+                    # raised there after a rollback): the offsets up to it will never exist.
+                    tracker.skip_to(gap + 1)
+                continue
+            if not consumer.may_serve(self.qid):
+                continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
+            tracker.last_read = messages[-1]
+            audit = consumer.read_audit
+            if audit is not None:
+                audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
+                             messages[-1].offset)
+            await consumer.accept(queue, messages)

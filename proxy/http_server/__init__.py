@@ -1,9 +1,0 @@
-"""The HTTP adapter: pull API, Prometheus metrics, health checks and admin endpoints (aiohttp).
-
-See :class:`~ddmq.proxy.http_server.server.HttpServer`; the routes and their JSON are documented in
-``openapi.yaml`` next to this file, served at ``/openapi.json``.
-"""
-
-from ddmq.proxy.http_server.server import HttpServer, build_app, load_openapi
-
-__all__ = ["HttpServer", "build_app", "load_openapi"]

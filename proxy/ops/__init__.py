@@ -1,0 +1,1 @@
+"""Operations: Prometheus metrics, group snapshots for the admin API, consumer lag, config reload."""

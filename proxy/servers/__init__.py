@@ -1,0 +1,1 @@
+"""Network adapters: the shared listener and byte budget, the Thrift server and the HTTP server."""

@@ -1,0 +1,340 @@
+"""Operator endpoints: ``/metrics``, ``/healthz``, ``/readyz`` and the ``/admin/...`` JSON views.
+
+The handlers decode the query, call one function of :mod:`ddmq.proxy.ops.views`,
+:mod:`ddmq.proxy.store.dead_letters` or :mod:`ddmq.protocol.status`, and encode the answer. Who may
+call ``/admin/...`` is decided before, by :mod:`ddmq.proxy.servers.http.guard`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ddmq.protocol.connection import REDIS_FAILURES, sync_redis
+from ddmq.protocol.keys import dead_letters as dead_letters_key
+from ddmq.protocol.status import GroupStatus, QueueStatus, group_status
+from ddmq.proxy.core.errors import (
+    BadRequestError,
+    BrokerError,
+    UnknownEntryError,
+    UnknownGroupError,
+    UnknownTopicError,
+)
+from ddmq.proxy.core.types import StoredMessage
+from ddmq.proxy.groups.group import ConsumerGroup
+from ddmq.proxy.ops.views import KEY_STATES, blocked_keys, group_view, in_flight, queue_counts
+from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json, parse
+from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
+
+if TYPE_CHECKING:
+    from ddmq.proxy.service import ProxyService
+
+log = logging.getLogger(__name__)
+
+#: Room kept in an answer for the fields around its list.
+ANSWER_RESERVE: Final = 16 * 1024
+#: Largest ``offset`` of a paged view (far beyond any group's ``concurrency``).
+MAX_OFFSET: Final = 10_000_000
+#: How long /readyz waits for Redis to answer a PING.
+READY_PING_S: Final = 1.0
+
+
+def _next_offset(offset: int, shown: int, total: int) -> int | None:
+    return offset + shown if offset + shown < total else None
+
+
+def _offset(request: web.Request, name: str = "offset") -> int:
+    raw = request.query.get(name, "0")
+    if not raw.isdigit() or int(raw) > MAX_OFFSET:
+        raise BadRequestError(f"{name} must be an integer 0..{MAX_OFFSET}, got {raw!r}")
+    return int(raw)
+
+
+def _limit(request: web.Request, default: int, most: int = MAX_PAGE) -> int:
+    raw = request.query.get("limit")
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= most:
+        raise BadRequestError(f"limit must be an integer 1..{most}, got {raw!r}")
+    return value
+
+
+def _key_states(request: web.Request) -> frozenset[str] | None:
+    """``state=failing,in_flight``: only keys in those states; none given: every key."""
+    raw = request.query.get("state")
+    if raw is None:
+        return None
+    states = frozenset(raw.split(","))
+    if not states or not states <= set(KEY_STATES):
+        raise BadRequestError(f"state must be a comma-separated list of {', '.join(KEY_STATES)}, got {raw[:100]!r}")
+    return states
+
+
+class SelectionIn(JsonBody):
+    """``{"ids": [...]}`` or ``{"all": true}``."""
+
+    ids: list[str] | None = None
+    all: bool = False
+
+
+def _selection(raw: bytes) -> list[str] | None:
+    body = parse(SelectionIn, raw)
+    if body.all == (body.ids is not None):
+        raise BadRequestError('give either "ids": [...] or "all": true')
+    if body.ids is not None:
+        if len(body.ids) > MAX_PAGE:
+            raise BadRequestError(f"at most {MAX_PAGE} ids per call")
+        return [check_id(entry_id) for entry_id in body.ids]
+    return None
+
+
+def dead_letter_json(letter: DeadLetter) -> dict[str, Any]:
+    """A dead letter as the API shows it; a cut value keeps its text up to the last whole character."""
+    message = message_json(
+        StoredMessage(letter.offset, letter.value, letter.key, letter.tag, letter.properties, letter.produce_ms)
+    )
+    if letter.value_truncated and message["value_text"] is None:
+        message["value_text"] = _text_prefix(letter.value)
+    return {
+        "id": letter.id,
+        "qid": letter.qid,
+        **message,
+        "value_bytes": letter.value_bytes,
+        "value_truncated": letter.value_truncated,
+        "attempts": letter.attempts,
+        "error": letter.error,
+        "dead_ms": letter.dead_ms,
+    }
+
+
+def _text_prefix(value: bytes) -> str | None:
+    """``value`` as text when it is UTF-8 cut inside a character (at most 3 bytes of it lost)."""
+    for drop in range(1, 4):
+        try:
+            return value[:-drop].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as ``web.json_response`` encodes it."""
+    return len(json.dumps(value))
+
+
+def fit(items: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The longest prefix of ``items`` whose JSON fits ``budget`` bytes; at least one item."""
+    used = 0
+    for count, item in enumerate(items):
+        used += json_size(item) + 2  # the separator
+        if count and used > budget:
+            return items[:count]
+    return items
+
+
+class OperatorApi:
+    def __init__(self, service: ProxyService, read_body: BodyReader) -> None:
+        self._service = service
+        self._read_body = read_body
+        http = service.config.http
+        #: Bytes an answer's list may take: the cap less room for the fields around it.
+        self._list_bytes = http.max_answer_bytes - ANSWER_RESERVE
+        self._max_answer = http.max_answer_bytes
+        self._value_cut = http.max_listed_value_bytes
+        #: One replay or purge at a time per (group, topic) here, so a key's dead letters go back in order
+        #: (the claims in Redis keep calls of several proxies from producing an entry twice).
+        self._letter_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def add_routes(self, app: web.Application) -> None:
+        router = app.router
+        router.add_get("/metrics", self.metrics)
+        router.add_get("/healthz", self.healthz)
+        router.add_get("/readyz", self.readyz)
+        router.add_get("/admin/groups", self.groups)
+        router.add_get("/admin/groups/{group}", self.group)
+        router.add_get("/admin/groups/{group}/in-flight", self.in_flight)
+        router.add_get("/admin/groups/{group}/blocked-keys", self.blocked_keys)
+        router.add_get("/admin/groups/{group}/clients", self.clients)
+        letters = "/admin/groups/{group}/topics/{topic}/dead-letters"
+        router.add_get(letters, self.dead_letters)
+        router.add_post(letters + "/replay", self.replay)
+        router.add_post(letters + "/purge", self.purge)
+        router.add_get(letters + "/{id}", self.dead_letter)
+
+    # health ----------------------------------------------------------------------------------
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        metrics = self._service.metrics
+        await metrics.refresh()
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "instance_id": self._service.config.instance_id})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        service = self._service
+        running = service.running
+        redis_ok = False
+        if running and service.redis is not None:
+            try:
+                redis_ok = bool(await asyncio.wait_for(service.redis.ping(), READY_PING_S))
+            except REDIS_FAILURES as exc:  # TimeoutError is an OSError
+                log.info("readyz: redis does not answer: %s", exc)
+        ready = running and redis_ok
+        return web.json_response(
+            {"status": "ready" if ready else "not ready", "checks": {"running": running, "redis": redis_ok}},
+            status=200 if ready else 503,
+        )
+
+    # views -----------------------------------------------------------------------------------
+
+    def _group(self, request: web.Request) -> ConsumerGroup:
+        name = request.match_info["group"]
+        group = self._service.groups.get(name)
+        if group is None:
+            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self._service.groups)}")
+        return group
+
+    def _topic(self, group: ConsumerGroup, topic: str | None) -> str | None:
+        if topic is not None and topic not in group.consumers:
+            raise UnknownTopicError(f"group {group.name!r} does not consume topic {topic!r}")
+        return topic
+
+    async def groups(self, request: web.Request) -> web.Response:
+        views = [asdict(group_view(group)) for _, group in sorted(self._service.groups.items())]
+        return web.json_response({"groups": views})
+
+    async def group(self, request: web.Request) -> web.Response:
+        group = self._group(request)
+        first = _offset(request, "queue_offset")
+        view = asdict(group_view(group))
+        status, dead = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
+        answer: dict[str, Any] = {
+            **view,
+            "dead_letters": dead,
+            "members": status.members,
+            "member_ttl_ms": self._service.config.leases.ttl_ms,
+            "queue_offset": first,
+        }
+        # Thousands of queues over several topics could pass the cap: the queue rows are paged.
+        rows = fit(await self._queue_rows(group, status.queues[first:]), self._list_bytes - json_size(answer))
+        answer["queues"] = rows
+        answer["next_queue_offset"] = _next_offset(first, len(rows), len(status.queues))
+        return web.json_response(answer)
+
+    async def _queue_rows(self, group: ConsumerGroup, queues: list[QueueStatus]) -> list[dict[str, Any]]:
+        """``ddmq status``'s rows (time lag included), and this proxy's job counts for queues it holds."""
+        counts = queue_counts(group)
+        empty = {"in_flight": None, "ready": None, "retry_wait": None}
+        return [{**asdict(row), **(asdict(counts[row.topic, row.qid]) if (row.topic, row.qid) in counts else empty)}
+                for row in queues]
+
+    def _owners(self, group: str, topics: list[str]) -> tuple[GroupStatus, dict[str, int]]:
+        """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection),
+        and the number of dead letters per topic."""
+        try:
+            with sync_redis(self._service.redis_url, socket_timeout=5) as client:
+                status = group_status(client, group, topics)
+                pipe = client.pipeline(transaction=False)
+                for topic in topics:
+                    pipe.xlen(dead_letters_key(group, topic))
+                return status, dict(zip(topics, pipe.execute(), strict=True))
+        except REDIS_FAILURES as exc:
+            raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
+
+    async def in_flight(self, request: web.Request) -> web.Response:
+        group = self._group(request)
+        topic = self._topic(group, request.query.get("topic"))
+        offset = _offset(request)
+        total, jobs = in_flight(group, topic, _limit(request, 100), offset)
+        shown = fit([asdict(job) for job in jobs], self._list_bytes)
+        return web.json_response(
+            {"group": group.name, "total": total, "offset": offset, "jobs": shown,
+             "next_offset": _next_offset(offset, len(shown), total)}
+        )
+
+    async def blocked_keys(self, request: web.Request) -> web.Response:
+        group = self._group(request)
+        topic = self._topic(group, request.query.get("topic"))
+        offset = _offset(request)
+        states = _key_states(request)
+        total, keys = blocked_keys(group, topic, _limit(request, 20), offset, states=states)
+        shown = fit([asdict(key) for key in keys], self._list_bytes)
+        return web.json_response(
+            {"group": group.name, "total": total, "offset": offset, "keys": shown,
+             "next_offset": _next_offset(offset, len(shown), total)}
+        )
+
+    async def clients(self, request: web.Request) -> web.Response:
+        """The clients pulling the group from this proxy, most recent pull first."""
+        group = self._group(request)
+        found = self._service.clients.clients(group.name)
+        shown = fit([asdict(client) for client in found[:_limit(request, 100)]], self._list_bytes)
+        return web.json_response({"group": group.name, "total": len(found), "clients": shown})
+
+    # dead letters ----------------------------------------------------------------------------
+
+    def _letters(self, request: web.Request) -> DeadLetters:
+        group = self._group(request)
+        topic = self._topic(group, request.match_info["topic"])
+        assert topic is not None and self._service.redis is not None
+        # Redis reads are bounded below the answer's cap (JSON adds a third for base64, more for text).
+        return DeadLetters(self._service.redis, group.name, topic, max_bytes=self._list_bytes // 3)
+
+    async def dead_letters(self, request: web.Request) -> web.Response:
+        letters = self._letters(request)
+        after = request.query.get("after")
+        page = await letters.read(after, _limit(request, 100), self._value_cut)
+        entries = [dead_letter_json(letter) for letter in page.entries]
+        shown = fit(entries, self._list_bytes)
+        return web.json_response(
+            {
+                "group": letters.group,
+                "topic": letters.topic,
+                "total": await letters.count(),
+                "entries": shown,
+                "next_after": shown[-1]["id"] if shown else None,
+                "more": page.more or len(shown) < len(entries),
+            }
+        )
+
+    async def dead_letter(self, request: web.Request) -> web.Response:
+        """One dead letter with as much of its value as the answer's cap allows (all of it below that)."""
+        letters = self._letters(request)
+        entry_id = check_id(request.match_info["id"])
+        letter = await letters.get(entry_id, self._list_bytes * 3 // 4)  # base64 takes 4 bytes per 3
+        if letter is None:
+            raise UnknownEntryError(f"dead letter {entry_id} of {letters.group}/{letters.topic} is not in the stream")
+        answer = dead_letter_json(letter)
+        if json_size(answer) > self._max_answer:
+            answer["value_text"] = None  # the text doubles the value: value_base64 alone fits
+        return web.json_response(answer)
+
+    async def replay(self, request: web.Request) -> web.Response:
+        letters = self._letters(request)
+        selection = _selection(await self._read_body(request))
+        async with self._letter_lock(letters):
+            result = await letters.replay(selection)
+        log.info("replayed %d dead letters of %s/%s", result.replayed, letters.group, letters.topic)
+        return web.json_response({"replayed": result.replayed, "missing": result.missing})
+
+    def _letter_lock(self, letters: DeadLetters) -> asyncio.Lock:
+        return self._letter_locks.setdefault((letters.group, letters.topic), asyncio.Lock())
+
+    async def purge(self, request: web.Request) -> web.Response:
+        letters = self._letters(request)
+        selection = _selection(await self._read_body(request))
+        async with self._letter_lock(letters):
+            purged = await letters.purge(selection)
+        log.info("purged %d dead letters of %s/%s", purged, letters.group, letters.topic)
+        return web.json_response({"purged": purged})

@@ -1,0 +1,287 @@
+"""ThriftHandler: one decoded ``ConsumerService`` call in, one reply frame out.
+
+The request half of the Thrift server (:mod:`ddmq.proxy.servers.thrift.server` owns sockets, frames and
+their limits): it maps each method's arguments onto one :class:`~ddmq.proxy.api.surface.ConsumeService`
+call and the answer, or the error, onto the method's result struct. Request rules (linger, batch
+size, which group a result belongs to, ...) are the service's; what is checked here is only that
+the wire struct carries what the call needs (``PullRequest.groupId``, say).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, NamedTuple
+
+from ddmq.protocol.pull_codec import FAST_PULL_REPLY, encode_pull_reply
+from ddmq.protocol.wire import (
+    ConsumeResult,
+    ConsumerService,
+    ConsumeStats,
+    Context,
+    Envelope,
+    FetchResponse,
+    FrameRefusedError,
+    FrameTooLargeError,
+    Message,
+    PullException,
+    PullResponse,
+    QidResponse,
+    TApplicationException,
+    TMessageType,
+    encode,
+    iter_results,
+)
+from ddmq.proxy.api.requests import too_many_offsets
+from ddmq.proxy.api.surface import ConsumeService
+from ddmq.proxy.core.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
+from ddmq.proxy.core.types import PullBatch, PullLease, QueueResult, StoredMessage
+from ddmq.proxy.servers.clients import ClientTracker
+
+log = logging.getLogger(__name__)
+
+_ARGS: Final[dict[str, Any]] = {
+    name: getattr(ConsumerService, f"{name}_args") for name in ConsumerService.thrift_services
+}
+_RESULTS: Final[dict[str, Any]] = {
+    name: getattr(ConsumerService, f"{name}_result") for name in ConsumerService.thrift_services
+}
+
+
+class ThriftHandler:
+    """Serves the calls of ``ConsumerService`` (pull, submit, getConsumeStats, fetch, ack, ackLeases)
+    from one ConsumeService."""
+
+    def __init__(self, service: ConsumeService, clients: ClientTracker | None = None) -> None:
+        self._service = service
+        self._clients = clients
+        self._handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
+            "pull": self._pull,
+            "submit": self._submit,
+            "getConsumeStats": self._get_consume_stats,
+            "fetch": self._fetch,
+            "ack": self._ack,
+            "ackLeases": self._ack_leases,
+        }
+
+    async def dispatch(self, envelope: Envelope, peer: str) -> bytes | None:
+        """The reply frame for one decoded call (None for a oneway call)."""
+        name, mtype, seqid, args = envelope
+        if mtype not in (TMessageType.CALL, TMessageType.ONEWAY):
+            return _application_error(
+                name, seqid, TApplicationException.INVALID_MESSAGE_TYPE, f"expected a call, got type {mtype}"
+            )
+        handler = self._handlers.get(name)
+        if handler is None or args is None:
+            log.debug("%s called unknown method %r", peer, name)
+            return _application_error(name, seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {name!r}")
+        result = _RESULTS[name]()
+        try:
+            success = await (self._pull(args, peer) if name == "pull" else handler(args))
+            if isinstance(success, _PullReply):
+                if mtype == TMessageType.CALL and FAST_PULL_REPLY:
+                    return _encode_pull_reply(seqid, success, peer)
+                success = pull_response(*success)
+            result.success = success
+        except Exception as exc:
+            reply = _error_reply(name, seqid, exc, peer)
+            return None if mtype == TMessageType.ONEWAY else reply
+        if mtype == TMessageType.ONEWAY:
+            return None
+        try:
+            return encode(name, TMessageType.REPLY, seqid, result)
+        except Exception:
+            log.exception("could not encode the %s reply for %s", name, peer)
+            return _application_error(
+                name, seqid, TApplicationException.INTERNAL_ERROR, "internal error: the reply could not be encoded"
+            )
+
+    def refused(self, exc: FrameRefusedError, peer: str) -> bytes | None:
+        """The answer to a call refused while it was decoded (too many offsets, an integer outside its
+        IDL type): a 1003 error, and nothing of it applied."""
+        if exc.mtype == TMessageType.ONEWAY:
+            return None
+        if exc.name not in self._handlers:
+            return _application_error(
+                exc.name, exc.seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {exc.name!r}"
+            )
+        error = too_many_offsets() if isinstance(exc, FrameTooLargeError) else BadRequestError(str(exc))
+        return _error_reply(exc.name, exc.seqid, error, peer)
+
+    # handlers: decode the request, call the service once, encode the answer --------------------
+
+    async def _pull(self, args: Any, peer: str = "") -> _PullReply:
+        request = args.request
+        if request is None or not request.groupId:
+            raise BadRequestError("PullRequest.groupId is required")
+        lease = None
+        if request.leaseId is not None:
+            lease = PullLease(request.leaseId, request.leaseIndex or 0, request.leaseTimeoutMs)
+        results = results_from_wire(request.result)
+        batch = await self._service.pull(
+            request.groupId,
+            request.topic,
+            request.maxBatchSize,
+            request.maxLingerTime,
+            results,
+            lease,
+            max_per_key=request.maxPerKey,
+        )
+        if self._clients is not None:
+            version = request.version if isinstance(request.version, str) else None
+            self._clients.pulled("thrift", peer, request.groupId, version, batch, results)
+        return _PullReply(request.groupId, request.topic, batch)
+
+    async def _ack_leases(self, args: Any) -> int:
+        request = args.request
+        if request is None or not request.groupId:
+            raise BadRequestError("LeaseAck.groupId is required")
+        return await self._service.ack_leases(request.groupId, list(request.leaseIds or ()), bool(request.abandon))
+
+    async def _submit(self, args: Any) -> bool:
+        results = results_from_wire(args.result)
+        await self._service.submit(results)
+        if self._clients is not None:
+            self._clients.answered(results)
+        return True
+
+    async def _get_consume_stats(self, args: Any) -> list[ConsumeStats]:
+        request = args.request
+        if request is None or not request.group:
+            raise BadRequestError("ConsumeStatsRequest.group is required")
+        rows = await self._service.consume_stats(request.group, request.topic)
+        return [
+            ConsumeStats(
+                group=row.group,
+                topic=row.topic,
+                consumeOffsets=dict(row.consume_offsets),
+                produceOffsets=dict(row.produce_offsets),
+                owners=dict(row.owners),
+                leaseTtlMs=dict(row.lease_ttl_ms),
+                leaseTerms=dict(row.lease_terms),
+            )
+            for row in rows
+        ]
+
+    async def _fetch(self, args: Any) -> FetchResponse:
+        request = args.request
+        if request is None or not request.groupId:
+            raise BadRequestError("FetchRequest.groupId is required")
+        pages = await self._service.fetch(
+            request.groupId, request.fetchOffset, request.maxBatchSize, request.maxLingerTime
+        )
+        return FetchResponse(
+            code=0,
+            results=[
+                QidResponse(
+                    topic=page.topic,
+                    qid=str(page.qid),
+                    nextRequestOffset=page.next_offset,
+                    messages=[_message(m) for m in page.messages],
+                )
+                for page in pages
+            ],
+        )
+
+    async def _ack(self, args: Any) -> bool:
+        result = args.result
+        if result is None or not result.groupId:
+            raise BadRequestError("AckResult.groupId is required")
+        await self._service.ack(result.groupId, result.offsets or {})
+        return True
+
+
+def results_from_wire(head: ConsumeResult | None) -> list[QueueResult]:
+    """The ``nextResult`` list as engine values, one per node, as sent: missing pieces become empty
+    values (the service gives a node without groupId the request's group, and ignores and counts
+    what it cannot match)."""
+    results = []
+    for node in iter_results(head):
+        context = node.context if node.context is not None else Context()
+        results.append(
+            QueueResult(
+                group=context.groupId or "",
+                topic=context.topic or "",
+                qid=context.qid or "",
+                success=list(node.successOffsets or ()),
+                fail=list(node.failOffsets or ()),
+            )
+        )
+    return results
+
+
+def pull_response(group: str, topic: str | None, batch: PullBatch) -> PullResponse:
+    """The wire answer for ``batch``; an empty batch keeps the asked-for topic and an empty qid."""
+    if batch.queue is None:
+        return PullResponse(context=Context(groupId=group, topic=topic or "", qid=""), messages=[])
+    return PullResponse(
+        context=Context(groupId=group, topic=batch.queue.topic, qid=str(batch.queue.qid)),
+        messages=[_message(m) for m in batch.messages],
+        runs=batch.runs,
+    )
+
+
+def _message(m: StoredMessage) -> Message:
+    return Message(
+        key=m.key, value=m.value, tag=m.tag, offset=m.offset, properties=dict(m.properties), produceTime=m.produce_ms
+    )
+
+
+class _PullReply(NamedTuple):
+    """What ``_pull`` answers before encoding: :func:`pull_response`'s arguments."""
+
+    group: str
+    topic: str | None
+    batch: PullBatch
+
+
+def _encode_pull_reply(seqid: int, reply: _PullReply, peer: str) -> bytes:
+    """The reply frame by the hand-written encoder (:mod:`ddmq.protocol.pull_codec`)."""
+    queue = reply.batch.queue
+    try:
+        if queue is None:
+            return encode_pull_reply(seqid, reply.group, reply.topic or "", "", ())
+        batch = reply.batch
+        return encode_pull_reply(seqid, reply.group, queue.topic, str(queue.qid), batch.messages, batch.runs)
+    except Exception:
+        log.exception("could not encode the pull reply for %s", peer)
+        return _application_error(
+            "pull", seqid, TApplicationException.INTERNAL_ERROR, "internal error: the reply could not be encoded"
+        )
+
+
+def _error_reply(name: str, seqid: int, exc: Exception, peer: str) -> bytes:
+    """The reply frame for a call of ``name`` that raised ``exc``: its declared error field, else a
+    TApplicationException."""
+    result = _RESULTS[name]()
+    error = _pull_exception(exc, name, peer)
+    if "error" not in (field[1] for field in result.thrift_spec.values()):
+        # fetch/ack declare no exception: a standard client sees a TApplicationException.
+        kind = (
+            TApplicationException.UNKNOWN_METHOD
+            if error.code == NotSupportedError.code
+            else TApplicationException.INTERNAL_ERROR
+        )
+        return _application_error(name, seqid, kind, f"{error.code}: {error.message}")
+    result.error = error
+    return encode(name, TMessageType.REPLY, seqid, result)
+
+
+def _pull_exception(exc: Exception, method: str, peer: str) -> PullException:
+    """Map an error raised while serving ``method`` to what goes on the wire."""
+    if isinstance(exc, DdmqError):
+        level = logging.DEBUG if isinstance(exc, RequestError) else logging.WARNING
+        log.log(level, "%s from %s failed: %s (code %d)", method, peer, exc, exc.code)
+        return PullException(code=exc.code, message=str(exc) or type(exc).__name__)
+    log.error("internal error serving %s from %s", method, peer, exc_info=exc)
+    return PullException(code=INTERNAL_ERROR_CODE, message="internal error")
+
+
+def args_for(name: str, mtype: int) -> Any:
+    """The empty args struct to decode a call of ``name`` into (None for a method the IDL lacks)."""
+    args_class = _ARGS.get(name)
+    return args_class() if args_class is not None else None
+
+
+def _application_error(name: str, seqid: int, kind: int, message: str) -> bytes:
+    return encode(name, TMessageType.EXCEPTION, seqid, TApplicationException(kind, message))

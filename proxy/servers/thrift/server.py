@@ -1,0 +1,354 @@
+"""ThriftServer: DDMQ's ``ConsumerService`` over framed compact Thrift, in front of a ConsumeService.
+
+A thin adapter: it reads frames, decodes them with :mod:`ddmq.protocol.wire` and hands each call to a
+:class:`~ddmq.proxy.servers.thrift.handler.ThriftHandler`, which calls one method of the
+:class:`~ddmq.proxy.api.surface.ConsumeService` and encodes the answer. This module owns the connections and
+frames; request rules, ordering, offsets and retries live behind the service. Built on a
+:class:`~ddmq.proxy.servers.listener.Listener` and asyncio streams rather than thriftpy2's server so that
+every frame is size-checked before it is buffered and every payload is decoded by the bounded reader.
+
+Per connection, requests are served one after another (a long-poll ``pull`` holds its connection);
+connections are served concurrently. A frame whose declared length is not in ``1..max_frame_bytes``
+or whose payload does not decode closes that connection only. Limits, each closing the connection
+that breaks it (logged): ``max_connections`` open at once (at the limit a new connection takes the
+place of one past its deadline, inside a frame, or idle, oldest first: see
+:class:`~ddmq.proxy.servers.listener.Evictions`; with every one busy it is closed at once); ``allowed_clients``
+(networks a peer must be in); ``idle_timeout_ms`` without a request (a call being served, a long
+poll included, is not idle);
+``frame_timeout_ms`` for a frame whose first byte arrived to arrive whole, and for a reply to be
+taken by the client; ``max_buffered_bytes`` for the frames above :data:`INLINE_DECODE_MAX_BYTES`
+being read or decoded at once, over all connections (a frame waits for room within its
+``frame_timeout_ms``).
+
+>>> async with ThriftServer(service.endpoint(30_000), "0.0.0.0", 9713, max_frame_bytes=1 << 20):
+...     await stop.wait()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Final
+
+from ddmq.protocol.wire import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FRAME_HEADER_BYTES,
+    Envelope,
+    FrameDecodeError,
+    FrameRefusedError,
+    decode,
+    frame_length,
+)
+from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS, ConsumeService
+from ddmq.proxy.servers.byte_budget import ByteBudget
+from ddmq.proxy.servers.clients import ClientTracker
+from ddmq.proxy.servers.listener import Evictions, Listener, parse_networks
+from ddmq.proxy.servers.thrift.handler import ThriftHandler, args_for
+
+log = logging.getLogger(__name__)
+
+#: Payloads above this size are decoded in a worker thread, so one big frame cannot stall the loop, and
+#: count against ``max_buffered_bytes``. A pull is a few hundred bytes: pulls never wait for that budget.
+INLINE_DECODE_MAX_BYTES: Final = 64 * 1024
+DEFAULT_MAX_CONNECTIONS: Final = 1000
+DEFAULT_IDLE_TIMEOUT_MS: Final = 60_000
+DEFAULT_FRAME_TIMEOUT_MS: Final = 10_000
+DEFAULT_MAX_BUFFERED_BYTES: Final = 64 * 1024 * 1024
+
+# What a connection is doing, for the timeout sweep.
+_IDLE: Final = "idle"
+_FRAME: Final = "frame"
+_REPLY: Final = "reply"
+_BUSY: Final = "busy"
+_EXPIRED: Final = {
+    _IDLE: "no request within idle_timeout_ms",
+    _FRAME: "the frame did not arrive whole within frame_timeout_ms",
+    _REPLY: "the reply was not taken within frame_timeout_ms",
+}
+_DOING: Final = {_IDLE: "an idle", _FRAME: "a half-sent", _REPLY: "a stalled", _BUSY: "a busy"}
+
+
+class _Connection:
+    """One client connection: its task and the deadline of what it is doing (see ``_sweep``)."""
+
+    __slots__ = ("deadline", "evicted", "expired", "peer", "phase", "task")
+
+    def __init__(self, task: asyncio.Task[None], peer: str) -> None:
+        self.task = task
+        self.peer = peer
+        self.phase = _IDLE
+        self.deadline = float("inf")
+        self.expired: str | None = None
+        #: Closed to admit a new connection at max_connections.
+        self.evicted = False
+
+
+class ThriftServer:
+    """Serves ``ConsumerService`` (pull, submit, getConsumeStats, fetch, ack) on one port.
+
+    ``port=0`` binds a free port; read it back from :attr:`port` after :meth:`start`. Counters for
+    metrics: :attr:`connections` (accepted so far), :attr:`frames_rejected` (bad length),
+    :attr:`decode_errors` (undecodable payload), :attr:`timeouts` (closed by a timeout),
+    :attr:`connections_refused` and :attr:`accept_errors` (from the listener).
+    """
+
+    def __init__(
+        self,
+        service: ConsumeService,
+        host: str,
+        port: int,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+        frame_timeout_ms: int = DEFAULT_FRAME_TIMEOUT_MS,
+        max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
+        allowed_clients: Sequence[str] | None = None,
+        clients: ClientTracker | None = None,
+    ) -> None:
+        if max_frame_bytes < 1:
+            raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
+        if idle_timeout_ms < 1 or frame_timeout_ms < 1:
+            raise ValueError("idle_timeout_ms and frame_timeout_ms must be positive")
+        if max_buffered_bytes < max_frame_bytes:
+            raise ValueError(f"max_buffered_bytes ({max_buffered_bytes}) must hold one frame of max_frame_bytes")
+        self._handler = ThriftHandler(service, clients)
+        self._max_frame_bytes = max_frame_bytes
+        self._idle_s = idle_timeout_ms / 1000
+        self._frame_s = frame_timeout_ms / 1000
+        self._host = host
+        self._budget = ByteBudget(max_buffered_bytes)
+        # One big frame decoded at a time: each decoding thread takes the GIL from the loop, so
+        # several at once would slow every other connection's requests that many times over.
+        self._decoding = asyncio.Semaphore(1)
+        allowed = parse_networks(allowed_clients) if allowed_clients is not None else None
+        self._listener = Listener(
+            "thrift", host, port, max_connections, self._accepted, make_room=self._make_room, allowed=allowed
+        )
+        self._started = False
+        self._closing = False
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._evictions = Evictions(self._connections.values, frozenset({_FRAME}), _IDLE)
+        self._sweeper: asyncio.Task[None] | None = None
+        self.connections = 0
+        self.frames_rejected = 0
+        self.decode_errors = 0
+        self.timeouts = 0
+
+    # lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            raise RuntimeError("ThriftServer.start() called twice")
+        self._started = True
+        await self._listener.start()
+        self._sweeper = asyncio.create_task(self._sweep(), name="thrift-timeouts")
+        log.info("thrift server listening on %s:%d", self._host, self.port)
+
+    async def close(self) -> None:
+        """Stop listening and drop every connection (an in-flight call is cancelled)."""
+        if not self._started or self._closing:
+            return
+        self._closing = True
+        await self._listener.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        tasks = [*self._connections, *([self._sweeper] if self._sweeper else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        log.info("thrift server closed")
+
+    @property
+    def port(self) -> int:
+        """The bound port (the chosen one when constructed with port 0)."""
+        return self._listener.port
+
+    @property
+    def active_connections(self) -> int:
+        return len(self._connections)
+
+    @property
+    def connections_refused(self) -> int:
+        return self._listener.refused
+
+    @property
+    def accept_errors(self) -> int:
+        return self._listener.accept_errors
+
+    def stats(self) -> dict[str, int]:
+        """Counters (accepted, refused, evicted, not_allowed, accept_errors, timeouts, frames_rejected,
+        decode_errors) and gauges (open, buffered_bytes), for metrics."""
+        return {
+            "open": self.active_connections,
+            "accepted": self._listener.accepted,
+            "refused": self._listener.refused,
+            "evicted": self._listener.evicted,
+            "not_allowed": self._listener.not_allowed,
+            "accept_errors": self._listener.accept_errors,
+            "timeouts": self.timeouts,
+            "frames_rejected": self.frames_rejected,
+            "decode_errors": self.decode_errors,
+            "buffered_bytes": self._budget.used,
+        }
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of big frames being read or decoded now (bounded by ``max_buffered_bytes``)."""
+        return self._budget.used
+
+    async def __aenter__(self) -> ThriftServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # connections -------------------------------------------------------------------------------
+
+    def _accepted(self, sock: socket.socket) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve_connection(sock))
+        self._connections[task] = _Connection(task, _peer_name(sock))
+
+    def _make_room(self) -> str | None:
+        """At max_connections: close the connection :class:`Evictions` picks; what it was, for the log."""
+        now = asyncio.get_running_loop().time()
+        victim = self._evictions.pick(now)
+        if victim is None:
+            return None
+        victim.task.cancel()
+        late = " past its deadline" if victim.deadline <= now else ""
+        return f"{_DOING[victim.phase]} connection from {victim.peer}{late}"
+
+    async def _serve_connection(self, sock: socket.socket) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        connection = self._connections[task]
+        peer = connection.peer
+        self.connections += 1
+        writer = None
+        try:
+            reader, writer = await asyncio.open_connection(sock=sock)
+            log.debug("thrift connection from %s", peer)
+            await self._serve_frames(reader, writer, connection)
+        except asyncio.CancelledError:
+            if self._closing or (connection.expired is None and not connection.evicted):
+                raise
+            if connection.evicted:
+                log.debug("closed thrift connection from %s to admit a new one", peer)
+            else:
+                self.timeouts += 1
+                log.info("closing thrift connection from %s: %s", peer, connection.expired)
+        except (ConnectionError, TimeoutError) as exc:
+            log.debug("thrift connection from %s lost: %s", peer, exc)
+        except Exception:
+            log.exception("thrift connection from %s failed", peer)
+        finally:
+            del self._connections[task]
+            self._listener.closed()
+            if writer is None:
+                sock.close()
+            else:
+                writer.close()
+                try:
+                    await writer.wait_closed()
+                except (ConnectionError, TimeoutError):
+                    pass
+
+    async def _sweep(self) -> None:
+        """Cancel the connections past their deadline, a few times per shortest timeout."""
+        loop = asyncio.get_running_loop()
+        period = min(max(min(self._idle_s, self._frame_s) / 4, 0.01), 1.0)
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for connection in list(self._connections.values()):
+                if now > connection.deadline and connection.expired is None:
+                    connection.expired = _EXPIRED[connection.phase]
+                    connection.task.cancel()
+
+    async def _serve_frames(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        peer = connection.peer
+        while True:
+            connection.phase, connection.deadline = _IDLE, loop.time() + self._idle_s
+            try:
+                # The first byte alone: from it on, the frame has frame_timeout_ms to arrive whole.
+                first = await reader.readexactly(1)
+                connection.phase, connection.deadline = _FRAME, loop.time() + self._frame_s
+                header = first + await reader.readexactly(FRAME_HEADER_BYTES - 1)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial or connection.phase == _FRAME:
+                    log.debug("%s closed the connection inside a frame header", peer)
+                return
+            length = frame_length(header)
+            if not 0 < length <= self._max_frame_bytes:
+                self.frames_rejected += 1
+                log.warning(
+                    "closing thrift connection from %s: frame length %d is outside 1..%d",
+                    peer,
+                    length,
+                    self._max_frame_bytes,
+                )
+                return
+            try:
+                if length > INLINE_DECODE_MAX_BYTES:
+                    envelope = await self._read_big_frame(reader, length, connection)
+                else:
+                    payload = await reader.readexactly(length)
+                    connection.phase, connection.deadline = _BUSY, float("inf")
+                    envelope = decode(payload, args_for, MAX_RESULT_OFFSETS)
+            except asyncio.IncompleteReadError as exc:
+                log.info("%s closed the connection after %d of %d frame bytes", peer, len(exc.partial), length)
+                return
+            except FrameRefusedError as exc:
+                reply = self._handler.refused(exc, peer)
+            except FrameDecodeError as exc:
+                self.decode_errors += 1
+                log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)
+                return
+            else:
+                reply = await self._handler.dispatch(envelope, peer)
+            if reply is not None:
+                connection.phase, connection.deadline = _REPLY, loop.time() + self._frame_s
+                writer.write(reply)
+                await writer.drain()
+
+    async def _read_big_frame(self, reader: asyncio.StreamReader, length: int, connection: _Connection) -> Envelope:
+        """Read and decode a frame above INLINE_DECODE_MAX_BYTES within the byte budget; its payload is
+        gone when this returns (a method of its own so that no local outlives the reservation)."""
+        async with self._budget.reserve(length):
+            payload = await _read_big(reader, length)
+            connection.phase, connection.deadline = _BUSY, float("inf")
+            async with self._decoding:
+                return await asyncio.to_thread(decode, payload, args_for, MAX_RESULT_OFFSETS)
+
+async def _read_big(reader: asyncio.StreamReader, length: int) -> bytes:
+    """``readexactly(length)`` in pieces: the stream's own buffer stays small. (After one big
+    readexactly, its bytearray keeps the frame's capacity for as long as the connection lives.)"""
+    chunks: list[bytes] = []
+    left = length
+    while left:
+        chunk = await reader.read(min(left, INLINE_DECODE_MAX_BYTES))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"".join(chunks), length)
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _peer_name(sock: socket.socket) -> str:
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return "?"
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)

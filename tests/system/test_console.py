@@ -1,0 +1,390 @@
+"""The ops console in a real headless Chromium, against a real proxy (in this event loop), real Redis
+and real traffic: what the page shows matches ``/admin``, a key nobody acks shows as blocked, a dead
+letter is replayed into its queue from the page, purging asks first, hostile keys and bodies stay
+text, the token is asked for and kept in the tab, and 64 queues with 10,000 keys stay paged.
+
+Chromium is Debian's ``chromium`` package, driven by Playwright for Python (never Playwright's own
+browser download). The ``chromium`` fixture installs the package when it is missing and the tests run
+as root, and fails with the command to run otherwise. Screenshots (1280x800) go to ``tests/artifacts/``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from playwright.async_api import BrowserContext, Dialog, Page, async_playwright, expect
+
+from ddmq.protocol.producer import AsyncProducer
+
+from ..http_support import ApiClient, OpenApiChecker
+from ..proxy.conftest import running_proxy
+from ..proxy.test_http_api import eventually, pull
+
+ARTIFACTS = Path(__file__).parent.parent / "artifacts"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TOKEN = "console-token-0123456789"
+#: Would run if any of it reached the page as HTML.
+HOSTILE_KEY = '<img src=x onerror="window.__pwned=1;document.title=\'pwned\'">'
+HOSTILE_BODY = "<script>window.__pwned=2</script><img src=x onerror=window.__pwned=3>"
+
+
+def _find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    return None
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium, installed with apt-get when missing and running as root."""
+    path = _find_chromium()
+    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=1200)
+        path = _find_chromium()
+    if path is None:
+        pytest.fail("the console tests need Debian's chromium: run `apt-get install -y chromium` as root")
+    return path
+
+
+@pytest.fixture
+async def browser(chromium: str, tmp_path: Path) -> AsyncIterator[BrowserContext]:
+    async with async_playwright() as playwright:
+        context = await playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),  # a fresh profile per test
+            executable_path=chromium,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800},
+        )
+        try:
+            yield context
+        finally:
+            await context.close()
+
+
+class Watched:
+    """A page plus what it must never do: raise, hit the Content Security Policy, or open dialogs we
+    did not expect."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.answer_dialogs: list[bool] = []
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        page.on("console", lambda msg: self.errors.append(f"{msg.text} {msg.location.get('url', '')}".strip())
+                if msg.type == "error" else None)
+        page.on("dialog", self._dialog)
+
+    async def _dialog(self, dialog: Dialog) -> None:
+        self.dialogs.append(dialog.message)
+        if self.answer_dialogs and self.answer_dialogs.pop(0):
+            await dialog.accept()
+        else:
+            await dialog.dismiss()
+
+    async def assert_nothing_ran(self) -> None:
+        page = self.page
+        assert await page.evaluate("window.__pwned") is None
+        assert await page.title() == "ddmq-proxy console"
+        assert await page.evaluate("document.querySelectorAll('img, script:not([src])').length") == 0
+        assert not [e for e in self.errors if "Content Security Policy" in e or "pwned" in e], self.errors
+
+
+async def screenshot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def digits(text: str) -> int:
+    return int(re.sub(r"[^0-9]", "", text))
+
+
+async def admin(api: ApiClient, path: str, **params: str) -> Any:
+    status, body = await api.call("GET", path, params=params)
+    assert status == 200, body
+    return body
+
+
+async def page_matches_admin(page: Page, api: ApiClient) -> bool:
+    """Every queue row on the page shows what /admin/groups/g answers now."""
+    detail = await admin(api, "/admin/groups/g")
+    for queue in detail["queues"]:
+        row = page.locator(f'#queues tr[data-qid="{queue["qid"]}"]')
+        if await row.count() != 1:
+            return False
+        cells = [await row.locator(f"td.{name}").inner_text() for name in ("lag", "committed", "produced")]
+        if [digits(cell) for cell in cells] != [queue["lag"], queue["committed"], queue["produced"]]:
+            return False
+        if await row.locator("td").nth(2).inner_text() != queue["owner"]:
+            return False
+    return True
+
+
+async def test_console_shows_lag_blocked_keys_and_replays_a_dead_letter(
+    redis_url: str, browser: BrowserContext
+) -> None:
+    config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 0}
+    http = {"enabled": True, "port": 0}
+    async with (
+        running_proxy(redis_url, config, instance_id="console-proxy", http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": f"k{i % 10}", "value": f"v{i}"} for i in range(40)])
+            await producer.send_batch("t", [{"key": HOSTILE_KEY, "value": f"stuck {i}"} for i in range(3)])
+            await producer.send("t", HOSTILE_BODY, key="poison")
+        stuck, dead = await _consume(api, expected=44)
+
+        await eventually(lambda: _settled(api, lag=3))
+        watched = Watched(await browser.new_page())
+        page = watched.page
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        await expect(page.locator("#main")).to_be_visible()
+        await expect(page.locator("#group")).to_have_value("g")
+        await expect(page.locator("#instance")).to_have_text("console-proxy")
+        await eventually(lambda: page_matches_admin(page, api))
+        stuck_row = page.locator(f'#queues tr[data-qid="{stuck["qid"]}"]')
+        await expect(stuck_row.locator("td.age")).to_have_text(re.compile(r"^\d+(\.\d)? (ms|s)$"))
+        await expect(page.locator("#topics tr[data-topic=t] td.lag")).to_have_text("3")
+        await expect(page.locator("#members tr[data-member=console-proxy]")).to_contain_text("live")
+
+        # The key nobody acks: its head in flight, two messages behind it, shown as plain text.
+        blocked = page.locator("#blocked tbody tr").filter(has_text="in flight")
+        await expect(blocked).to_have_count(1)
+        await expect(blocked.locator("td.key")).to_have_text(HOSTILE_KEY)
+        await expect(blocked.locator("td").nth(6)).to_have_text("3")
+
+        # The dead letter, its hostile body as text; replay puts it back into its queue.
+        letter = page.locator(f'#dead tr[data-id="{dead["id"]}"]')
+        await expect(letter.locator("td.key")).to_have_text("poison")
+        await expect(letter.locator("td.body")).to_have_text(HOSTILE_BODY)
+        await screenshot(page, "console-overview")
+        await watched.assert_nothing_ran()
+        produced = (await admin(api, "/admin/groups/g"))["queues"][dead["qid"]]["produced"]
+        await letter.locator("button.replay").click()
+        await expect(page.locator("#dead-result")).to_have_text("replayed 1")
+        await expect(page.locator("#dead tbody")).to_have_text("no dead letters")
+        assert (await admin(api, "/admin/groups/g/topics/t/dead-letters"))["total"] == 0
+        again = await pull(api, topic="t", max_batch=10)
+        assert [(m["key"], m["value_text"]) for m in again["messages"]] == [("poison", HOSTILE_BODY)]
+        assert (again["qid"], again["messages"][0]["offset"]) == (dead["qid"], produced)  # its queue, at the end
+
+        # Purge asks first: dismissed, nothing is deleted; accepted, it is gone.
+        fail = [{"topic": "t", "qid": again["qid"], "fail": [again["messages"][0]["offset"]]}]
+        await api.call("POST", "/v1/ack", json={"group": "g", "results": fail})
+        row = page.locator("#dead tbody tr").filter(has_text="poison")
+        await expect(row).to_have_count(1)
+        await row.locator("button.purge").click()
+        assert watched.dialogs and "Purge 1 dead letter(s) of g/t?" in watched.dialogs[-1]
+        assert (await admin(api, "/admin/groups/g/topics/t/dead-letters"))["total"] == 1
+        watched.answer_dialogs.append(True)
+        await row.locator("button.purge").click()
+        await expect(page.locator("#dead-result")).to_have_text("purged 1")
+        assert (await admin(api, "/admin/groups/g/topics/t/dead-letters"))["total"] == 0
+        await screenshot(page, "console-after-purge")
+        await watched.assert_nothing_ran()
+        assert not watched.errors, watched.errors
+
+
+async def _consume(api: ApiClient, expected: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pull everything a client can get: ack all, but never the hostile key's head (held in flight)
+    and fail the poison message (max_retry 0: dead-lettered at once)."""
+    stuck: dict[str, Any] | None = None
+    seen = 0
+    results: list[dict[str, Any]] = []
+    while seen < expected - 2:  # the hostile key's two followers wait behind its head
+        batch = await pull(api, results, topic="t", max_batch=16, linger_ms=500)
+        results = []
+        if not batch["messages"]:
+            continue
+        seen += len(batch["messages"])
+        success, fail = [], []
+        for message in batch["messages"]:
+            if message["key"] == HOSTILE_KEY:
+                stuck = {"qid": batch["qid"], **message}
+            elif message["key"] == "poison":
+                fail.append(message["offset"])
+            else:
+                success.append(message["offset"])
+        results = [{"topic": "t", "qid": batch["qid"], "success": success, "fail": fail}]
+    status, _ = await api.call("POST", "/v1/ack", json={"group": "g", "results": results})
+    assert status == 200 and stuck is not None
+    letters: dict[str, Any] = {}
+
+    async def dead_lettered() -> bool:
+        letters.update(await admin(api, "/admin/groups/g/topics/t/dead-letters"))
+        return bool(letters["total"] == 1)
+
+    await eventually(dead_lettered)
+    letter: dict[str, Any] = letters["entries"][0]
+    return stuck, letter
+
+
+async def _settled(api: ApiClient, lag: int) -> bool:
+    detail = await admin(api, "/admin/groups/g")
+    return sum(queue["lag"] for queue in detail["queues"]) == lag
+
+
+async def test_console_asks_for_the_token_and_keeps_it_in_the_tab(redis_url: str, browser: BrowserContext) -> None:
+    http = {"enabled": True, "port": 0, "admin_token": TOKEN}
+    async with running_proxy(redis_url, http=http) as service, aiohttp.ClientSession() as session:
+        base = f"http://127.0.0.1:{service.http_port}"
+        async with session.get(base + "/admin/groups") as response:
+            assert response.status == 401
+        watched = Watched(await browser.new_page())
+        page = watched.page
+        await page.goto(base + "/console")
+        await expect(page.locator("#auth")).to_be_visible()
+        await expect(page.locator("#main")).to_be_hidden()
+        await page.fill("#token", "wrong-token-0123456789")
+        await page.click("#auth button[type=submit]")
+        await expect(page.locator("#auth-error")).to_have_text("that token was refused")
+        await screenshot(page, "console-token")
+        await page.fill("#token", TOKEN)
+        await page.click("#auth button[type=submit]")
+        await expect(page.locator("#main")).to_be_visible()
+        await expect(page.locator("#group")).to_have_value("g")
+        assert await page.evaluate("sessionStorage.getItem('ddmq-admin-token')") == TOKEN
+        assert await page.evaluate("localStorage.length") == 0
+        # Another tab starts without it; forgetting it locks this one again.
+        other = await browser.new_page()
+        await other.goto(base + "/console")
+        await expect(other.locator("#auth")).to_be_visible()
+        await page.click("#forget")
+        await expect(page.locator("#auth")).to_be_visible()
+        assert await page.evaluate("sessionStorage.length") == 0
+        # The browser's refused calls show up as console errors (401); nothing else may.
+        assert all("401" in error for error in watched.errors), watched.errors
+
+
+async def test_console_pages_64_queues_and_10000_blocked_keys(redis_url: str, browser: BrowserContext) -> None:
+    config = {"order_key": "KEY", "concurrency": 20_000, "read_batch_size": 1000}
+    http = {"enabled": True, "port": 0}
+    async with (
+        running_proxy(redis_url, config, queues=64, http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            for start in range(0, 10_000, 1000):
+                batch = [{"key": f"key-{i:05}", "value": "x"} for i in range(start, start + 1000)]
+                await producer.send_batch("t", batch)
+
+        async def all_read() -> bool:
+            return (await admin(api, "/admin/groups/g/blocked-keys", limit="1"))["total"] == 10_000
+
+        await eventually(all_read, timeout_s=30)
+        watched = Watched(await browser.new_page())
+        page = watched.page
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        await expect(page.locator("#queues tbody tr")).to_have_count(64)
+        await expect(page.locator("#blocked-pager .range")).to_have_text("1\N{EN DASH}20 of 10,000")
+        await expect(page.locator("#blocked tbody tr")).to_have_count(20)
+        await page.click("#blocked-pager [data-step='1']")
+        await expect(page.locator("#blocked-pager .range")).to_have_text("21\N{EN DASH}40 of 10,000")
+        await expect(page.locator("#blocked tbody tr")).to_have_count(20)
+        await expect(page.locator("#topics tr[data-topic=t] td.lag")).to_have_text("10,000")
+        await screenshot(page, "console-64-queues")
+        assert not watched.errors, watched.errors
+
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+async def test_console_shows_rates_dead_letters_clients_one_time_format_and_lag_history_across_a_restart(
+    redis_url: str, browser: BrowserContext
+) -> None:
+    from ddmq.client.thrift_client import AsyncProxyClient
+    from ddmq.protocol.wire import ConsumeResult, PullRequest
+
+    config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 0}
+    http = {"enabled": True, "port": 0}
+    async with (
+        running_proxy(redis_url, config, instance_id="console-proxy", http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": f"k{i}", "value": f"v{i}", "qid": 0} for i in range(20)])
+        async with AsyncProxyClient("127.0.0.1", service.thrift_port or 0) as thrift:
+            response = await thrift.pull(PullRequest(groupId="g", topic="t", maxBatchSize=4, maxLingerTime=5000,
+                                                     version="carrera-java/2.3.1"))
+            assert len(response.messages) == 4
+            # One failed (max_retry 0: a dead letter), three left in flight by this client.
+            failed = ConsumeResult(context=response.context, failOffsets=[response.messages[0].offset])
+            assert await thrift.submit(failed)
+
+            async def dead_lettered() -> bool:
+                return bool((await admin(api, "/admin/groups/g"))["dead_letters"]["t"] == 1)
+
+            await eventually(dead_lettered)
+            watched = Watched(await browser.new_page())
+            page = watched.page
+            await page.goto(f"http://127.0.0.1:{service.http_port}/")
+            await expect(page.locator("#main")).to_be_visible()
+            topic_row = page.locator("#topics tr[data-topic=t]")
+            await expect(topic_row.locator("td.dead")).to_have_text("1")
+            client_row = page.locator("#clients tbody tr")
+            await expect(client_row).to_have_count(1)
+            await expect(client_row.locator("td.version")).to_have_text("carrera-java/2.3.1")
+            await expect(client_row.locator("td.in-flight")).to_have_text("3")
+            await expect(client_row.locator("td.mono").first).to_have_text(re.compile(r"^127\.0\.0\.1:\d+$"))
+            await expect(client_row.locator("td.last-pull")).to_have_text(ISO_UTC)
+            # One time format: the status line and a dead letter's time read like the last pull.
+            await expect(page.locator("#status")).to_have_text(re.compile(r"^updated \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"))
+            await expect(page.locator("#dead tbody tr").first.locator("td").nth(6)).to_have_text(ISO_UTC)
+
+            # Rates: once a sample holds the first 20, 20 more make the next interval's rate in positive.
+            async def sampled() -> bool:
+                return bool((await admin(api, "/admin/groups/g/lag-history"))["topics"].get("t"))
+
+            await eventually(sampled, timeout_s=30)
+            async with AsyncProducer(redis_url) as producer:
+                await producer.send_batch("t", [{"key": f"m{i}", "value": "v", "qid": 1} for i in range(20)])
+            await expect(topic_row.locator("td.rate-in")).to_have_text(re.compile(r"^[1-9]\d*(\.\d)?$|^0\.[1-9]$"),
+                                                                       timeout=20_000)
+            await expect(topic_row.locator("td.rate-out")).to_have_text(re.compile(r"^\d+(\.\d)?$"))
+            await screenshot(page, "console-rates-clients")
+            await watched.assert_nothing_ran()
+            assert not watched.errors, watched.errors
+        before = (await admin(api, "/admin/groups/g/lag-history"))["topics"]["t"]
+        assert len(before) >= 2
+
+    # A restarted proxy (same Redis) shows the history its predecessor sampled.
+    async with (
+        running_proxy(redis_url, config, instance_id="console-proxy", http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+
+        async def restored() -> bool:
+            after = (await admin(api, "/admin/groups/g/lag-history"))["topics"].get("t", [])
+            return [s[0] for s in after[: len(before)]] == [s[0] - s[0] % 5000 for s in before]
+
+        await eventually(restored)
+        page = await browser.new_page()
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        await expect(page.locator("#topics tr[data-topic=t] td.chart polyline.msgs")).to_have_count(1)

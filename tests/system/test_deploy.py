@@ -1,0 +1,109 @@
+"""The Grafana dashboard and the Prometheus alert rules under ``deploy/`` use only metrics a real
+proxy exports: every PromQL expression is parsed (promql-parser) and each metric it selects must be
+in a scrape of a running proxy's ``/metrics`` with traffic behind it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import promql_parser
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from ddmq.protocol.producer import AsyncProducer
+
+from ..http_support import ApiClient, OpenApiChecker
+from ..proxy.conftest import running_proxy
+from ..proxy.test_http_api import eventually, pull
+
+DEPLOY = Path(__file__).parents[2] / "deploy"
+#: Series Prometheus makes itself for every target.
+PROMETHEUS_OWN = {"up"}
+_LABEL_VALUES = re.compile(r"^label_values\((.+),\s*[a-zA-Z_]+\)$")
+
+
+def selected_metrics(expression: str) -> set[str]:
+    """Names of the metrics an expression selects (Grafana's interval variables made concrete)."""
+    node = promql_parser.parse(expression.replace("$__rate_interval", "5m").replace("$__interval", "1m"))
+    names: set[str] = set()
+    stack: list[Any] = [node]
+    while stack:
+        node = stack.pop()
+        if type(node).__name__ == "VectorSelector":
+            assert node.name, f"a selector without a metric name in {expression!r}"
+            names.add(node.name)
+        for attribute in ("lhs", "rhs", "expr", "args", "vector_selector", "param"):
+            child = getattr(node, attribute, None)
+            if isinstance(child, list):
+                stack.extend(child)
+            elif child is not None and not isinstance(child, int | float | str):
+                stack.append(child)
+    return names
+
+
+def dashboard_expressions() -> list[str]:
+    dashboard = json.loads((DEPLOY / "grafana" / "ddmq-proxy.json").read_text())
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            match = _LABEL_VALUES.match(variable["query"])
+            assert match, variable["query"]
+            expressions.append(match.group(1))
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    return expressions
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load((DEPLOY / "prometheus" / "ddmq-alerts.yml").read_text())
+    rules: list[dict[str, Any]] = [rule for group in document["groups"] for rule in group["rules"]]
+    return rules
+
+
+def test_the_alerts_cover_lag_time_lag_dead_letters_and_owners() -> None:
+    rules = alert_rules()
+    for rule in rules:
+        assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert rule["labels"]["severity"] in ("info", "warning", "critical") and rule["annotations"]["summary"]
+    used = set().union(*(selected_metrics(rule["expr"]) for rule in rules))
+    assert {"ddmq_lag_messages", "ddmq_lag_seconds", "ddmq_messages_dead_lettered_total",
+            "ddmq_queues_without_owner"} <= used
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["ddmq-alerts.yml"]
+
+
+async def test_every_metric_the_dashboard_and_alerts_use_is_exported(redis_url: str) -> None:
+    config = {"order_key": "KEY", "max_retry": 0}
+    async with running_proxy(redis_url, config, http={"enabled": True, "port": 0}) as service:
+        base = f"http://127.0.0.1:{service.http_port}"
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": "a", "value": "1"}, {"key": "b", "value": "2"}])
+        async with aiohttp.ClientSession() as session:
+            api = ApiClient(session, base, OpenApiChecker())
+            taken = []
+            while len(taken) < 2:
+                batch = await pull(api, max_batch=10)
+                taken += [(batch["qid"], m["offset"]) for m in batch["messages"]]
+            (ok_qid, ok_offset), (bad_qid, bad_offset) = taken
+            results = [{"topic": "t", "qid": ok_qid, "success": [ok_offset]},
+                       {"topic": "t", "qid": bad_qid, "fail": [bad_offset]}]
+            assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": results}))[0] == 200
+            exported: set[str] = set()
+
+            async def dead_lettered() -> bool:
+                status, text = await api.call("GET", "/metrics")
+                assert status == 200
+                samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+                exported.clear()
+                exported.update(sample.name for sample in samples)
+                return any(sample.name == "ddmq_dead_letters" and sample.value == 1 for sample in samples)
+
+            await eventually(dead_lettered)
+    expressions = dashboard_expressions() + [rule["expr"] for rule in alert_rules()]
+    used = set().union(*(selected_metrics(expression) for expression in expressions))
+    assert used - PROMETHEUS_OWN <= exported, sorted(used - PROMETHEUS_OWN - exported)
+    assert any(name.startswith("process_") for name in used) and "ddmq_pull_duration_seconds_bucket" in used
