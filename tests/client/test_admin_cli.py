@@ -145,10 +145,18 @@ def test_blocked_keys_defaults_to_stuck_keys_pages_and_says_n_of_total(retrying_
         for key in ("k0", "k1", "k2"):
             producer.send_batch(TOPIC, [{"key": key, "value": f"{key}-{i}", "qid": 0} for i in range(2)])
     with ProxyClient("127.0.0.1", proxy.port) as client:
-        heads = client.pull(PullRequest(groupId=GROUP, topic=TOPIC, maxBatchSize=10, maxLingerTime=10_000))
-        assert sorted(m.key for m in heads.messages) == ["k0", "k1", "k2"]  # one head per key
-        k0 = next(m.offset for m in heads.messages if m.key == "k0")
-        assert client.submit(ConsumeResult(context=heads.context, failOffsets=[k0]))
+        # One head per key; the proxy may not have read all three keys when the first pull answers.
+        heads: dict[str, tuple[int, Any]] = {}
+        deadline = time.monotonic() + 30
+        while len(heads) < 3:
+            assert time.monotonic() < deadline, heads
+            batch = client.pull(PullRequest(groupId=GROUP, topic=TOPIC, maxBatchSize=10, maxLingerTime=2_000))
+            for m in batch.messages:
+                assert m.key not in heads, m.key  # a key's successor waits for its head
+                heads[m.key] = (m.offset, batch.context)
+        assert sorted(heads) == ["k0", "k1", "k2"]
+        k0, context = heads["k0"]
+        assert client.submit(ConsumeResult(context=context, failOffsets=[k0]))
         with Producer(redis_url) as producer:
             producer.send(TOPIC, "k3-0", key="k3", qid=0)  # read, never pulled: waiting
 
