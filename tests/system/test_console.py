@@ -10,10 +10,7 @@ as root, and fails with the command to run otherwise. Screenshots (1280x800) go 
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from ddmq.protocol.producer import AsyncProducer
 from ..http_support import ApiClient, OpenApiChecker
 from ..proxy.conftest import running_proxy
 from ..proxy.test_http_api import eventually, pull
+from ..support import debian_tool
 
 ARTIFACTS = Path(__file__).parent.parent / "artifacts"
 CHROMIUM_ARGS = [
@@ -45,26 +43,10 @@ HOSTILE_KEY = '<img src=x onerror="window.__pwned=1;document.title=\'pwned\'">'
 HOSTILE_BODY = "<script>window.__pwned=2</script><img src=x onerror=window.__pwned=3>"
 
 
-def _find_chromium() -> str | None:
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path is not None:
-            return path
-    return None
-
-
 @pytest.fixture(scope="session")
 def chromium() -> str:
     """Debian's chromium, installed with apt-get when missing and running as root."""
-    path = _find_chromium()
-    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env, timeout=1200)
-        path = _find_chromium()
-    if path is None:
-        pytest.fail("the console tests need Debian's chromium: run `apt-get install -y chromium` as root")
-    return path
+    return debian_tool("chromium")
 
 
 @pytest.fixture
