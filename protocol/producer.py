@@ -60,8 +60,10 @@ from ddmq.protocol.delivery import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     DeliveryError,
     MessageTooLargeError,
+    RedisFullError,
     RetryPolicy,
     WrittenMessage,
+    is_redis_full,
     is_retriable,
 )
 from ddmq.protocol.hashing import queue_for_key
@@ -87,6 +89,7 @@ __all__ = [
     "OutgoingMessage",
     "ProduceError",
     "Producer",
+    "RedisFullError",
     "SendResult",
     "TopicMismatchError",
     "ensure_topic",
@@ -442,7 +445,11 @@ class _Send:
             else:
                 unwritten += call.positions
         self.sequences.renew()
-        error = DeliveryError(
+        kind = DeliveryError
+        if is_redis_full(cause):
+            kind = RedisFullError
+            reason = f"Redis is full (used memory > maxmemory), retriable once memory is freed: {reason}"
+        error = kind(
             self.topic, reason, written, unwritten, unknown, self.retries, time.monotonic() - self.started
         )
         error.__cause__ = cause

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from time import perf_counter
 from types import TracebackType
 
-from ddmq.config.schema import ProxyConfig
+from ddmq.config.schema import ProxyConfig, RetentionConfig
 from ddmq.protocol.connection import (
     AsyncRedis,
     async_redis,
@@ -36,6 +36,7 @@ from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.commits import commit_periodically, flush_groups
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.cluster.retention import Retention
 from ddmq.proxy.core.errors import (
     BadRequestError,
     BrokerError,
@@ -106,6 +107,8 @@ class ProxyService:
         self._low_level: LowLevelApi | None = None
         self._audit: ReadAudit | None = None
         self._committer: asyncio.Task[None] | None = None
+        #: The trimmer (docs/retention.md); its last figures feed /metrics, the console and status.
+        self.retention: Retention | None = None
         #: Per group: its replay leases (Spark's replayable pulls); ``leases`` are the queue leases.
         self.replays: dict[str, ReplayLeases] = {}
         self._state = "new"
@@ -132,7 +135,8 @@ class ProxyService:
         config = self.config
         if config.embedded:
             embedded = config.embedded_redis
-            self._embedded = EmbeddedRedis(embedded.data_dir, port=embedded.port, executable=embedded.executable)
+            self._embedded = EmbeddedRedis(embedded.data_dir, port=embedded.port, executable=embedded.executable,
+                                           maxmemory_mb=embedded.maxmemory_mb)
             try:
                 await asyncio.to_thread(self._embedded.start)
             except EmbeddedRedisError as exc:
@@ -173,6 +177,9 @@ class ProxyService:
                                 lambda: self.groups.values()),
             name="offset-committer",
         )
+        self.retention = Retention(self.broker, config.instance_id, self.retained_topics,
+                                   min([t.retention.interval_ms for t in config.topics.values()] or [1000]))
+        self.retention.start()
         thrift = config.thrift
         self._thrift = ThriftServer(
             self.endpoint(thrift.max_linger_ms),
@@ -241,6 +248,8 @@ class ProxyService:
         if self._thrift is not None:
             await self._thrift.close()
         await asyncio.gather(*(g.close() for g in self.groups.values()), return_exceptions=True)
+        if self.retention is not None:
+            await self.retention.close()
         if self._committer is not None and not self._committer.done():
             self._committer.cancel()
             await asyncio.gather(self._committer, return_exceptions=True)
@@ -250,6 +259,15 @@ class ProxyService:
             await self.redis.aclose()
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
+
+    def retained_topics(self) -> dict[str, tuple[int, RetentionConfig]]:
+        """topic -> (queues, retention) of the topics this proxy declares or consumes (queues known)."""
+        topics = {topic: (tc.queues, tc.retention) for topic, tc in self.config.topics.items()}
+        for group in self.groups.values():
+            for consumer in group.consumers.values():
+                if consumer.queues and consumer.topic not in topics:
+                    topics[consumer.topic] = (consumer.queues, RetentionConfig())
+        return topics
 
     def server_stats(self) -> dict[str, dict[str, int]]:
         """Per server ("thrift", "http"): its connection counters and gauges (see ThriftServer.stats)."""

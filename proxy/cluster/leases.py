@@ -13,7 +13,9 @@ Acquiring is allowed when the lease is free (missing or expired) or held by the 
 instance restarted under the same instance id reclaims its leases at once (with a new term, which
 fences any leftover of its previous incarnation).
 
-All keys of one queue share its Cluster hash tag, so each script touches a single slot.
+All keys of one queue share its Cluster hash tag, so each script touches a single slot. Every script
+starts with :data:`~ddmq.proxy.store.oom.OOM_PASS`, so leases and commits keep working while Redis
+is full and refuses producers.
 
 Timing (defaults, see ``leases`` in the config): lease TTL 30 s, renewed every 10 s. Three renewals
 fit in a TTL, so one slow or lost round trip never costs the lease; a crashed owner's queues move
@@ -29,9 +31,10 @@ from typing import Any, NamedTuple
 from ddmq.protocol import keys
 from ddmq.protocol.connection import AsyncRedis, eval_script
 from ddmq.proxy.store.broker import STREAM_INTACT_LUA, map_redis_errors, read_mark
+from ddmq.proxy.store.oom import OOM_PASS
 
 # KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
-_ACQUIRE = """
+_ACQUIRE = OOM_PASS + """
 local current = redis.call('GET', KEYS[1])
 if current then
   local owner = string.match(current, '^(.*) %d+$')
@@ -53,14 +56,14 @@ end
 """
 
 # KEYS: lease, term.  ARGV: token, ttl_ms.  1 = renewed, 0 = lost.
-_RENEW = _HOLDS + """
+_RENEW = OOM_PASS + _HOLDS + """
 if not holds() then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
 # KEYS: lease, term.  ARGV: token.  1 = released, 0 = it was not ours any more.
-_RELEASE = _HOLDS + """
+_RELEASE = OOM_PASS + _HOLDS + """
 if not holds() then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
@@ -70,7 +73,7 @@ return 1
 # ("" = none), then the reader's mark (n, ts, sha: see STREAM_INTACT_LUA).
 # 1 = written, 0 = fenced off, 2 = not written: the queue no longer holds what was read (a rollback),
 # so a commit point taken from what was read could skip messages written after the rollback.
-_COMMIT = _HOLDS + STREAM_INTACT_LUA + """
+_COMMIT = OOM_PASS + _HOLDS + STREAM_INTACT_LUA + """
 if not holds() then return 0 end
 if not stream_intact(KEYS[5], KEYS[6], tonumber(ARGV[4]), ARGV[5], ARGV[6]) then return 2 end
 redis.call('SET', KEYS[3], ARGV[2])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import QueueId, StoredMessage
+from ddmq.proxy.engine.expiry import count_expired
 from ddmq.proxy.store.broker import ForeignEntry
 
 if TYPE_CHECKING:
@@ -88,6 +89,19 @@ class QueueReader:
         consumer.commits.on_rollback(self.qid, tracker)
         return False
 
+    async def _gap(self, first: int, last: int) -> None:
+        """Offsets ``first..last`` are missing from the stream: trimmed before this group read them,
+        unless they are the ones a rollback's raised sequence skipped (they never existed)."""
+        consumer = self.consumer
+        skipped = consumer.gap_until.get(self.qid)
+        if skipped is not None and skipped >= first:
+            if skipped >= last:
+                consumer.gap_until.pop(self.qid, None)
+                return
+            first = skipped + 1
+        await count_expired(consumer.broker.redis, consumer.group, consumer.topic, self.qid, first, last,
+                            consumer.expired)
+
     async def _run(self) -> None:
         consumer = self.consumer
         broker = consumer.broker
@@ -142,6 +156,9 @@ class QueueReader:
                 continue
             if not consumer.may_serve(self.qid):
                 continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
+            expected = tracker.next_offset
+            if messages[0].offset > expected:
+                await self._gap(expected, messages[0].offset - 1)
             tracker.last_read = messages[-1]
             audit = consumer.read_audit
             if audit is not None:

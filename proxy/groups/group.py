@@ -87,6 +87,8 @@ class TopicConsumer:
         self.read_audit: ReadAudit | None = None
         #: Rollbacks of Redis detected per qid (see OffsetCommitter.rolled_back).
         self.rollbacks: Counter[int] = Counter()
+        #: Per qid: offsets found trimmed before this group read them (:mod:`ddmq.proxy.engine.expiry`).
+        self.expired: Counter[int] = Counter()
         #: qid -> the sequence raised after a rollback: the reader steps over the unused offsets up to it.
         self.gap_until: dict[int, int] = {}
         self.ownership = QueueOwnership(self)

@@ -43,6 +43,7 @@ from ddmq.proxy.core.types import PullBatch, QueueId
 from ddmq.proxy.engine.job import JobState
 from ddmq.proxy.engine.pull_buffer import BufferStats
 from ddmq.proxy.ops.lag import now_ms, produce_times
+from ddmq.proxy.ops.memory import retention_metrics
 from ddmq.proxy.store.broker import map_redis_errors
 
 if TYPE_CHECKING:
@@ -171,6 +172,11 @@ class ProxyMetrics:
                 oldest.update(((group.name, consumer.topic, qid), ms) for qid, ms in times.items())
         self.collector.produced = produced
         self.collector.oldest_ms = oldest
+        if self._service.retention is not None:
+            try:
+                await self._service.retention.measure()
+            except DdmqError as exc:
+                log.warning("metrics: %s (memory gauges of the last reading)", exc)
         try:
             self.collector.topics = await self._topic_figures(redis, topics)
         except DdmqError as exc:
@@ -383,6 +389,7 @@ class EngineCollector(Collector):
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
         yield actions
         yield from _server_metrics(service.server_stats())
+        yield from retention_metrics(service)
 
     @staticmethod
     def _chains(

@@ -123,6 +123,16 @@ def _may_be_redis(pid: int) -> bool:
         return True
 
 
+def default_maxmemory_mb() -> int:
+    """A quarter of the machine's memory (at least 64 MiB): room for the proxy, the OS, and the copy a
+    background AOF rewrite may need, so Redis refuses producers before the OS kills it."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1024
+    return max(64, total // 4 // (1024 * 1024))
+
+
 class EmbeddedRedis:
     """A redis-server child process with its data in ``data_dir``.
 
@@ -139,10 +149,13 @@ class EmbeddedRedis:
         *,
         start_timeout_s: float = 15.0,
         appendfsync: str = "everysec",
+        maxmemory_mb: int | None = None,
     ) -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
         self.appendfsync = appendfsync
+        #: Redis ``maxmemory`` in MiB (0: no limit); None: :func:`default_maxmemory_mb`.
+        self.maxmemory_mb = default_maxmemory_mb() if maxmemory_mb is None else maxmemory_mb
         self.data_dir = Path(data_dir).resolve()
         self._requested_port = port
         self._executable = executable
@@ -269,6 +282,9 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--logfile", str(self.log_path),
             "--pidfile", str(self.data_dir / PID_FILE),
+            # Full: refuse writes that grow memory (producers retry) rather than evict queue entries.
+            "--maxmemory", f"{self.maxmemory_mb}mb",
+            "--maxmemory-policy", "noeviction",
         ]
 
     def _launch(self, executable: str, port: int, *, last_attempt: bool) -> bool:
