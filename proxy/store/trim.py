@@ -86,15 +86,20 @@ async def registered_groups(redis: AsyncRedis, topic: str) -> dict[str, int]:
 
 
 async def readers(redis: AsyncRedis, topic: str, qid: int, groups: dict[str, int]) -> list[Reader]:
-    """The committed offset on ``qid`` of each of ``groups`` (from :func:`registered_groups`)."""
+    """The position on ``qid`` of each of ``groups`` (from :func:`registered_groups`): its committed
+    offset, or its low-level ``ack`` position (Spark's queue mode) when that one is lower."""
     if not groups:
         return []
     names = sorted(groups)
     with map_redis_errors(f"reading the committed offsets of {topic}#{qid}"):
         # One slot (the queue's), so one MGET on a cluster too.
-        raws = await redis.mget([keys.committed(name, topic, qid) for name in names])
-    return [Reader(name, int(raw) if raw is not None else None, groups[name])
-            for name, raw in zip(names, raws, strict=True)]
+        raws = await redis.mget([key for name in names
+                                 for key in (keys.committed(name, topic, qid), keys.fetch_position(name, topic, qid))])
+    out = []
+    for index, name in enumerate(names):
+        positions = [int(raw) for raw in raws[2 * index: 2 * index + 2] if raw is not None]
+        out.append(Reader(name, min(positions) if positions else None, groups[name]))
+    return out
 
 
 async def head(redis: AsyncRedis, topic: str, qid: int, count: int = 1) -> list[QueueHead]:

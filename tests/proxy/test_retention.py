@@ -1,6 +1,6 @@
-"""Retention against a real Redis: the consumed trim follows the slowest group and never passes it, caps
-and a producer's maxlen drop entries that the group then counts as expired, exactly, while it
-receives the rest in order."""
+"""Retention against a real Redis, and a real Redis Cluster: the consumed trim follows the slowest group
+and never passes it, caps and a producer's maxlen drop entries that the group then counts as expired,
+exactly, while it receives the rest in order."""
 
 from __future__ import annotations
 
@@ -8,20 +8,25 @@ import asyncio
 import json
 import logging
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
+from ddmq.client.status import format_status
 from ddmq.protocol import keys
+from ddmq.protocol.connection import AsyncRedis, async_redis, sync_redis
 from ddmq.protocol.producer import Producer
+from ddmq.protocol.status import group_status
 from tests.support import OrderChecker, produce_keyed
 
 from .conftest import running_proxy
 from .retention_support import consume, wait_for
 
-#: Messages of the two-groups run (the issue's 200k, scaled to the CI budget; the bench row runs 1M).
-MESSAGES = 20_000
+#: Messages of the two-groups run (the issue's 200k, scaled to the CI budget; the bench row runs 1M),
+#: on a single Redis and on the Cluster.
+MESSAGES = {"redis": 20_000, "cluster": 6_000}
 QUEUES = 4
 #: Entries a queue may hold past what the slower group has not finished: the trimmer runs every 50 ms
 #: and commits every 50 ms, so a few reads' worth (read_batch_size 256 per queue) at most.
@@ -30,23 +35,37 @@ SLACK = 1_500
 FAST_RETENTION = {"interval_ms": 50, "step": 500}
 
 
-async def committed(client: aioredis.Redis, group: str, qid: int, topic: str = "t") -> int:
+@pytest.fixture(params=["redis", "cluster"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, str, AsyncRedis]]:
+    """(kind, url, client) of a single Redis or of the Redis Cluster, emptied."""
+    kind: str = request.param
+    url: str = request.getfixturevalue("redis_url" if kind == "redis" else "cluster_url")
+    client = async_redis(url, decode_responses=False)
+    try:
+        yield kind, url, client
+    finally:
+        await client.aclose()
+
+
+async def committed(client: AsyncRedis, group: str, qid: int, topic: str = "t") -> int:
     raw = await client.get(keys.committed(group, topic, qid))
     return int(raw) if raw is not None else 1
 
 
-async def head(client: aioredis.Redis, qid: int, topic: str = "t") -> int | None:
+async def head(client: AsyncRedis, qid: int, topic: str = "t") -> int | None:
     entries = await client.xrange(keys.stream(topic, qid), "-", "+", count=1)
     return keys.offset_of(entries[0][0]) if entries else None
 
 
-async def sequence(client: aioredis.Redis, qid: int, topic: str = "t") -> int:
+async def sequence(client: AsyncRedis, qid: int, topic: str = "t") -> int:
     return int(await client.get(keys.sequence(topic, qid)) or 0)
 
 
 async def test_consumed_retention_follows_the_slower_group_and_never_passes_it(
-    redis_url: str, redis_client: aioredis.Redis
+    store: tuple[str, str, AsyncRedis]
 ) -> None:
+    kind, redis_url, redis_client = store
+    count = MESSAGES[kind]
     groups = {"fast": {"t": {}}, "slow": {"t": {}}}
     topics = {"t": {"queues": QUEUES, "retention": FAST_RETENTION}}
     async with running_proxy(redis_url, queues=QUEUES, groups=groups, topics=topics) as service:
@@ -55,7 +74,7 @@ async def test_consumed_retention_follows_the_slower_group_and_never_passes_it(
         await wait_for(registered, what="both groups in the registry")
         produced: dict[str, int] = {}
         producing = asyncio.create_task(asyncio.to_thread(
-            produce_keyed, redis_url, MESSAGES, produced, random.Random(7), keys=300, pause_s=0.02))
+            produce_keyed, redis_url, count, produced, random.Random(7), keys=300, pause_s=0.02))
         fast, slow = OrderChecker(), OrderChecker()
         violations: list[str] = []
         samples = 0
@@ -81,8 +100,8 @@ async def test_consumed_retention_follows_the_slower_group_and_never_passes_it(
         watcher = asyncio.create_task(watch())
         try:
             await asyncio.gather(
-                consume(service, "fast", fast, MESSAGES),
-                consume(service, "slow", slow, MESSAGES, pause_s=0.01, max_batch=16),
+                consume(service, "fast", fast, count),
+                consume(service, "slow", slow, count, pause_s=0.01, max_batch=16),
             )
             await producing
         finally:
@@ -99,7 +118,7 @@ async def test_consumed_retention_follows_the_slower_group_and_never_passes_it(
         consumers = [service.groups[g].consumers["t"] for g in groups]
         assert all(sum(c.expired.values()) == 0 for c in consumers)
         assert service.retention is not None
-        assert sum(service.retention.trimmed.values()) == MESSAGES
+        assert sum(service.retention.trimmed.values()) == count
 
 
 async def test_a_stopped_group_holds_the_trim_back_and_is_named(redis_url: str, redis_client: aioredis.Redis) -> None:
@@ -123,6 +142,13 @@ async def test_a_stopped_group_holds_the_trim_back_and_is_named(redis_url: str, 
         assert holder.committed == idle_at and holder.retained == 300 - idle_at + 1
         assert holder.oldest_ms > 0
         assert await head(redis_client, 0) == idle_at
+        # ddmq status (and the admin API, which answers with the same) names it too.
+        with sync_redis(redis_url) as client:
+            status = group_status(client, "live", ["t"])
+        assert [(h.topic, h.group, h.retained) for h in status.retention] == [("t", "idle", 300 - idle_at + 1)]
+        assert status.queues[0].stored == 300 - idle_at + 1 and status.queues[0].expired == 0
+        assert f"retention of t: held back by group idle, {300 - idle_at + 1} message(s) kept" in format_status(status)
+        assert status.used_memory > 0
 
 
 async def test_group_idle_after_lets_the_trim_pass_and_the_group_counts_it(
@@ -152,7 +178,7 @@ async def test_group_idle_after_lets_the_trim_pass_and_the_group_counts_it(
     assert f"group idle lost offsets {idle_at}..300 of t#0" in caplog.text
 
 
-async def _expired_run(redis_url: str, redis_client: aioredis.Redis, topics: dict[str, Any], trim: Any) -> None:
+async def _expired_run(redis_url: str, redis_client: AsyncRedis, topics: dict[str, Any], trim: Any) -> None:
     """Produce 1000 messages on one queue, let ``trim`` drop some, then consume as a new group: it gets
     exactly the rest, in order, and counts exactly the dropped ones as expired (metric and Redis)."""
     values = [json.dumps({"k": f"k{i % 7}", "seq": i // 7}) for i in range(1000)]
@@ -173,14 +199,17 @@ async def _expired_run(redis_url: str, redis_client: aioredis.Redis, topics: dic
         consumer = service.groups["late"].consumers["t"]
         assert consumer.expired[0] == 1000 - left
         assert int(await redis_client.hget(keys.expired("late", "t", 0), "count")) == 1000 - left
+        with sync_redis(redis_url) as client:
+            status = group_status(client, "late", ["t"])
+        assert status.queues[0].expired == 1000 - left
+        assert f"EXPIRED: {1000 - left} message(s) of 1 queue(s)" in format_status(status)
         await service.metrics.refresh()
         text = service.metrics.render().decode()
         assert f'ddmq_messages_expired_total{{group="late",topic="t"}} {float(1000 - left)}' in text
 
 
-async def test_max_len_on_a_topic_nobody_consumes_counts_what_it_dropped(
-    redis_url: str, redis_client: aioredis.Redis
-) -> None:
+async def test_max_len_on_a_topic_nobody_consumes_counts_what_it_dropped(store: tuple[str, str, AsyncRedis]) -> None:
+    _, redis_url, redis_client = store
     topics = {"t": {"queues": 1, "retention": {**FAST_RETENTION, "max_len": 300}}}
 
     async def trim(values: list[str]) -> None:
@@ -196,7 +225,8 @@ async def test_max_len_on_a_topic_nobody_consumes_counts_what_it_dropped(
     await _expired_run(redis_url, redis_client, topics, trim)
 
 
-async def test_a_producer_maxlen_trim_is_counted_as_expired(redis_url: str, redis_client: aioredis.Redis) -> None:
+async def test_a_producer_maxlen_trim_is_counted_as_expired(store: tuple[str, str, AsyncRedis]) -> None:
+    _, redis_url, redis_client = store
     topics = {"t": {"queues": 1, "retention": FAST_RETENTION}}
 
     async def trim(values: list[str]) -> None:
