@@ -9,27 +9,27 @@ them with ``max``, not ``sum``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from ddmq.proxy.service import ProxyService
+    from ddmq.proxy.cluster.retention import Retention
+    from ddmq.proxy.groups.group import ConsumerGroup
 
 
-def retention_metrics(service: ProxyService) -> Iterator[Metric]:
+def retention_metrics(groups: Mapping[str, ConsumerGroup], retention: Retention | None) -> Iterator[Metric]:
     expired = CounterMetricFamily(
         "ddmq_messages_expired",
         "Messages a group never received: trimmed from Redis (retention cap, idle group, producer maxlen) "
         "before it read them.",
         labels=["group", "topic"],
     )
-    for name, group in sorted(service.groups.items()):
+    for name, group in sorted(groups.items()):
         for topic, consumer in sorted(group.consumers.items()):
             expired.add_metric([name, topic], sum(consumer.expired.values()))
     yield expired
-    retention = service.retention
     if retention is None:
         return
     trimmed = CounterMetricFamily(

@@ -389,7 +389,7 @@ class EngineCollector(Collector):
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
         yield actions
         yield from _server_metrics(service.server_stats())
-        yield from retention_metrics(service)
+        yield from retention_metrics(service.groups, service.retention)
 
     @staticmethod
     def _chains(
