@@ -1,6 +1,6 @@
 """R1 retention: Redis memory and proxy RSS under a sustained produce + consume.
 
-The harness produces N messages (full 1M, quick 200k) at a steady rate (full 12k msg/s, quick 10k)
+The harness produces N messages (full 1M, quick 200k) at a steady rate (full 8k msg/s, quick 10k)
 while 8 pull connections in the client process consume them through a proxy with the default
 retention (``consumed``: each queue trimmed up to the group's committed offset, every second). Every
 0.5 s it samples Redis ``used_memory``, the entries left in the topic's streams and the proxy's
@@ -90,13 +90,28 @@ class _Sampler:
         return self.samples
 
 
+def _wait_committed(url: str, group: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    with redis.Redis.from_url(url) as client:
+        while time.monotonic() < deadline:
+            pipe = client.pipeline(transaction=False)
+            for qid in range(QUEUES):
+                pipe.get(keys.committed(group, TOPIC, qid))
+                pipe.get(keys.sequence(TOPIC, qid))
+            replies = pipe.execute()
+            if all(int(c or 0) == int(s or 0) + 1 for c, s in zip(replies[::2], replies[1::2], strict=True)):
+                return
+            time.sleep(0.1)
+    log("R1: offsets not all committed in time")
+
+
 def _at(samples: list[tuple[float, float]], fraction: float) -> float:
     return round(samples[min(len(samples) - 1, int(fraction * (len(samples) - 1)))][1], 1)
 
 
 def retention_memory(settings: Settings) -> list[Row]:
     count = settings.size(200_000, 1_000_000)
-    rate = settings.size(10_000, 12_000)
+    rate = settings.size(10_000, 8_000)
     group = "cg-retention"
     errors: list[str] = []
     produced = threading.Event()
@@ -109,9 +124,12 @@ def retention_memory(settings: Settings) -> list[Row]:
             producer_thread = threading.Thread(
                 target=_produce_steadily, args=(redis_server.url, count, rate, produced, errors), daemon=True)
             log(f"R1: producing {count:,} messages at {rate:,} msg/s while 8 connections consume")
-            spec = ProxyDrain(proxy.port, group, count, timeout_s=count / rate + 300)
+            # Commits are awaited here, from Redis: the drain's stats connection would sit idle past the
+            # proxy's idle timeout during a long run.
+            spec = ProxyDrain(proxy.port, group, count, timeout_s=count / rate + 300, wait_commit=False)
             result = run_load(drain_proxy, spec, count / rate + 400, on_ready=producer_thread.start)
             producer_thread.join()
+            _wait_committed(redis_server.url, group, 120)
             time.sleep(3)  # the last trims (one retention round) after the last commit
             samples = sampler.stop()
     began = samples[0][0]
