@@ -68,9 +68,6 @@ from ddmq.protocol.delivery import (
 )
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.queues import (
-    CALLS_REMEMBERED,
-    IDEMPOTENT_PRODUCE_LUA,
-    OUT_OF_ORDER,
     ProduceError,
     TopicMismatchError,
     check_declared,
@@ -79,6 +76,7 @@ from ddmq.protocol.queues import (
     parse_queues,
     repair_queue,
 )
+from ddmq.protocol.scripts import CALLS_REMEMBERED, IDEMPOTENT_PRODUCE_LUA, OUT_OF_ORDER
 
 __all__ = [
     "DEFAULT_DEDUP_WINDOW_S",

@@ -189,3 +189,30 @@ def test_the_check_catches_a_violation(source: str, package: str, folder: str) -
 def test_the_check_lets_allowed_imports_through() -> None:
     source = "from ddmq.protocol import keys\nimport ddmq.config.schema\nfrom ddmq.clientele import x\n"
     assert violations(source, "ddmq.proxy", FORBIDDEN["proxy"]) == []
+
+
+def _lua_literals(source: str) -> list[int]:
+    """Lines of the string literals in ``source`` that hold Lua (a ``redis.call`` or ``redis.pcall``)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and ("redis.call(" in node.value or "redis.pcall(" in node.value)
+    ]
+
+
+SCRIPTS_HOME = ROOT / "protocol" / "scripts.py"
+
+
+@pytest.mark.parametrize(("folder", "path"), _modules(), ids=_module_id)
+def test_lua_lives_in_one_module(folder: str, path: Path) -> None:
+    if path == SCRIPTS_HOME:
+        assert _lua_literals(path.read_text())
+        return
+    found = _lua_literals(path.read_text())
+    assert not found, f"{path.relative_to(ROOT)} holds Lua (lines {found}); it belongs in protocol/scripts.py"
+
+
+def test_the_lua_check_sees_a_script() -> None:
+    assert _lua_literals('X = """\nredis.call(\'GET\', KEYS[1])\n"""\n') == [1]
+    assert _lua_literals('X = "no script here"\n') == []

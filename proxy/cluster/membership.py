@@ -14,25 +14,8 @@ import time
 
 from ddmq.protocol import keys
 from ddmq.protocol.connection import AsyncRedis, eval_script
+from ddmq.protocol.scripts import HEARTBEAT_LUA, REGISTER_GROUP_LUA
 from ddmq.proxy.store.broker import map_redis_errors
-from ddmq.proxy.store.oom import OOM_PASS
-
-# KEYS: members, group topics.  ARGV: instance id, now (ms), oldest live heartbeat (ms), topic ('' = none).
-# Returns the live members. One slot (the group's hash tag); runs while Redis is full (OOM_PASS), so a
-# full Redis never makes the others think this proxy left.
-_HEARTBEAT = OOM_PASS + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[4], ARGV[2]) end
-return redis.call('ZRANGE', KEYS[1], 0, -1)
-"""
-
-# KEYS: the registry.  ARGV: group.  SADD only when missing: a full Redis refuses SADD even of a member
-# that is there, and the registry must not cost a heartbeat.
-_REGISTER = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then redis.call('SADD', KEYS[1], ARGV[1]) end
-return 1
-"""
 
 
 def assign(members: list[str], queues: int, me: str) -> range:
@@ -62,10 +45,10 @@ class Membership:
         now = int(time.time() * 1000)
         key = keys.members(group)
         with map_redis_errors(f"heartbeating group {group}"):
-            live = await eval_script(self.redis, _HEARTBEAT, [key, keys.group_topics(group)],
+            live = await eval_script(self.redis, HEARTBEAT_LUA, [key, keys.group_topics(group)],
                                      [self.instance_id, now, now - self.timeout_ms, topic or ""])
             if topic is not None:
-                await eval_script(self.redis, _REGISTER, [keys.groups()], [group])
+                await eval_script(self.redis, REGISTER_GROUP_LUA, [keys.groups()], [group])
         return sorted(member.decode() for member in live)
 
     async def leave(self, group: str) -> None:

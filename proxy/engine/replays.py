@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Final
 
 from ddmq.protocol import keys
 from ddmq.protocol.connection import eval_script
+from ddmq.protocol.scripts import LEASE_RECORD_LUA
 from ddmq.proxy.core.errors import BadRequestError, DdmqError, UnavailableError
 from ddmq.proxy.core.types import PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.job import JobState, UpstreamJob
@@ -81,13 +82,6 @@ RECORD_GRACE_MS: Final = 600_000
 #: The field of a lease record that says its reader gave it up: an ack then finishes nothing.
 _ABANDONED: Final = "abandoned"
 _SWEEP_INTERVAL_S: Final = 1.0
-# KEYS: the lease's record.  ARGV: field, value, ttl_ms.  One key, so one slot on a Cluster, and the
-# expiry is set in the same step (a death between two commands would leave a record that never expires).
-_RECORD = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
 _EMPTY = PullBatch(None, [])
 
 
@@ -205,8 +199,9 @@ class ReplayLeases:
         redis = self._group.broker.redis
         try:
             with map_redis_errors(f"recording replay lease {lease_id!r}"):
-                await eval_script(redis, _RECORD, [key], [f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)),
-                                                          timeout_ms + RECORD_GRACE_MS])
+                await eval_script(redis, LEASE_RECORD_LUA, [key], [
+                    f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)), timeout_ms + RECORD_GRACE_MS,
+                ])
         except DdmqError as exc:
             log.warning("replay lease %r of group %s not recorded (%s): a proxy death would deliver it again",
                         lease_id, self._buffer.group, exc)
@@ -305,7 +300,8 @@ class ReplayLeases:
             _check(lease_id, 0, 1)
             key = keys.replay_lease(self._buffer.group, lease_id)
             with map_redis_errors(f"abandoning replay lease {lease_id!r}"):
-                await eval_script(redis, _RECORD, [key], [_ABANDONED, "1", MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS])
+                abandoned = [_ABANDONED, "1", MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS]
+                await eval_script(redis, LEASE_RECORD_LUA, [key], abandoned)
 
     def _sweep(self, now: float) -> None:
         if now < self._next_sweep:

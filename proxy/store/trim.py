@@ -18,34 +18,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol import keys
 from ddmq.protocol.connection import AsyncRedis, eval_script
+from ddmq.protocol.scripts import EXPIRED_RECORD_LUA, TRIMMER_DROP_LUA, TRIMMER_HOLD_LUA
 from ddmq.proxy.store.broker import map_redis_errors
-from ddmq.proxy.store.oom import OOM_PASS
-
-# KEYS: the trimmer lease.  ARGV: owner, ttl_ms.  1 = ours (taken or renewed), 0 = another proxy's.
-_HOLD_TRIMMER = OOM_PASS + """
-local current = redis.call('GET', KEYS[1])
-if current and current ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-# KEYS: the trimmer lease.  ARGV: owner.
-_DROP_TRIMMER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 1
-"""
-
-# KEYS: expired counters.  ARGV: first, last, now (ms).  Counts the offsets of first..last past the
-# last one counted before (a queue's next owner may read the same gap again) and returns how many.
-_RECORD_EXPIRED = OOM_PASS + """
-local first, last = tonumber(ARGV[1]), tonumber(ARGV[2])
-local counted = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
-if first <= counted then first = counted + 1 end
-if first > last then return 0 end
-redis.call('HINCRBY', KEYS[1], 'count', last - first + 1)
-redis.call('HSET', KEYS[1], 'first', first, 'last', last, 'at_ms', ARGV[3])
-return last - first + 1
-"""
 
 
 class Reader(NamedTuple):
@@ -132,19 +106,19 @@ async def trim_below(redis: AsyncRedis, topic: str, qid: int, offset: int) -> in
 async def hold_trimmer(redis: AsyncRedis, topic: str, qid: int, owner: str, ttl_ms: int) -> bool:
     """Take or renew the queue's trimmer lease for ``owner``; False when another proxy trims it."""
     with map_redis_errors(f"taking the trimmer of {topic}#{qid}"):
-        return bool(await eval_script(redis, _HOLD_TRIMMER, [keys.trimmer(topic, qid)], [owner, ttl_ms]))
+        return bool(await eval_script(redis, TRIMMER_HOLD_LUA, [keys.trimmer(topic, qid)], [owner, ttl_ms]))
 
 
 async def drop_trimmer(redis: AsyncRedis, topic: str, qid: int, owner: str) -> None:
     with map_redis_errors(f"letting go of the trimmer of {topic}#{qid}"):
-        await eval_script(redis, _DROP_TRIMMER, [keys.trimmer(topic, qid)], [owner])
+        await eval_script(redis, TRIMMER_DROP_LUA, [keys.trimmer(topic, qid)], [owner])
 
 
 async def record_expired(redis: AsyncRedis, group: str, topic: str, qid: int, first: int, last: int) -> int:
     """Count offsets ``first..last`` as expired for ``group`` (what ``ddmq status`` shows), leaving out
     those counted before; returns how many were new."""
     with map_redis_errors(f"counting expired entries of {group}/{topic}#{qid}"):
-        return int(await eval_script(redis, _RECORD_EXPIRED, [keys.expired(group, topic, qid)],
+        return int(await eval_script(redis, EXPIRED_RECORD_LUA, [keys.expired(group, topic, qid)],
                                      [first, last, int(time.time() * 1000)]))
 
 
