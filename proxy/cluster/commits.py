@@ -88,7 +88,9 @@ class OffsetCommitter:
         if consumer.config.start_from is StartFrom.LATEST:
             start = await broker.next_produce_offset(topic, qid)
         else:
-            start = 1
+            # A new group starts where the queue starts now: what retention trimmed before the group
+            # existed was never the group's, so it is not counted as expired for it.
+            start = await broker.first_offset(topic, qid)
         # Stored at once so a restart before the first commit starts from the same place.
         return await broker.init_offset(group, topic, qid, start)
 

@@ -313,6 +313,21 @@ class Broker:
             raw = await self.redis.get(keys.sequence(topic, qid))
         return int(raw) + 1 if raw is not None else 1
 
+    async def first_offset(self, topic: str, qid: int) -> int:
+        """The offset of the queue's first entry; when it is empty, the next one to be produced (1 for a
+        queue that never had one, or whose first entry was not written by the producer)."""
+        # The sequence first: an entry produced after it was read has a higher offset, so an empty
+        # stream then means nothing up to that sequence is left to read.
+        after_last = await self.next_produce_offset(topic, qid)
+        with map_redis_errors(f"reading the first offset of {topic}#{qid}"):
+            entries = await self.redis.xrange(keys.stream(topic, qid), "-", "+", count=1)
+        if not entries:
+            return after_last
+        try:
+            return keys.offset_of(entries[0][0])
+        except ValueError:
+            return 1
+
     async def produce_offsets(self, topic: str, queues: int) -> list[int]:
         """Next offset to be produced, per qid."""
         with map_redis_errors(f"reading produce offsets of {topic}"):

@@ -179,8 +179,13 @@ async def test_group_idle_after_lets_the_trim_pass_and_the_group_counts_it(
 
 
 async def _expired_run(redis_url: str, redis_client: AsyncRedis, topics: dict[str, Any], trim: Any) -> None:
-    """Produce 1000 messages on one queue, let ``trim`` drop some, then consume as a new group: it gets
-    exactly the rest, in order, and counts exactly the dropped ones as expired (metric and Redis)."""
+    """The group starts once (it is registered and its offset stored, at 1), stops; 1000 messages are
+    produced on one queue and ``trim`` drops some; then the group consumes: it gets exactly the rest, in
+    order, and counts exactly the dropped ones as expired (metric and Redis)."""
+    async with running_proxy(redis_url, queues=1, groups={"late": {"t": {}}}, topics=topics):
+        async def started() -> bool:
+            return await redis_client.get(keys.committed("late", "t", 0)) == b"1"
+        await wait_for(started, what="the group's offset stored")
     values = [json.dumps({"k": f"k{i % 7}", "seq": i // 7}) for i in range(1000)]
     await trim(values)
     left = await redis_client.xlen(keys.stream("t", 0))
@@ -190,7 +195,7 @@ async def _expired_run(redis_url: str, redis_client: AsyncRedis, topics: dict[st
     async with running_proxy(redis_url, queues=1, groups={"late": {"t": {}}}, topics=topics,
                              http={"enabled": True, "port": 0}) as service:
         checker = OrderChecker()
-        # The group starts where the queue starts: each key's first delivered seq is its first kept one.
+        # Each key's first delivered seq is its first kept one.
         for i in range(first_left - 1):
             key, seq = f"k{i % 7}", i // 7
             checker.acked_upto[key] = seq + 1
@@ -236,3 +241,20 @@ async def test_a_producer_maxlen_trim_is_counted_as_expired(store: tuple[str, st
                 producer.send_batch("t", [{"key": None, "value": v, "qid": 0} for v in values[start:start + 100]])
 
     await _expired_run(redis_url, redis_client, topics, trim)
+
+
+async def test_a_new_group_starts_where_the_queue_starts_and_lost_nothing(
+    redis_url: str, redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What was trimmed before a group existed was never the group's: it starts at the queue's first
+    entry and counts nothing as expired."""
+    produced: dict[str, int] = {}
+    await asyncio.to_thread(produce_keyed, redis_url, 100, produced, random.Random(5), keys=1, queues=1)
+    await redis_client.xtrim(keys.stream("t", 0), minid=keys.stream_id(41), approximate=False)
+    caplog.set_level(logging.ERROR)
+    async with running_proxy(redis_url, queues=1, groups={"fresh": {"t": {}}}) as service:
+        checker = OrderChecker(acked_upto={"key-0": 40})
+        await consume(service, "fresh", checker, 60)
+        assert checker.deliveries == 60 and not checker.violations and checker.missing(produced) == {}
+        assert sum(service.groups["fresh"].consumers["t"].expired.values()) == 0
+    assert "lost offsets" not in caplog.text
