@@ -138,7 +138,8 @@ class EmbeddedRedis:
 
     ``port=0`` picks a free port. ``executable`` overrides the binary (see :func:`find_executable`).
     ``appendfsync`` is Redis's AOF fsync policy: ``"always"`` makes every acknowledged write survive an
-    OS crash too, at the cost of one fsync per write batch.
+    OS crash too, at the cost of one fsync per write batch. ``maxmemory_mb`` is Redis's ``maxmemory``
+    (policy ``noeviction``; 0 = no limit; None = :func:`default_maxmemory_mb`).
     """
 
     def __init__(
