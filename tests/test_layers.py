@@ -50,19 +50,12 @@ LAYERS: tuple[str, ...] = (
 )
 
 #: module -> the modules above its layer it names in annotations only (under ``TYPE_CHECKING``):
-#: the service and the consumer passed down whole, to be replaced by narrow interfaces
+#: the consumer passed down whole, to be replaced by narrow interfaces
 UPWARD_FOR_TYPES: dict[str, frozenset[str]] = {
     "ddmq.proxy.engine.reader": frozenset({"ddmq.proxy.groups.group"}),
     "ddmq.proxy.engine.replays": frozenset({"ddmq.proxy.groups.group"}),
     "ddmq.proxy.cluster.ownership": frozenset({"ddmq.proxy.groups.group"}),
     "ddmq.proxy.cluster.commits": frozenset({"ddmq.proxy.groups.group"}),
-    "ddmq.proxy.api.requests": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.ops.metrics": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.ops.lag": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.ops.reload": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.servers.http.admin": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.servers.http.console": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.servers.http.server": frozenset({"ddmq.proxy.service"}),
 }
 
 

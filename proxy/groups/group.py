@@ -14,7 +14,7 @@ from collections.abc import Callable
 from time import perf_counter
 
 from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
-from ddmq.config.schema import LeaseConfig, ProxyConfig, TopicGroupConfig
+from ddmq.config.schema import LeaseConfig, TopicGroupConfig
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.commits import OffsetCommitter
 from ddmq.proxy.cluster.leases import Lease, LeaseStore
@@ -166,7 +166,7 @@ class TopicConsumer:
         )
 
     def reconfigure(self, config: TopicGroupConfig) -> None:
-        """Apply settings the engine reads as it goes (see ``ddmq.proxy.ops.reload.IN_PLACE_FIELDS``)."""
+        """Apply settings the engine reads as it goes (see ``ddmq.proxy.groups.changes.IN_PLACE_FIELDS``)."""
         old, self.config = self.config, config
         if config.max_tps != old.max_tps:
             self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
@@ -341,7 +341,7 @@ class ConsumerGroup:
         for consumer in self.consumers.values():
             consumer.start()
 
-    # live configuration (see ddmq.proxy.ops.reload) --------------------------------------------------
+    # live configuration (see ddmq.proxy.groups.registry) ----------------------------------------------
 
     def add_topic(self, consumer: TopicConsumer) -> None:
         if consumer.topic in self.consumers:
@@ -398,12 +398,3 @@ class ConsumerGroup:
     @property
     def unfinished(self) -> int:
         return sum(c.unfinished for c in self.consumers.values())
-
-
-def build_groups(
-    config: ProxyConfig, broker: Broker, leases: LeaseStore, membership: Membership
-) -> dict[str, ConsumerGroup]:
-    return {
-        name: ConsumerGroup(name, topics, broker, leases, config.leases, membership)
-        for name, topics in config.groups.items()
-    }

@@ -36,7 +36,7 @@ async def wait_all_finished(service: ProxyService, timeout_s: float = 60) -> Non
     """Until the committed offset of every queue of ``g``/``t`` reaches its produce offset."""
     async with asyncio.timeout(timeout_s):
         while True:
-            [row] = await service.consume_stats("g", "t")
+            [row] = await service.api.consume_stats("g", "t")
             if row.produce_offsets and all(
                 row.consume_offsets.get(qid) == offset for qid, offset in row.produce_offsets.items()
             ):

@@ -46,7 +46,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 15
 
 
 async def committed_everything(service: ProxyService) -> bool:
-    (row,) = await service.consume_stats("g", "t")
+    (row,) = await service.api.consume_stats("g", "t")
     return row.consume_offsets == row.produce_offsets
 
 

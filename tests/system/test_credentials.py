@@ -76,7 +76,7 @@ async def test_an_acl_user_consumes_and_its_password_is_never_logged(
                 assert values == sorted(values) and len(values) == 4
 
             async def committed() -> bool:
-                (row,) = await service.consume_stats("g", "t")
+                (row,) = await service.api.consume_stats("g", "t")
                 return row.consume_offsets == row.produce_offsets
 
             await eventually(committed)
