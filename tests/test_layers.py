@@ -11,7 +11,7 @@ On the server side, the layers DESIGN.md lists ("Layers"), bottom first: a modul
 own layer or one below (``LAYERS``).
 
 Every module is read with ``ast`` (imports inside functions and ``TYPE_CHECKING`` blocks count too);
-the few upward type-only imports left are listed, by module, in ``UPWARD_FOR_TYPES``.
+upward imports are not allowed, not even for types (``UPWARD_FOR_TYPES`` is the place to list one, and is empty).
 """
 
 from __future__ import annotations
@@ -50,13 +50,8 @@ LAYERS: tuple[str, ...] = (
 )
 
 #: module -> the modules above its layer it names in annotations only (under ``TYPE_CHECKING``):
-#: the consumer passed down whole, to be replaced by narrow interfaces
-UPWARD_FOR_TYPES: dict[str, frozenset[str]] = {
-    "ddmq.proxy.engine.reader": frozenset({"ddmq.proxy.groups.group"}),
-    "ddmq.proxy.engine.replays": frozenset({"ddmq.proxy.groups.group"}),
-    "ddmq.proxy.cluster.ownership": frozenset({"ddmq.proxy.groups.group"}),
-    "ddmq.proxy.cluster.commits": frozenset({"ddmq.proxy.groups.group"}),
-}
+#: (none: a lower layer that needs something of a higher one declares it as a Protocol of its own)
+UPWARD_FOR_TYPES: dict[str, frozenset[str]] = {}
 
 
 def layer_of(module: str) -> int | None:

@@ -50,8 +50,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from ddmq.protocol import keys
 from ddmq.protocol.connection import eval_script
@@ -59,12 +60,27 @@ from ddmq.protocol.scripts import LEASE_RECORD_LUA
 from ddmq.proxy.core.errors import BadRequestError, DdmqError, UnavailableError
 from ddmq.proxy.core.types import PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.job import JobState, UpstreamJob
-from ddmq.proxy.engine.offsets import decode_ranges, encode_ranges
+from ddmq.proxy.engine.offsets import OffsetTracker, decode_ranges, encode_ranges
 from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY, PullBuffer
-from ddmq.proxy.store.broker import map_redis_errors
+from ddmq.proxy.store.broker import Broker, map_redis_errors
 
-if TYPE_CHECKING:
-    from ddmq.proxy.groups.group import ConsumerGroup
+
+class ReplayConsumer(Protocol):
+    """A topic's consumer, as acks of replay leases reach it: its commits and its queues' offsets."""
+
+    async def commit(self, qid: int) -> None: ...
+    def tracker(self, qid: int) -> OffsetTracker | None: ...
+
+
+class ReplayGroup(Protocol):
+    """The group whose buffer the leases serve: Redis, and its consumers (those draining too)."""
+
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def consumers(self) -> Mapping[str, ReplayConsumer]: ...
+    @property
+    def retiring(self) -> Mapping[str, ReplayConsumer]: ...
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +123,7 @@ class _Lease:
 class ReplayLeases:
     """The replay leases of one consumer group, on top of its pull buffer."""
 
-    def __init__(self, buffer: PullBuffer, group: ConsumerGroup | None = None) -> None:
+    def __init__(self, buffer: PullBuffer, group: ReplayGroup | None = None) -> None:
         self._buffer = buffer
         #: The group whose queues the leases come from; None keeps leases in memory only (no records).
         self._group = group
@@ -238,7 +254,7 @@ class ReplayLeases:
         for queue in touched:
             consumer = self._group.consumers.get(queue.topic) or self._group.retiring.get(queue.topic)
             if consumer is not None:
-                await consumer.commits.commit(queue.qid)
+                await consumer.commit(queue.qid)
         if held:
             try:
                 with map_redis_errors("deleting acked replay lease records"):
@@ -276,8 +292,8 @@ class ReplayLeases:
                 # and is one command on one key, so no owner's commit can interleave inside it.
                 with map_redis_errors(f"finishing replay lease {lease_id!r} on {topic}#{qid}"):
                     await redis.append(keys.finished(self._buffer.group, topic, qid), "," + ranges)
-                tracker = consumer.trackers.get(qid)
-                if tracker is not None and qid in consumer.ownership.held:
+                tracker = consumer.tracker(qid)
+                if tracker is not None:
                     # This proxy reads the queue (it took it from the dead proxy, or is that proxy
                     # restarted): its tracker and buffer must learn it, or its next commit drops the
                     # appended ranges and it delivers them again.
