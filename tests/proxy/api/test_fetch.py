@@ -18,7 +18,7 @@ from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest, Fet
 from ddmq.proxy.api.fetch import MAX_FETCH_BYTES
 from ddmq.proxy.core.types import QueueResult
 
-from .conftest import running_proxy
+from ..conftest import running_proxy
 
 QUEUES = 4
 

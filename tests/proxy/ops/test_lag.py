@@ -12,9 +12,9 @@ from ddmq.protocol import keys
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.ops.lag import LagHistory, produce_times, rates, topic_lag
 
-from ..http_support import ApiClient, OpenApiChecker
-from .conftest import running_proxy
-from .test_http_api import eventually, pull
+from ...http_support import ApiClient, OpenApiChecker
+from ..conftest import running_proxy
+from ..servers.test_http_api import eventually, pull
 
 
 async def test_produce_times_read_the_entry_at_an_offset_or_the_next_one(redis_url: str) -> None:

@@ -15,8 +15,8 @@ from ddmq.config.schema import TopicGroupConfig
 from ddmq.protocol.queues import ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
 
-from ..support import OrderChecker
-from .consumers import Proxy, consume_all, deliver, produce
+from ...support import OrderChecker
+from ..consumers import Proxy, consume_all, deliver, produce
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.types import QueueResult
 
-from .conftest import running_proxy
+from ..conftest import running_proxy
 
 BODIES = [
     b'{"k": "a", "n": 1}',

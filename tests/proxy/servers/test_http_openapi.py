@@ -14,8 +14,8 @@ from ddmq.proxy.servers.http import build_app, load_openapi
 from ddmq.proxy.servers.http.view import ProxyView
 from ddmq.proxy.service import ProxyService
 
-from ..http_support import ApiClient, OpenApiChecker
-from .conftest import running_proxy
+from ...http_support import ApiClient, OpenApiChecker
+from ..conftest import running_proxy
 
 
 def test_the_document_is_valid_openapi() -> None:

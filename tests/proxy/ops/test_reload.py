@@ -27,7 +27,7 @@ from ddmq.proxy.groups.changes import ConfigChange, diff
 from ddmq.proxy.ops.reload import ConfigReloader
 from ddmq.proxy.service import ProxyService
 
-from ..support import OrderChecker, body
+from ...support import OrderChecker, body
 
 TOPICS = ("t1", "t2")
 QUEUES = 4
