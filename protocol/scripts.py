@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- producing ---------------------------------------------------------------------------------
-
 # KEYS[1] stream, KEYS[2] sequence. ARGV[1] message count, ARGV[2] MAXLEN ('' = no trimming), then per
 # message: the number of field/value items that follow, and the items. Returns the first offset.
 #
@@ -191,8 +189,6 @@ return answer
 """
 
 
-# --- a queue's integrity ------------------------------------------------------------------------
-
 #: Lua (a function definition): does the queue still hold what a reader read up to offset ``n``? False
 #: when its end (the sequence, or the last ``0-<n>`` entry) is below ``n``, or when the entry at ``n``
 #: is there with another produce time or body (SHA-1) than the one read: Redis lost writes and
@@ -229,8 +225,6 @@ if last < floor then redis.call('SET', KEYS[1], ARGV[1]); return floor end
 return last
 """
 
-
-# --- leases and fenced commits -----------------------------------------------------------------
 
 # KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
 LEASE_ACQUIRE_LUA: Final = """
@@ -281,8 +275,6 @@ return 1
 """
 
 
-# --- pull-lease records and offsets reset -------------------------------------------------------
-
 # KEYS: the lease's record.  ARGV: field, value, ttl_ms.  One key, so one slot on a Cluster, and the
 # expiry is set in the same step (a death between two commands would leave a record that never expires).
 LEASE_RECORD_LUA: Final = """
@@ -301,8 +293,6 @@ redis.call('INCR', KEYS[2])
 return 1
 """
 
-
-# --- dead letters ------------------------------------------------------------------------------
 
 # KEYS[1] dead-letter stream. ARGV[1] start ('-' or '(<id>'), ARGV[2] most entries, ARGV[3] value cut
 # (bytes), ARGV[4] byte budget, ARGV[5] the value's field name. Returns {more, entry...}, each entry

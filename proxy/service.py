@@ -121,18 +121,21 @@ class ProxyService:
             raise
         self._state = "running"
 
+    async def _start_embedded(self) -> None:
+        embedded = self.config.embedded_redis
+        self._embedded = EmbeddedRedis(embedded.data_dir, port=embedded.port, executable=embedded.executable)
+        try:
+            await asyncio.to_thread(self._embedded.start)
+        except EmbeddedRedisError as exc:
+            self._embedded = None
+            raise UnavailableError(f"cannot start the embedded redis-server: {exc}") from exc
+        self.redis_url = self._embedded.url
+        log.info("embedded redis-server at %s (data in %s)", redact_url(self.redis_url), embedded.data_dir)
+
     async def _start(self) -> None:
         config = self.config
         if config.embedded:
-            embedded = config.embedded_redis
-            self._embedded = EmbeddedRedis(embedded.data_dir, port=embedded.port, executable=embedded.executable)
-            try:
-                await asyncio.to_thread(self._embedded.start)
-            except EmbeddedRedisError as exc:
-                self._embedded = None
-                raise UnavailableError(f"cannot start the embedded redis-server: {exc}") from exc
-            self.redis_url = self._embedded.url
-            log.info("embedded redis-server at %s (data in %s)", redact_url(self.redis_url), embedded.data_dir)
+            await self._start_embedded()
         connections = ConnectionCounter()  # lets readers notice a Redis restart or failover (see QueueReader)
         redis = async_redis(self.redis_url, decode_responses=False, redis_connect_func=connections.on_connect)
         self._redis = redis

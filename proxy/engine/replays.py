@@ -149,22 +149,9 @@ class ReplayLeases:
         """The ``index``-th pull of lease ``lease_id``: a replay when it was served before."""
         _check(lease_id, index, timeout_ms)
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        self._sweep(now)
-        lease = self._leases.get(lease_id)
-        if lease is not None and not lease.dead:
-            if lease.expires <= now:
-                self._bury(lease, now, "expired")
-            elif not lease.live():
-                self._bury(lease, now, "a message of it was redelivered or finished elsewhere")
-        if lease is not None and lease.dead:
-            return _EMPTY
+        lease = self._lease_for(lease_id, index, timeout_ms, loop.time())
         if lease is None:
-            if index > 0:
-                return _EMPTY  # unknown (acked, or swept long ago): a reader continuing it stops here
-            if len(self._leases) >= MAX_LEASES_PER_GROUP:
-                raise UnavailableError(f"too many replay leases ({MAX_LEASES_PER_GROUP}) in group {self._buffer.group}")
-            lease = self._leases[lease_id] = _Lease(now + timeout_ms / 1000, timeout_ms / 1000)
+            return _EMPTY
         if index < len(lease.batches):
             self.replayed += 1
             future = lease.batches[index]
@@ -187,14 +174,7 @@ class ReplayLeases:
             future.cancel()
             raise
         if batch.queue is not None:
-            taken = []
-            for message in batch.messages:
-                job = self._buffer.job(batch.queue, message.offset)
-                if job is not None:
-                    lease.jobs.append((job, job.attempts))
-                    taken.append(job)
-            if max_per_key > 1:
-                lease.tails = _tails(lease.tails, taken)
+            self._note_taken(lease, batch, max_per_key)
         lease.expires = max(lease.expires, loop.time() + timeout_ms / 1000)
         try:
             if batch.queue is not None and batch.messages:
@@ -204,6 +184,38 @@ class ReplayLeases:
         finally:
             future.set_result(batch)  # replays must not hang on a record that failed or was cancelled
         return batch
+
+    def _lease_for(self, lease_id: str, index: int, timeout_ms: int, now: float) -> _Lease | None:
+        """The live lease ``lease_id`` (a new one for its first pull); None when its pulls answer empty:
+        it is dead (expired, or a message of it moved on), or unknown past its first pull."""
+        self._sweep(now)
+        lease = self._leases.get(lease_id)
+        if lease is not None and not lease.dead:
+            if lease.expires <= now:
+                self._bury(lease, now, "expired")
+            elif not lease.live():
+                self._bury(lease, now, "a message of it was redelivered or finished elsewhere")
+        if lease is not None and lease.dead:
+            return None
+        if lease is None:
+            if index > 0:
+                return None  # unknown (acked, or swept long ago): a reader continuing it stops here
+            if len(self._leases) >= MAX_LEASES_PER_GROUP:
+                raise UnavailableError(f"too many replay leases ({MAX_LEASES_PER_GROUP}) in group {self._buffer.group}")
+            lease = self._leases[lease_id] = _Lease(now + timeout_ms / 1000, timeout_ms / 1000)
+        return lease
+
+    def _note_taken(self, lease: _Lease, batch: PullBatch, max_per_key: int) -> None:
+        """Record the jobs ``batch`` handed out under ``lease`` (and, with runs, the tails of their keys)."""
+        assert batch.queue is not None
+        taken = []
+        for message in batch.messages:
+            job = self._buffer.job(batch.queue, message.offset)
+            if job is not None:
+                lease.jobs.append((job, job.attempts))
+                taken.append(job)
+        if max_per_key > 1:
+            lease.tails = _tails(lease.tails, taken)
 
     async def _record(self, lease_id: str, queue: QueueId, offsets: list[int], timeout_ms: int) -> None:
         """Write what the lease handed out of ``queue`` to its record, before the pull is answered: an ack

@@ -27,7 +27,7 @@ from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.engine.pull_buffer import PullBuffer
-from ddmq.proxy.engine.reader import QueueReader, TokenBucket
+from ddmq.proxy.engine.reader import TokenBucket
 from ddmq.proxy.store.broker import Broker, ForeignEntry
 
 log = logging.getLogger(__name__)
@@ -101,10 +101,6 @@ class TopicConsumer:
     def trackers(self) -> dict[int, OffsetTracker]:
         """The offsets of each queue read now, by qid (see ddmq.proxy.cluster.commits)."""
         return self.owned.trackers()
-
-    @property
-    def readers(self) -> list[QueueReader]:
-        return self.owned.readers()
 
     @property
     def rollbacks(self) -> Counter[int]:

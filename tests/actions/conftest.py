@@ -126,7 +126,7 @@ def proxy_tasks() -> int:
 async def readers_started(service: ProxyService) -> None:
     consumer = service.groups["g"].consumers["t"]
     async with asyncio.timeout(30):
-        while len(consumer.readers) < 4:  # noqa: ASYNC110
+        while len(consumer.owned.readers()) < 4:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
 
 

@@ -19,7 +19,7 @@ async def test_a_lone_proxy_claims_every_queue_and_opens_each(redis_url: str, re
         consumer = proxy.consumer
         assert all(consumer.may_serve(qid) for qid in range(3))
         assert {lease.owner for lease in consumer.held.values()} == {"p1"}
-        assert len(consumer.readers) == 3 and set(consumer.trackers) == {0, 1, 2}
+        assert len(consumer.owned.readers()) == 3 and set(consumer.trackers) == {0, 1, 2}
 
 
 async def test_drop_with_release_frees_the_lease_and_forgets_the_jobs(
@@ -36,7 +36,7 @@ async def test_drop_with_release_frees_the_lease_and_forgets_the_jobs(
         tracker = proxy.consumer.tracker(0)
         await proxy.consumer.ownership.drop_queue(0, release=True)
         assert tracker is not None and tracker.dropped
-        assert proxy.consumer.held == {} and proxy.consumer.readers == []
+        assert proxy.consumer.held == {} and proxy.consumer.owned.readers() == []
         assert await redis_client.get(keys.lease("g", "t", 0)) is None  # a successor may take it at once
         assert proxy.consumer.unfinished == 0  # its jobs were finished as dropped
 
