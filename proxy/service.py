@@ -35,8 +35,7 @@ from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.core.errors import UnavailableError
 from ddmq.proxy.groups.changes import ConfigChange
-from ddmq.proxy.groups.group import ConsumerGroup
-from ddmq.proxy.groups.registry import GroupRegistry
+from ddmq.proxy.groups.registry import GroupRegistry, OverRegistry
 from ddmq.proxy.ops.metrics import ProxyMetrics
 from ddmq.proxy.servers.clients import ClientTracker
 from ddmq.proxy.servers.exposure import exposure_warnings
@@ -59,7 +58,7 @@ def _listening(what: str, host: str, port: int) -> Iterator[None]:
         raise UnavailableError(f"cannot listen on {host}:{port} ({what}): {reason}") from exc
 
 
-class ProxyService:
+class ProxyService(OverRegistry):
     def __init__(self, config: ProxyConfig) -> None:
         self.redis_url = config.redis
         self.registry = GroupRegistry(config)
@@ -83,19 +82,6 @@ class ProxyService:
         self._state = "new"
         self._closed = asyncio.Event()
         self._reloading = asyncio.Lock()
-
-    @property
-    def config(self) -> ProxyConfig:
-        """The config in force (``groups`` and ``topics`` as last reloaded)."""
-        return self.registry.config
-
-    @property
-    def groups(self) -> dict[str, ConsumerGroup]:
-        return self.registry.groups
-
-    @property
-    def redis(self) -> AsyncRedis | None:
-        return self.registry.redis
 
     @property
     def broker(self) -> Broker | None:

@@ -20,13 +20,14 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
-from ddmq.config.schema import LeaseConfig, StartFrom, TopicGroupConfig
+from ddmq.config.schema import LeaseConfig, StartFrom
 from ddmq.proxy.cluster.leases import CommitResult, LeaseStore
 from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.cluster.queue_state import OwnedQueues
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.engine.offsets import OffsetTracker, decode_ranges
-from ddmq.proxy.store.broker import Broker, read_mark
+from ddmq.proxy.engine.reader import QueueConsumer
+from ddmq.proxy.store.broker import read_mark
 
 log = logging.getLogger(__name__)
 
@@ -35,24 +36,16 @@ class QueueDropper(Protocol):
     async def drop_queue(self, qid: int, release: bool = False) -> None: ...
 
 
-class CommitHost(Protocol):
-    """What commits need of their consumer: who it is, the stores, its settings, its queues' states,
-    and the ownership that drops a queue."""
+class CommitHost(QueueConsumer, Protocol):
+    """What commits need of their consumer besides: the lease stores, its queues' states, and the
+    ownership that drops a queue."""
 
-    @property
-    def group(self) -> str: ...
-    @property
-    def topic(self) -> str: ...
-    @property
-    def broker(self) -> Broker: ...
     @property
     def leases(self) -> LeaseStore: ...
     @property
     def lease_config(self) -> LeaseConfig: ...
     @property
     def membership(self) -> Membership: ...
-    @property
-    def config(self) -> TopicGroupConfig: ...
     @property
     def owned(self) -> OwnedQueues: ...
     @property

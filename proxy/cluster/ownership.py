@@ -13,11 +13,9 @@ import asyncio
 import logging
 from typing import Protocol
 
-from ddmq.config.schema import LeaseConfig
-from ddmq.proxy.cluster.commits import OffsetCommitter
-from ddmq.proxy.cluster.leases import Lease, LeaseStore
-from ddmq.proxy.cluster.membership import Membership, assign
-from ddmq.proxy.cluster.queue_state import OwnedQueues
+from ddmq.proxy.cluster.commits import CommitHost, OffsetCommitter
+from ddmq.proxy.cluster.leases import Lease
+from ddmq.proxy.cluster.membership import assign
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.job import UpstreamJob
@@ -30,23 +28,15 @@ log = logging.getLogger(__name__)
 METADATA_POLL_S = 1.0
 
 
-class OwnershipHost(ReaderHost, Protocol):
-    """What ownership needs of its consumer: what a reader needs, the stores, its queues' states, the
-    buffer (to forget a dropped queue's jobs), its committer, and how to finish a job."""
+class OwnershipHost(ReaderHost, CommitHost, Protocol):
+    """What ownership needs of its consumer: what its readers and its commits need, the buffer (to
+    forget a dropped queue's jobs), its committer, and how to finish a job."""
 
     #: The topic's number of queues, set once its metadata is known.
     queues: int
 
     @property
-    def leases(self) -> LeaseStore: ...
-    @property
-    def lease_config(self) -> LeaseConfig: ...
-    @property
-    def membership(self) -> Membership: ...
-    @property
     def buffer(self) -> PullBuffer: ...
-    @property
-    def owned(self) -> OwnedQueues: ...
     @property
     def commits(self) -> OffsetCommitter: ...
 

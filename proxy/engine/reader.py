@@ -47,10 +47,9 @@ class ReadAuditLog(Protocol):
     def record(self, group: str, topic: str, qid: int, term: int, first: int, last: int) -> None: ...
 
 
-class ReaderHost(Protocol):
-    """What a reader needs of its consumer: who it is, Redis, its settings (read per batch: a reload
-    changes them in place), flow control, the lease check, and where read messages, foreign entries,
-    a detected rollback and the gap after one go."""
+class QueueConsumer(Protocol):
+    """A topic's consumer as the parts acting on its queues see it: who it is, Redis, its settings
+    (read as they go: a reload changes them in place)."""
 
     @property
     def group(self) -> str: ...
@@ -60,6 +59,12 @@ class ReaderHost(Protocol):
     def broker(self) -> Broker: ...
     @property
     def config(self) -> TopicGroupConfig: ...
+
+
+class ReaderHost(QueueConsumer, Protocol):
+    """What a reader needs of its consumer besides: flow control, the lease check, and where read
+    messages, foreign entries, a detected rollback and the gap after one go."""
+
     @property
     def limiter(self) -> TokenBucket | None: ...
     @property

@@ -182,3 +182,23 @@ class GroupRegistry:
 
     async def close(self) -> None:
         await asyncio.gather(*(g.close() for g in self.groups.values()), return_exceptions=True)
+
+
+class OverRegistry:
+    """Read access to a registry's running state, for what is built around one (the service, the
+    HTTP server's view of the proxy)."""
+
+    registry: GroupRegistry
+
+    @property
+    def config(self) -> ProxyConfig:
+        """The config in force (``groups`` and ``topics`` as last reloaded)."""
+        return self.registry.config
+
+    @property
+    def groups(self) -> dict[str, ConsumerGroup]:
+        return self.registry.groups
+
+    @property
+    def redis(self) -> AsyncRedis | None:
+        return self.registry.redis

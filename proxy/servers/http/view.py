@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ddmq.config.schema import ProxyConfig
-from ddmq.protocol.connection import AsyncRedis
 from ddmq.proxy.api.consume import ConsumeApi
-from ddmq.proxy.groups.group import ConsumerGroup
-from ddmq.proxy.groups.registry import GroupRegistry
+from ddmq.proxy.groups.registry import GroupRegistry, OverRegistry
 from ddmq.proxy.ops.metrics import ProxyMetrics
 from ddmq.proxy.servers.clients import ClientTracker
 
 
-class ProxyView:
+class ProxyView(OverRegistry):
     def __init__(
         self,
         registry: GroupRegistry,
@@ -33,18 +30,6 @@ class ProxyView:
     def running(self) -> bool:
         """True from the end of the proxy's start until its close begins (what ``/readyz`` reports)."""
         return self._running()
-
-    @property
-    def config(self) -> ProxyConfig:
-        return self.registry.config
-
-    @property
-    def groups(self) -> dict[str, ConsumerGroup]:
-        return self.registry.groups
-
-    @property
-    def redis(self) -> AsyncRedis | None:
-        return self.registry.redis
 
     @property
     def redis_url(self) -> str:
