@@ -219,7 +219,6 @@ OVERSIZE: dict[str, str] = {
     "proxy/engine/pull_buffer.py::_grow": "the same split",
     "proxy/ops/metrics.py::EngineCollector.collect": "one family per block; to cut by family once issue 23's are in",
     "protocol/message_reader.py::read_messages": "the client's reply loop, inlined for speed (bench/micro.py)",
-    "protocol/reader.py": "to split: the compact reader and the frame decoder",
     "config/schema.py": "to split by section (its #: comments generate docs/reference/config.md)",
 }
 

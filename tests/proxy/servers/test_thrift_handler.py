@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddmq.protocol import wire
+from ddmq.protocol.frames import decode
 from ddmq.protocol.producer import AsyncProducer
-from ddmq.protocol.reader import decode
 from ddmq.protocol.wire import ConsumerService, Envelope, PullRequest, TMessageType
 from ddmq.proxy.api.requests import RequestRules
 from ddmq.proxy.servers.thrift.handler import ThriftHandler
