@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- producing ---------------------------------------------------------------------------------
-
 # KEYS[1] stream, KEYS[2] sequence. ARGV[1] message count, ARGV[2] MAXLEN ('' = no trimming), then per
 # message: the number of field/value items that follow, and the items. Returns the first offset.
 #
@@ -191,8 +189,6 @@ return answer
 """
 
 
-# --- a queue's integrity ------------------------------------------------------------------------
-
 #: Lua (a function definition): does the queue still hold what a reader read up to offset ``n``? False
 #: when its end (the sequence, or the last ``0-<n>`` entry) is below ``n``, or when the entry at ``n``
 #: is there with another produce time or body (SHA-1) than the one read: Redis lost writes and
@@ -230,8 +226,6 @@ return last
 """
 
 
-# --- writes that must run while Redis is full --------------------------------------------------
-
 # With ``maxmemory`` reached (policy noeviction) Redis refuses "deny-oom" commands (SET, INCR, HSET,
 # ZADD, SADD, XADD...) and runs the rest (GET, DEL, PEXPIRE, XTRIM, XDEL...). A script is refused only
 # at its *first* write, when that write is deny-oom: once a script has written, Redis cannot stop it
@@ -243,8 +237,6 @@ return last
 # deny-oom write and stay refused as a whole: producers get a retriable error until trims make room.
 OOM_PASS_LUA: Final = "redis.call('DEL', KEYS[1] .. ':oom-pass')\n"
 
-
-# --- leases and fenced commits -----------------------------------------------------------------
 
 # KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
 LEASE_ACQUIRE_LUA: Final = OOM_PASS_LUA + """
@@ -295,8 +287,6 @@ return 1
 """
 
 
-# --- membership --------------------------------------------------------------------------------
-
 # KEYS: members, group topics.  ARGV: instance id, now (ms), oldest live heartbeat (ms), topic ('' =
 # none). Returns the live members. One slot (the group's hash tag); runs while Redis is full, so a full
 # Redis never makes the others think this proxy left.
@@ -314,8 +304,6 @@ if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then redis.call('SADD', KEYS[1
 return 1
 """
 
-
-# --- retention ---------------------------------------------------------------------------------
 
 # KEYS: a queue's trimmer lease.  ARGV: owner, ttl_ms.  1 = ours (taken or renewed), 0 = another's.
 TRIMMER_HOLD_LUA: Final = OOM_PASS_LUA + """
@@ -345,8 +333,6 @@ return last - first + 1
 """
 
 
-# --- pull-lease records and offsets reset -------------------------------------------------------
-
 # KEYS: the lease's record.  ARGV: field, value, ttl_ms.  One key, so one slot on a Cluster, and the
 # expiry is set in the same step (a death between two commands would leave a record that never expires).
 LEASE_RECORD_LUA: Final = """
@@ -365,8 +351,6 @@ redis.call('INCR', KEYS[2])
 return 1
 """
 
-
-# --- dead letters ------------------------------------------------------------------------------
 
 # KEYS[1] dead-letter stream. ARGV[1] start ('-' or '(<id>'), ARGV[2] most entries, ARGV[3] value cut
 # (bytes), ARGV[4] byte budget, ARGV[5] the value's field name. Returns {more, entry...}, each entry

@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Protocol
 
+from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.expiry import count_expired
-from ddmq.proxy.store.broker import ForeignEntry
-
-if TYPE_CHECKING:
-    from ddmq.proxy.engine.offsets import OffsetTracker
-    from ddmq.proxy.groups.group import TopicConsumer
+from ddmq.proxy.engine.offsets import OffsetTracker
+from ddmq.proxy.store.broker import Broker, ForeignEntry
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +45,51 @@ class TokenBucket:
             await asyncio.sleep((1 - self._tokens) / self.rate)
 
 
+class ReadAuditLog(Protocol):
+    def record(self, group: str, topic: str, qid: int, term: int, first: int, last: int) -> None: ...
+
+
+class QueueConsumer(Protocol):
+    """A topic's consumer as the parts acting on its queues see it: who it is, Redis, its settings
+    (read as they go: a reload changes them in place)."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def config(self) -> TopicGroupConfig: ...
+
+
+class ReaderHost(QueueConsumer, Protocol):
+    """What a reader needs of its consumer besides: flow control, the lease check, and where read
+    messages, foreign entries, a detected rollback and the gap after one go."""
+
+    @property
+    def limiter(self) -> TokenBucket | None: ...
+    @property
+    def read_audit(self) -> ReadAuditLog | None: ...
+
+    async def wait_for_room(self) -> int: ...
+    def may_serve(self, qid: int) -> bool: ...
+    async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None: ...
+    async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None: ...
+    def on_rollback(self, qid: int, tracker: OffsetTracker) -> None: ...
+    def take_gap(self, qid: int) -> int | None: ...
+    @property
+    def expired(self) -> Counter[int]:
+        """Per qid: offsets found trimmed before this group read them (:mod:`ddmq.proxy.engine.expiry`)."""
+
+
 class QueueReader:
-    def __init__(self, consumer: TopicConsumer, qid: int, term: int = 0) -> None:
+    """Reads queue ``qid`` from where ``tracker`` stands, for ``consumer``, under lease ``term``."""
+
+    def __init__(self, consumer: ReaderHost, qid: int, tracker: OffsetTracker, term: int = 0) -> None:
         self.consumer = consumer
         self.qid = qid
+        self.tracker = tracker
         #: The lease term this reader reads under (recorded by the read audit).
         self.term = term
         self.queue = QueueId(consumer.topic, qid)
@@ -86,17 +126,26 @@ class QueueReader:
         last = batch[-1] if batch else tracker.last_read
         if await consumer.broker.stream_intact(consumer.topic, self.qid, tracker.next_offset - 1, last):
             return True
-        consumer.commits.on_rollback(self.qid, tracker)
+        consumer.on_rollback(self.qid, tracker)
         return False
+
+    async def _took(self, tracker: OffsetTracker, messages: list[StoredMessage]) -> None:
+        """A read's batch, about to be accepted: count what is missing before it, note it as read."""
+        consumer = self.consumer
+        if messages[0].offset > tracker.next_offset:
+            await self._gap(tracker.next_offset, messages[0].offset - 1)
+        tracker.last_read = messages[-1]
+        audit = consumer.read_audit
+        if audit is not None:
+            audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset, messages[-1].offset)
 
     async def _gap(self, first: int, last: int) -> None:
         """Offsets ``first..last`` are missing from the stream: trimmed before this group read them,
         unless they are the ones a rollback's raised sequence skipped (they never existed)."""
         consumer = self.consumer
-        skipped = consumer.gap_until.get(self.qid)
+        skipped = consumer.take_gap(self.qid)
         if skipped is not None and skipped >= first:
             if skipped >= last:
-                consumer.gap_until.pop(self.qid, None)
                 return
             first = skipped + 1
         await count_expired(consumer.broker.redis, consumer.group, consumer.topic, self.qid, first, last,
@@ -105,7 +154,7 @@ class QueueReader:
     async def _run(self) -> None:
         consumer = self.consumer
         broker = consumer.broker
-        tracker = consumer.trackers[self.qid]
+        tracker = self.tracker
         queue = self.queue
         connections = broker.connections
         self._checked = connections.count
@@ -148,7 +197,7 @@ class QueueReader:
             if self._stopping:
                 return  # not tracked, so never committed: the next reader reads them again
             if not messages:
-                gap = consumer.gap_until.pop(self.qid, None)
+                gap = consumer.take_gap(self.qid)
                 if gap is not None:
                     # Nothing past what was read, and producers write past ``gap`` (the sequence was
                     # raised there after a rollback): the offsets up to it will never exist.
@@ -156,12 +205,5 @@ class QueueReader:
                 continue
             if not consumer.may_serve(self.qid):
                 continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
-            expected = tracker.next_offset
-            if messages[0].offset > expected:
-                await self._gap(expected, messages[0].offset - 1)
-            tracker.last_read = messages[-1]
-            audit = consumer.read_audit
-            if audit is not None:
-                audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
-                             messages[-1].offset)
+            await self._took(tracker, messages)
             await consumer.accept(queue, messages)

@@ -1,7 +1,8 @@
 """Retention and Redis memory series for ``/metrics`` (docs/retention.md lists them).
 
 The figures come from the service's trimmer (:class:`~ddmq.proxy.cluster.retention.Retention`), which
-reads Redis memory and the topics' stream sizes, and from each consumer's ``expired`` counter.
+reads Redis memory and the topics' stream sizes every few seconds, and from each consumer's
+``expired`` counter.
 Memory and stream sizes describe the whole Redis, so every proxy reports the same value: aggregate
 them with ``max``, not ``sum``.
 """
@@ -9,14 +10,27 @@ them with ``max``, not ``sum``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from ddmq.proxy.cluster.retention import Retention
     from ddmq.proxy.groups.group import ConsumerGroup
+    from ddmq.proxy.groups.registry import GroupRegistry
+
+
+class RetentionCollector(Collector):
+    """The series below, read from the service's groups and its trimmer when Prometheus scrapes."""
+
+    def __init__(self, groups: GroupRegistry, retention: Callable[[], Retention | None]) -> None:
+        self._groups = groups
+        self._retention = retention
+
+    def collect(self) -> Iterator[Metric]:
+        return retention_metrics(self._groups.groups, self._retention())
 
 
 def retention_metrics(groups: Mapping[str, ConsumerGroup], retention: Retention | None) -> Iterator[Metric]:

@@ -21,7 +21,7 @@ async def consume(
     results: list[QueueResult] = []
     deadline = time.monotonic() + deadline_s
     while checker.deliveries < total and time.monotonic() < deadline:
-        batch = await service.pull(group, topic, max_batch, 200, results)
+        batch = await service.api.pull(group, topic, max_batch, 200, results)
         results = []
         if batch.queue is None or not batch.messages:
             continue
@@ -33,7 +33,7 @@ async def consume(
         if pause_s:
             await asyncio.sleep(pause_s)
     if results:
-        await service.submit(results)
+        await service.api.submit(results)
     return checker.deliveries
 
 

@@ -67,8 +67,9 @@ async def test_a_full_redis_refuses_producers_and_consumption_makes_room(tmp_pat
             assert "Redis is full" in str(refused) and refused.written == []
             used, maximum = await used_and_max(client)
             assert used > maximum * 0.95
-            # What DdmqRedisMemoryHigh computes, from the proxy's /metrics.
-            await service.metrics.refresh()
+            # What DdmqRedisMemoryHigh computes, from the proxy's /metrics (as of the trimmer's reading).
+            assert service.retention is not None
+            await service.retention.measure()
             samples = {s.name: s.value for f in text_string_to_metric_families(service.metrics.render().decode())
                        for s in f.samples}
             assert samples["ddmq_redis_maxmemory_bytes"] == MAXMEMORY_MB * 1024 * 1024

@@ -33,7 +33,7 @@ from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json,
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 
 if TYPE_CHECKING:
-    from ddmq.proxy.service import ProxyService
+    from ddmq.proxy.servers.http.view import ProxyView
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def fit(items: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
 
 
 class OperatorApi:
-    def __init__(self, service: ProxyService, read_body: BodyReader) -> None:
+    def __init__(self, service: ProxyView, read_body: BodyReader) -> None:
         self._service = service
         self._read_body = read_body
         http = service.config.http

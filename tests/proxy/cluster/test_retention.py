@@ -21,8 +21,8 @@ from ddmq.protocol.producer import Producer
 from ddmq.protocol.status import group_status
 from tests.support import OrderChecker, produce_keyed
 
-from .conftest import running_proxy
-from .retention_support import consume, wait_for
+from ..conftest import running_proxy
+from ..retention_support import consume, wait_for
 
 #: Messages of the two-groups run (the issue's 200k, scaled to the CI budget; the bench row runs 1M),
 #: on a single Redis and on the Cluster.
