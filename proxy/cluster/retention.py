@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 MAX_STEPS_PER_ROUND = 50
 #: Stream sizes and Redis memory are read every this many seconds.
 MEASURE_EVERY_S = 5.0
+#: The trimmer's ERROR about a group it overtakes repeats at most this often (per queue and group).
+WARN_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class Retention:
         self.memory: RedisMemory | None = None
         self.sizes: dict[str, StreamSize] = {}
         self._held: set[tuple[str, int]] = set()
+        #: (topic, qid, group) -> (first offset removed since the last ERROR about it, when that was).
+        self._warned: dict[tuple[str, int, str], tuple[int, float]] = {}
         self._measured = 0.0
         self._task: asyncio.Task[None] | None = None
 
@@ -157,12 +161,14 @@ class Retention:
 
     async def _trim_queue(self, topic: str, qid: int, retention: RetentionConfig, groups: dict[str, int]) -> None:
         end = await self.broker.next_produce_offset(topic, qid) - 1
-        first = await trim.head(self.redis, topic, qid, retention.step if retention.max_age_s else 1)
+        first = await trim.head(self.redis, topic, qid)
         if not first:
             self.holders.pop((topic, qid), None)
             return
         head = first[0].offset
         now_ms = int(time.time() * 1000)
+        if retention.max_age_s is not None and first[0].produce_ms < now_ms - retention.max_age_s * 1000:
+            first = await trim.head(self.redis, topic, qid, retention.step)  # where the young ones begin
         readers = await trim.readers(self.redis, topic, qid, groups)
         floor, lowest = consumed_floor(readers, head, now_ms, retention.group_idle_after_s)
         if not retention.consumed:
@@ -199,11 +205,20 @@ class Retention:
         self.holders[topic, qid] = Holder(lowest.group, lowest.committed, end - lowest.committed + 1, oldest)
 
     def _warn_overtaken(self, topic: str, qid: int, readers: list[Reader], head: int, target: int) -> None:
+        """ERROR for each group whose unread offsets this trim removes: at once the first time, then at
+        most once a minute per queue and group, naming every offset removed since the last line."""
+        now = time.monotonic()
         for reader in readers:
             committed = reader.committed if reader.committed is not None else head
-            if committed < target:
-                log.error(
-                    "retention of %s#%d removes offsets %d..%d, which group %s has not consumed (it is at %d): "
-                    "they expire for it (a cap, or the group is idle)",
-                    topic, qid, max(head, committed), target - 1, reader.group, committed,
-                )
+            if committed >= target:
+                self._warned.pop((topic, qid, reader.group), None)
+                continue
+            since, at = self._warned.get((topic, qid, reader.group), (max(head, committed), -WARN_EVERY_S))
+            if now - at < WARN_EVERY_S:
+                continue
+            log.error(
+                "retention of %s#%d removes offsets %d..%d, which group %s has not consumed (it is at %d): "
+                "they expire for it (a cap, or the group is idle)",
+                topic, qid, since, target - 1, reader.group, committed,
+            )
+            self._warned[topic, qid, reader.group] = (target, now)

@@ -15,10 +15,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from ddmq.client.status import format_status
+from ddmq.config.schema import RetentionConfig
 from ddmq.protocol import keys
 from ddmq.protocol.connection import AsyncRedis, async_redis, sync_redis
 from ddmq.protocol.producer import Producer
 from ddmq.protocol.status import group_status
+from ddmq.proxy.cluster.retention import cap_floor, consumed_floor
+from ddmq.proxy.store.trim import QueueHead, Reader
 from tests.support import OrderChecker, produce_keyed
 
 from ..conftest import running_proxy
@@ -258,3 +261,32 @@ async def test_a_new_group_starts_where_the_queue_starts_and_lost_nothing(
         assert checker.deliveries == 60 and not checker.violations and checker.missing(produced) == {}
         assert sum(service.groups["fresh"].consumers["t"].expired.values()) == 0
     assert "lost offsets" not in caplog.text
+
+
+def test_the_floors_of_each_rule() -> None:
+    readers = [Reader("a", 50, 1_000), Reader("b", 20, 1_000), Reader("idle", 5, 0), Reader("new", None, 1_000)]
+    # The lowest position of the groups heard from within group_idle_after_s; a group without an offset
+    # holds the queue at its head.
+    assert consumed_floor(readers[:3], head=1, now_ms=2_000, idle_after_s=None) == (5, readers[2])
+    assert consumed_floor(readers[:3], head=1, now_ms=2_000, idle_after_s=1) == (20, readers[1])
+    assert consumed_floor(readers, head=3, now_ms=2_000, idle_after_s=1)[0] == 3
+    assert consumed_floor([], head=7, now_ms=0, idle_after_s=None) == (7, None)
+    entries = [QueueHead(offset, produce_ms) for offset, produce_ms in [(10, 100), (11, 200), (12, 900)]]
+    assert cap_floor(RetentionConfig(), 100, entries, 1_000) == 0
+    assert cap_floor(RetentionConfig(max_len=30), 100, entries, 1_000) == 71
+    assert cap_floor(RetentionConfig(max_age_s=1), 100, entries, 1_150) == 11  # 10 is older than 1 s
+    assert cap_floor(RetentionConfig(max_age_s=1), 100, entries, 5_000) == 13  # all of them are
+    assert cap_floor(RetentionConfig(max_age_s=1, max_len=95), 100, entries, 1_150) == 11
+
+
+async def test_max_age_removes_what_is_older_and_keeps_the_rest(redis_url: str, redis_client: aioredis.Redis) -> None:
+    topics = {"t": {"queues": 1, "retention": {**FAST_RETENTION, "max_age_s": 3}}}
+    async with running_proxy(redis_url, queues=1, groups={}, topics=topics):
+        await asyncio.to_thread(produce_keyed, redis_url, 100, {}, random.Random(8), keys=5)
+        await asyncio.sleep(3.2)
+        await asyncio.to_thread(produce_keyed, redis_url, 100, {}, random.Random(9), keys=5)
+
+        async def aged_out() -> bool:
+            return await head(redis_client, 0) == 101
+        await wait_for(aged_out, timeout_s=2.5, what="the old entries removed")
+        assert await redis_client.xlen(keys.stream("t", 0)) == 100
