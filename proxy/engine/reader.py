@@ -143,6 +143,11 @@ class QueueReader:
         """Offsets ``first..last`` are missing from the stream: trimmed before this group read them,
         unless they are the ones a rollback's raised sequence skipped (they never existed)."""
         consumer = self.consumer
+        if self.tracker.fresh and self.tracker.last_read is None:
+            # The group had no offset here: a trim that ran while it started took what it never had.
+            log.info("%s/%s#%d: starts at offset %d (%d..%d trimmed as the group started)", consumer.group,
+                     consumer.topic, self.qid, last + 1, first, last)
+            return
         skipped = consumer.take_gap(self.qid)
         if skipped is not None and skipped >= first:
             if skipped >= last:
