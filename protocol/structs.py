@@ -136,6 +136,8 @@ if TYPE_CHECKING:
         owners: dict[str, str] | None
         leaseTtlMs: dict[str, int] | None
         leaseTerms: dict[str, int] | None
+        expired: dict[str, int] | None
+        expiredLast: dict[str, str] | None
 
         def __init__(
             self,
@@ -146,6 +148,8 @@ if TYPE_CHECKING:
             owners: dict[str, str] | None = None,
             leaseTtlMs: dict[str, int] | None = None,
             leaseTerms: dict[str, int] | None = None,
+            expired: dict[str, int] | None = None,
+            expiredLast: dict[str, str] | None = None,
         ) -> None: ...
 
     class FetchRequest(TPayload):

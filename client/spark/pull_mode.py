@@ -44,6 +44,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from ddmq.client.spark.options import SourceOptions
+from ddmq.client.spark.queue_mode import DataLossError
 from ddmq.client.spark.rows import to_record_batch
 from ddmq.client.thrift_client import ProxyClient, ProxyClientError, ProxyConnectionError
 from ddmq.protocol.wire import ConsumeStatsRequest, LeaseAck, PullRequest
@@ -171,6 +172,8 @@ class _Proxies:
         self.answered: list[int] = list(range(len(options.servers)))
         #: The longest queue lease time left that the last ``positions()`` saw, in seconds.
         self.lease_ttl_s = 0.0
+        #: ``"topic#qid"`` -> (entries the group lost, the latest range), as the last ``positions()`` saw.
+        self.expired: dict[str, tuple[int, str]] = {}
 
     def client(self, server: tuple[str, int]) -> ProxyClient:
         client = self._clients.get(server)
@@ -184,6 +187,7 @@ class _Proxies:
         errors = []
         answered = []
         lease_ttl_s = 0.0
+        expired: dict[str, tuple[int, str]] = {}
         for number, server in enumerate(self.options.servers):
             try:
                 rows = self.client(server).get_consume_stats(
@@ -195,6 +199,10 @@ class _Proxies:
             answered.append(number)
             for row in rows:
                 lease_ttl_s = max(lease_ttl_s, max((row.leaseTtlMs or {}).values(), default=0) / 1000)
+                for qid, count in (row.expired or {}).items():
+                    queue = f"{row.topic}#{qid}"
+                    if count > expired.get(queue, (0, ""))[0]:
+                        expired[queue] = (count, (row.expiredLast or {}).get(qid, "?"))
                 produce = row.produceOffsets or {}
                 for qid, consume in (row.consumeOffsets or {}).items():
                     key = (row.topic or "", qid)
@@ -206,6 +214,7 @@ class _Proxies:
             log.warning("planning without the proxies that did not answer: %s", "; ".join(errors))
         self.answered = answered
         self.lease_ttl_s = lease_ttl_s
+        self.expired = expired
         return merged
 
     def ack_leases(self, server: int, lease_ids: list[str]) -> bool:
@@ -240,6 +249,8 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_consumed: int | None = None
         self._idle_batches = 0
         self._idle_since: float | None = None
+        #: ``"topic#qid"`` -> entries the group had lost when this query last looked (None: not yet).
+        self._expired_seen: dict[str, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -269,7 +280,9 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         seq = int(start["seq"])
         self._ack_through(seq)  # every batch up to `start` is in Spark's commit log by now
-        if self._has_backlog():
+        backlog = self._has_backlog()
+        expired = self._check_data_loss(start)
+        if backlog:
             parts = self.options.num_partitions
             max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             return {
@@ -280,10 +293,36 @@ class PullStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # The proxies that answered while planning: the batch's leases go to them only, and the
                 # offset keeps the choice so that a rerun pulls every lease from the same proxy.
                 "servers": list(self.proxies.answered),
+                # What the group had lost so far: a restart from this offset reports only later losses.
+                "expired": expired,
             }
         if not start.get("flush", True):
-            return {"seq": seq + 1, "flush": True, "parts": 0, "rows": 0}
+            return {"seq": seq + 1, "flush": True, "parts": 0, "rows": 0, "expired": expired}
         return start
+
+    def _check_data_loss(self, start: dict[str, Any]) -> dict[str, int]:
+        """``failOnDataLoss`` in pull mode: the proxies count the entries their group never received
+        (trimmed before it read them); a count above what the query's offsets recorded fails the query,
+        or, with ``failOnDataLoss=false``, is logged and recorded. A query without a recorded count
+        starts from none: the group is the query's consumer, and what it lost before the query's first
+        batch the query never saw either."""
+        seen = self._expired_seen
+        if seen is None:
+            recorded = start.get("expired")
+            seen = {str(queue): int(count) for queue, count in recorded.items()} if isinstance(recorded, dict) else {}
+        for queue, (count, latest) in sorted(self.proxies.expired.items()):
+            lost = count - seen.get(queue, 0)
+            if lost <= 0:
+                continue
+            what = (f"ddmq: group {self.options.group} lost {lost} message(s) of {queue} (the latest offsets "
+                    f"{latest}): trimmed from Redis (a retention cap, an idle group or a producer's maxlen) "
+                    "before the group read them")
+            if self.options.fail_on_data_loss:
+                raise DataLossError(f"{what}. Set the option failOnDataLoss=false to go on")
+            log.warning("%s; going on (failOnDataLoss=false)", what)
+            seen[queue] = count
+        self._expired_seen = seen
+        return dict(seen)
 
     def _has_backlog(self) -> bool:
         positions = self.proxies.positions()

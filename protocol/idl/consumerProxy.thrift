@@ -113,6 +113,10 @@ struct ConsumeStats {
     21: optional map<string, i64> leaseTtlMs;
     /* The lease's term (the fencing token; it grows with every change of owner). */
     22: optional map<string, i64> leaseTerms;
+    /* Entries the group never received: trimmed from Redis before it read them (a retention cap, an
+       idle group, a producer's maxlen). Only queues with such a loss; the latest range as "first..last". */
+    23: optional map<string, i64> expired;
+    24: optional map<string, string> expiredLast;
 }
 
 struct FetchRequest {

@@ -32,6 +32,7 @@ from ddmq.proxy.core.types import (
 from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY
 from ddmq.proxy.groups.group import TopicConsumer
 from ddmq.proxy.groups.registry import GroupRegistry
+from ddmq.proxy.store.trim import expired_records
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,8 @@ class ConsumeApi:
             *(leases.holder(consumer.group, consumer.topic, qid) for qid in range(consumer.queues))
         )
         live = [(str(qid), holder) for qid, holder in enumerate(holders) if holder is not None]
+        lost = [(str(qid), record) for qid, record in enumerate(
+            await expired_records(broker.redis, consumer.group, consumer.topic, consumer.queues)) if record.count]
         return ConsumeStatsRow(
             consumer.group,
             consumer.topic,
@@ -235,6 +238,8 @@ class ConsumeApi:
             owners={qid: holder.owner for qid, holder in live},
             lease_ttl_ms={qid: holder.expires_in_ms for qid, holder in live},
             lease_terms={qid: holder.term for qid, holder in live},
+            expired={qid: record.count for qid, record in lost},
+            expired_last={qid: f"{record.first}..{record.last}" for qid, record in lost},
         )
 
 

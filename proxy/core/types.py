@@ -106,3 +106,7 @@ class ConsumeStatsRow(NamedTuple):
     owners: dict[str, str] = {}
     lease_ttl_ms: dict[str, int] = {}
     lease_terms: dict[str, int] = {}
+    #: Per qid where the group lost entries (trimmed before it read them): how many, and the latest
+    #: range as ``"first..last"``.
+    expired: dict[str, int] = {}
+    expired_last: dict[str, str] = {}

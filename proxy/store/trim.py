@@ -122,14 +122,23 @@ async def record_expired(redis: AsyncRedis, group: str, topic: str, qid: int, fi
                                      [first, last, int(time.time() * 1000)]))
 
 
-async def expired_counts(redis: AsyncRedis, group: str, topic: str, queues: int) -> list[int]:
-    """Per qid: entries counted as expired for ``group``."""
+class Expired(NamedTuple):
+    """What a group lost of one queue: how many entries in all, and the latest range (0, 0 when none)."""
+
+    count: int
+    first: int
+    last: int
+
+
+async def expired_records(redis: AsyncRedis, group: str, topic: str, queues: int) -> list[Expired]:
+    """Per qid: the entries counted as expired for ``group``."""
     with map_redis_errors(f"reading expired counts of {group}/{topic}"):
         async with redis.pipeline(transaction=False) as pipe:
             for qid in range(queues):
-                pipe.hget(keys.expired(group, topic, qid), "count")
+                pipe.hmget(keys.expired(group, topic, qid), "count", "first", "last")
             raws = await pipe.execute()
-    return [int(raw or 0) for raw in raws]
+    return [Expired(*(int(value or 0) for value in raw)) for raw in raws]
+
 
 
 class RedisMemory(NamedTuple):

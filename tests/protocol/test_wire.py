@@ -85,6 +85,8 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         20: (MAP, "owners", "optional", (STRING, STRING)),
         21: (MAP, "leaseTtlMs", "optional", (STRING, I64)),
         22: (MAP, "leaseTerms", "optional", (STRING, I64)),
+        23: (MAP, "expired", "optional", (STRING, I64)),
+        24: (MAP, "expiredLast", "optional", (STRING, STRING)),
     },
     "FetchRequest": {
         1: (STRING, "consumerId", "required", None),

@@ -159,6 +159,8 @@ class ThriftHandler:
                 owners=dict(row.owners),
                 leaseTtlMs=dict(row.lease_ttl_ms),
                 leaseTerms=dict(row.lease_terms),
+                expired=dict(row.expired) or None,
+                expiredLast=dict(row.expired_last) or None,
             )
             for row in rows
         ]
