@@ -184,7 +184,9 @@ class KeyParking:
             state = _state(job)
             rows.append({
                 "key": key, "qid": job.qid, "state": state, "head_offset": job.offset, "attempts": job.attempts,
-                "reason": job.last_error or (record.reason if record is not None else None) or None,
+                # an action may note an error and go on (a body that is not JSON): only a stuck head's counts
+                "reason": (job.last_error if state in ("parked", "failing") else None)
+                or (record.reason if record is not None else None),
                 "waiting": self._chain_length(order_key) - 1,
                 "parked_by": record.parked_by if record is not None and state == "parked" else None,
                 "parked_at_ms": record.parked_at_ms if record is not None and state == "parked" else None,
