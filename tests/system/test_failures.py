@@ -295,7 +295,7 @@ async def test_park_holds_a_key_across_a_kill_and_a_lease_handoff(adapter: str, 
             assert keys["keys"][0]["state"] == "parked" and keys["keys"][0]["waiting"] == 1
             status, acted = await admin(taker.http_port, "POST", "/admin/groups/g/topics/t/keys/resume",
                                         {"key": "rider-1"})
-            assert status == 200
+            assert status == 200 and acted["applied"] == [{"qid": 1, "state": "waiting"}]
             rest = await drain(client, 2, ack)
             assert [m.value for m in rest] == ["call", "pickup"]
     finally:
