@@ -213,8 +213,30 @@ async def test_a_released_message_counts_no_attempt(adapter: str, redis_url: str
                     results.append(ack(m))
         await submit(client, results)
         assert got.index("first") < got.index("second") and released == 10
+        # a release or an extension of a message not in flight to the group is ignored and counted
+        await submit(client, [Verbs(0, release=[1, 99]), Verbs(1, extend=[1])])
         stats = service.groups["g"].buffer.stats
         assert stats.dead_lettered == 0 and stats.released == 10 and stats.failed == 0
+        assert stats.ignored_verbs == 3 and stats.extended == 0
+
+
+async def test_a_client_without_the_new_fields_sees_todays_behaviour(adapter: str, redis_url: str) -> None:
+    config = {"order_key": "KEY", "max_retry": 1, "retry_intervals_ms": [300], "on_exhausted": "dead_letter"}
+    async with proxy(adapter, redis_url, config) as (service, client):
+        produce(redis_url, [("k", "a"), ("k", "b")])
+        [m] = await pull(client, linger_ms=2000)
+        loop = asyncio.get_running_loop()
+        failed_at = loop.time()
+        assert await pull(client, [Verbs(m.qid, fail=[m.offset])]) == []
+        [again] = await pull(client, linger_ms=2000)
+        assert again.offset == m.offset and loop.time() - failed_at >= 0.3  # the group's retry interval
+        [n] = await pull(client, [Verbs(m.qid, fail=[m.offset])], linger_ms=2000)  # past max_retry: moves on
+        assert n.value == "b"
+        await submit(client, [ack(n)])
+        status, letters = await admin(service.http_port, "GET", "/admin/groups/g/topics/t/dead-letters")
+        assert [(e["value_text"], e["error"]) for e in letters["entries"]] == [("a", "client reported failure")]
+        stats = service.groups["g"].buffer.stats
+        assert (stats.released, stats.extended, stats.ignored_verbs) == (0, 0, 0)
 
 
 # park ----------------------------------------------------------------------------------------------
