@@ -38,6 +38,8 @@ SEQUENCED: Final = "sequenced"
 
 _PARKED = JobState.PARKED
 _IN_FLIGHT = JobState.IN_FLIGHT
+#: States of a head the pull buffer holds (an action may take it out of delivery).
+_SETTLED = frozenset({JobState.READY, JobState.IN_FLIGHT, JobState.RETRY_WAIT, JobState.PARKED})
 
 
 def key_text(order_key: Hashable) -> str:
@@ -142,6 +144,10 @@ class KeyParking:
             if qid is not None and q != qid:
                 continue
             job = heads.get((q, key))
+            if job is not None and job.state not in _SETTLED:
+                # between the key gate and the pull buffer (its chain runs next): act on it when it
+                # arrives, through the record, as on a key with nothing read yet
+                job = None
             record = self.records.get(q, {}).get(key)
             if job is None and record is None and not (action == "park" and qid == q):
                 continue

@@ -234,6 +234,7 @@ async def test_a_client_without_the_new_fields_sees_todays_behaviour(adapter: st
         assert n.value == "b"
         await submit(client, [ack(n)])
         status, letters = await admin(service.http_port, "GET", "/admin/groups/g/topics/t/dead-letters")
+        assert status == 200
         assert [(e["value_text"], e["error"]) for e in letters["entries"]] == [("a", "client reported failure")]
         stats = service.groups["g"].buffer.stats
         assert (stats.released, stats.extended, stats.ignored_verbs) == (0, 0, 0)
