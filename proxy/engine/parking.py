@@ -167,6 +167,10 @@ class KeyParking:
                     self._forget(record)
                 if job is not None:
                     self._buffer.drop_head(job, f"skipped by {by}")
+                    # the key's state once the dead-letter write (under way) lets its next message go
+                    successor = job.next
+                    applied.append({"qid": q, "state": _state(successor) if successor is not None else "idle"})
+                    continue
             applied.append({"qid": q, "state": self.state_of(q, key)})
         return applied
 

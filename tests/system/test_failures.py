@@ -23,6 +23,7 @@ import redis.asyncio
 
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import keys, wire
+from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
 from ddmq.proxy.service import ProxyService
@@ -325,6 +326,25 @@ async def test_park_holds_a_key_across_a_kill_and_a_lease_handoff(adapter: str, 
         process.stop()
 
 
+async def test_any_proxy_shows_and_acts_on_a_key_another_proxy_holds(adapter: str, redis_url: str) -> None:
+    config = _rides_config("park")
+    leases = {"ttl_ms": 1000, "renew_ms": 200}
+    async with proxy(adapter, redis_url, config, queues=2, instance_id="a", leases=leases) as (a, client_a), \
+            proxy(adapter, redis_url, config, queues=2, instance_id="b", leases=leases) as (b, client_b):
+        await _wait_split(a, b)
+        holder, other = (client_a, b) if 1 in a.groups["g"].consumers["t"].held else (client_b, a)
+        key = next(f"rider-{i}" for i in range(100) if queue_for_key(f"rider-{i}", 2) == 1)
+        produce(redis_url, [(key, "call"), (key, "pickup")])
+        await drain(holder, 2, lambda m: Verbs(m.qid, fail=[m.offset]))  # twice: parked
+        keys_url = "/admin/groups/g/topics/t/keys"
+        status, keys = await admin(other.http_port, "GET", keys_url + "?state=parked")
+        assert status == 200 and [(r["key"], r["qid"], r["waiting"]) for r in keys["keys"]] == [(key, 1, 1)]
+        status, acted = await admin(other.http_port, "POST", keys_url + "/skip", {"key": key, "by": "bob"})
+        assert status == 200 and acted["applied"] == [{"qid": 1, "state": "waiting"}]
+        rest = await drain(holder, 1, ack)
+        assert [m.value for m in rest] == ["pickup"]
+
+
 # dead_letter_key -----------------------------------------------------------------------------------
 
 
@@ -406,6 +426,15 @@ async def _wait_parked(redis_url: str, key: str) -> None:
                 return
             await asyncio.sleep(0.05)
     raise AssertionError(f"{key} not parked in Redis")
+
+
+async def _wait_split(a: ProxyService, b: ProxyService) -> None:
+    for _ in range(400):
+        held = [a.groups["g"].consumers["t"].held, b.groups["g"].consumers["t"].held]
+        if len(held[0]) == len(held[1]) == 1:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the two proxies did not split the queues")
 
 
 async def _wait_held(service: ProxyService, queues: int) -> None:
