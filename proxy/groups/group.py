@@ -98,6 +98,9 @@ class TopicConsumer:
         self.parking = KeyParking(
             buffer, ParkStore(broker.redis, group, topic), self.blocking_queue.heads, self.blocking_queue.chain_length
         )
+        #: The parking's records (the same dict): read by the pull buffer for every job it gets, so an
+        #: attribute rather than a property.
+        self.key_records = self.parking.records
 
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
@@ -123,10 +126,6 @@ class TopicConsumer:
 
     def pull_only(self, job: UpstreamJob) -> bool:
         return job.index == self._last_action
-
-    @property
-    def key_records(self) -> dict[int, object]:
-        return self.parking.records  # type: ignore[return-value]
 
     def arrived(self, job: UpstreamJob) -> str | None:
         return self.parking.arrived(job)
