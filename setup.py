@@ -28,6 +28,7 @@ COMPILED = [
     "proxy/engine/ordering.py",
     "proxy/cluster/ownership.py",
     "proxy/engine/pull_buffer.py",
+    "proxy/engine/runs.py",
     "proxy/engine/redelivery.py",
     "proxy/core/types.py",
     "actions/order.py",
