@@ -43,9 +43,10 @@ from ddmq.protocol.pull_codec import (
     UTF8_MAX_BYTES,
 )
 from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
+from ddmq.proxy.engine.holds import HoldBuffer
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.redelivery import BufferStats, Redelivery
-from ddmq.proxy.engine.runs import RunBuffer, _log_alone
+from ddmq.proxy.engine.runs import _log_alone
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class _Waiter:
     reply: ReplySize = THRIFT_REPLY
 
 
-class PullBuffer(RunBuffer):
+class PullBuffer(HoldBuffer):
     def __init__(self, group: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.group = group
         #: Per queue; :attr:`stats` sums them. A queue's entry lives as long as the buffer.
@@ -131,35 +132,6 @@ class PullBuffer(RunBuffer):
                 self.redelivery.dead_letter(job, held)
             return
         self._make_ready(job)
-
-    # parking (engine/parking.py) ---------------------------------------------------------------
-
-    def hold(self, job: UpstreamJob) -> None:
-        """Take head ``job`` out of delivery (to park it): off the wheel or the ready line, its run's
-        later members back in their key chain."""
-        if job.state is _IN_FLIGHT:
-            self.redelivery.unwatch(job)
-            self._return_run(job)
-        elif job.state is _READY:
-            self._unready(job)
-        job.state = JobState.PARKED
-
-    def unhold(self, job: UpstreamJob) -> None:
-        """Deliver held or failing head ``job`` again now."""
-        if job.state is _READY:
-            self._unready(job)
-        self._make_ready(job)
-
-    def drop_head(self, job: UpstreamJob, reason: str) -> None:
-        """Dead-letter head ``job`` now (an operator's skip); its key moves on once it is written."""
-        self.hold(job)
-        self.redelivery.dead_letter(job, reason)
-
-    def _unready(self, job: UpstreamJob) -> None:
-        ready = self._ready.get(job.queue)
-        if ready is not None and job in ready:
-            ready.remove(job)  # an operator's action: O(n) once, not on the delivery path
-            self._ready_count -= 1
 
     def _make_ready(self, job: UpstreamJob) -> None:
         job.state = _READY
@@ -381,41 +353,6 @@ class PullBuffer(RunBuffer):
             self.redelivery.unwatch(job)
             self._return_run(job)
             self.redelivery.failed_attempt(job, reason, retry_after_ms)
-
-    def release(self, queue: QueueId, offsets: Iterable[int]) -> None:
-        """Messages given back unprocessed: each waits again as its key's head (first of its key),
-        with this delivery's attempt uncounted; the rest of its run waits behind it."""
-        stats = self.queue_stats[queue]
-        for offset in offsets:
-            job = self._jobs.get(queue, {}).get(offset)
-            if job is None and queue in self._runs:
-                job = self._run_head(queue, offset)
-                if job is None and (member := self._runs[queue].get(offset)) is not None:
-                    stats.released += 1
-                    self._put_back(member)  # behind its run's unfinished head, uncounted
-                    continue
-            if job is None or job.state is not _IN_FLIGHT:
-                stats.ignored_verbs += 1
-                continue
-            stats.released += 1
-            self.redelivery.unwatch(job)
-            self._return_run(job)
-            job.attempts -= 1
-            self._make_ready(job)
-
-    def extend(self, queue: QueueId, offsets: Iterable[int]) -> None:
-        """Messages still being worked on: each one's deadline restarts (``timeout_ms`` from now), at
-        most ``max_extensions`` times per delivery."""
-        stats = self.queue_stats[queue]
-        for offset in offsets:
-            job = self.job(queue, offset)
-            if job is None or job.state is not _IN_FLIGHT or job.extensions >= job.consumer.config.max_extensions:
-                stats.ignored_verbs += 1
-                continue
-            job.extensions += 1
-            stats.extended += 1
-            self.redelivery.unwatch(job)
-            self.redelivery.watch((job,), job.consumer.config.timeout_ms)
 
     def _timed_out(self, job: UpstreamJob) -> bool:
         """In-flight ``job`` passed its deadline: a failed attempt, its run's later members returned.
