@@ -10,7 +10,14 @@
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, NotProcessed, PullConsumer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError, PullError
 from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol.producer import AsyncProducer, DeliveryError, OutgoingMessage, Producer, SendResult
+from ddmq.protocol.producer import (
+    AsyncProducer,
+    DeliveryError,
+    OutgoingMessage,
+    Producer,
+    RedisFullError,
+    SendResult,
+)
 from ddmq.protocol.queues import ProduceError
 
 __all__ = [
@@ -27,6 +34,7 @@ __all__ = [
     "ProxyClientError",
     "PullConsumer",
     "PullError",
+    "RedisFullError",
     "SendResult",
     "queue_for_key",
 ]

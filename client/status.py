@@ -9,7 +9,9 @@ command fails (status 1) on a group that is neither, and on a ``--topic`` that d
 time lag is the age of the first message the group has not finished (``?`` when that entry is gone
 from the stream). A member whose last heartbeat is older than
 ``--member-ttl-ms`` (the proxies' ``leases.ttl_ms``) is shown as expired: its proxy stopped without
-leaving the group, and the others have already taken or will take its queues.
+leaving the group, and the others have already taken or will take its queues. ``stored`` is what
+the queue holds in Redis now, ``expired`` what the group never received because it was trimmed first
+(docs/retention.md); below the table, the group holding each topic's retention back, and Redis memory.
 """
 
 from __future__ import annotations
@@ -41,14 +43,14 @@ def format_status(status: GroupStatus) -> str:
     lines = [f"group {status.group}: {members}"]
     lines.append(
         f"{'topic':<20} {'qid':>4} {'owner':<24} {'term':>5} {'lease ms':>9} "
-        f"{'committed':>10} {'produced':>10} {'lag':>8} {'time lag':>9} {'rollbacks':>9}"
+        f"{'committed':>10} {'produced':>10} {'lag':>8} {'time lag':>9} {'rollbacks':>9} {'stored':>8} {'expired':>8}"
     )
     for row in status.queues:
         lines.append(
             f"{row.topic:<20} {row.qid:>4} {row.owner or '-':<24} {row.term or '-':>5} "
             f"{row.lease_expires_in_ms if row.lease_expires_in_ms is not None else '-':>9} "
             f"{row.committed if row.committed is not None else '-':>10} {row.produced:>10} {row.lag:>8} "
-            f"{_age(row.lag_ms):>9} {row.rollbacks:>9}"
+            f"{_age(row.lag_ms):>9} {row.rollbacks:>9} {row.stored:>8} {row.expired:>8}"
         )
     rolled = [row for row in status.queues if row.last_rollback_ms]
     if rolled:
@@ -56,9 +58,27 @@ def format_status(status: GroupStatus) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((last.last_rollback_ms or 0) / 1000))
         lines.append(f"Redis rolled back under {len(rolled)} queue(s), last under {last.topic}#{last.qid} at {when}: "
                      "messages it lost are lost; see the proxy's log")
+    lost = [row for row in status.queues if row.expired]
+    if lost:
+        lines.append(f"EXPIRED: {sum(row.expired for row in lost)} message(s) of {len(lost)} queue(s) were trimmed "
+                     "before the group read them (retention cap, idle group or a producer's maxlen)")
+    now = int(time.time() * 1000)
+    for holder in status.retention:
+        age = _age(max(0, now - holder.oldest_ms) if holder.oldest_ms is not None else None)
+        lines.append(f"retention of {holder.topic}: held back by group {holder.group}, "
+                     f"{holder.retained} message(s) kept for it, oldest {age}")
+    if status.maxmemory:
+        lines.append(f"redis memory: {_mb(status.used_memory)} of maxmemory {_mb(status.maxmemory)} "
+                     f"({100 * status.used_memory / status.maxmemory:.0f}%)")
+    else:
+        lines.append(f"redis memory: {_mb(status.used_memory)} (no maxmemory)")
     if not status.queues:
         lines.append("(no queues: the group has not consumed any topic yet)")
     return "\n".join(lines)
+
+
+def _mb(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
 
 
 def _age(ms: int | None) -> str:
@@ -77,7 +97,8 @@ def _age(ms: int | None) -> str:
 
 def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
-        "status", help="owners, lease expiry, committed and produced offsets, lag in messages and time, rollbacks",
+        "status", help="owners, lease expiry, committed and produced offsets, lag in messages and time, rollbacks, "
+        "stored and expired messages, who holds the retention back, Redis memory",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     clitools.env_option(

@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "DeliveryError",
     "MessageTooLargeError",
+    "RedisFullError",
     "RetryPolicy",
     "WrittenMessage",
     "is_retriable",
@@ -66,6 +67,13 @@ _RETRIABLE_TEXT = (
     OUT_OF_ORDER, "command not allowed when used memory", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN",
     "TRYAGAIN", "MOVED", "ASK ", "BUSY",
 )
+
+
+def is_redis_full(exc: BaseException | None) -> bool:
+    """Whether Redis refused a write because ``used_memory`` is past ``maxmemory`` (policy noeviction)."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
+        isinstance(exc, redis.exceptions.ResponseError) and "command not allowed when used memory" in str(exc)
+    )
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -167,3 +175,9 @@ def _ranges(written: Sequence[WrittenMessage]) -> str:
             prev = offset
         parts.append(f"queue {qid} offsets {','.join(runs)}")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+class RedisFullError(DeliveryError):
+    """A send gave up because Redis stayed full (``maxmemory`` reached, nothing evicted) until the
+    deadline. Retriable: the proxy's trims and the consumers' progress free memory, and the same send
+    succeeds once they have (docs/retention.md says how to size Redis)."""

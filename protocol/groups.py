@@ -86,13 +86,14 @@ def _group_topics(client: SyncRedis, group: str) -> dict[str, int]:
 def group_keys(topic: str, queues: int, group: str, with_dead_letters: bool = True,
                with_terms: bool = True) -> list[str]:
     """Every key of ``group`` under ``topic`` (per queue: committed offset, finished set, fetch position,
-    lease, lease term, rollbacks, replayed dead letters; per topic: the console's lag history, dead
-    letters and their claims)."""
+    lease, lease term, rollbacks, replayed dead letters, expired counts; per topic: the console's lag
+    history, dead letters and their claims)."""
     found = []
     for qid in range(queues):
         found += [keys.committed(group, topic, qid), keys.finished(group, topic, qid),
                   keys.fetch_position(group, topic, qid), keys.lease(group, topic, qid),
-                  keys.rollbacks(group, topic, qid), keys.replayed(group, topic, qid)]
+                  keys.rollbacks(group, topic, qid), keys.replayed(group, topic, qid),
+                  keys.expired(group, topic, qid)]
         if with_terms:
             found.append(keys.lease_term(group, topic, qid))
     found.append(keys.lag_history(group, topic))

@@ -24,6 +24,9 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:term:<g>``       string    group g's lease term counter (the fencing token source)
 ``ddmq:{<t>:<q>}:rollback:<g>``   hash      rollbacks of the queue group g's proxy detected: ``count``,
                                             ``at_ms``, ``read_upto``, ``stream_end``, ``owner``
+``ddmq:{<t>:<q>}:expired:<g>``    hash      entries group g never saw because they were trimmed first:
+                                            ``count``, ``first``, ``last`` (latest range), ``at_ms``
+``ddmq:{<t>:<q>}:trim``           string    the queue's trimmer: ``<owner>``, PX expiry
 ``ddmq:dlq:{<g>:<t>}``            stream    group g's dead letters for topic t
 ``ddmq:dlq:{<g>:<t>}:claimed``    stream    dead letters taken out for a replay under way (field
                                             ``dlq_id`` + the entry's fields) until produced
@@ -53,6 +56,7 @@ __all__ = [
     "dead_letter_claims",
     "dead_letters",
     "dedup_id",
+    "expired",
     "fetch_position",
     "finished",
     "group_topics",
@@ -74,6 +78,7 @@ __all__ = [
     "stream_id_after",
     "topic_meta",
     "topics",
+    "trimmer",
 ]
 
 PREFIX = "ddmq"
@@ -138,6 +143,14 @@ def lease_term(group: str, topic: str, qid: int) -> str:
 
 def rollbacks(group: str, topic: str, qid: int) -> str:
     return f"{_queue_tag(topic, qid)}:rollback:{group}"
+
+
+def expired(group: str, topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:expired:{group}"
+
+
+def trimmer(topic: str, qid: int) -> str:
+    return f"{_queue_tag(topic, qid)}:trim"
 
 
 #: How long a member may stay silent before the others drop it, unless ``leases.ttl_ms`` says otherwise;

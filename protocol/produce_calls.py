@@ -21,8 +21,10 @@ from ddmq.protocol import keys, stream_entry
 from ddmq.protocol.delivery import (
     DeliveryError,
     MessageTooLargeError,
+    RedisFullError,
     RetryPolicy,
     WrittenMessage,
+    is_redis_full,
     is_retriable,
 )
 from ddmq.protocol.hashing import queue_for_key
@@ -380,7 +382,11 @@ class Send:
             else:
                 unwritten += call.positions
         self.sequences.renew()
-        error = DeliveryError(
+        kind = DeliveryError
+        if is_redis_full(cause):
+            kind = RedisFullError
+            reason = f"Redis is full (used memory > maxmemory), retriable once memory is freed: {reason}"
+        error = kind(
             self.topic, reason, written, unwritten, unknown, self.retries, time.monotonic() - self.started
         )
         error.__cause__ = cause

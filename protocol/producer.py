@@ -55,6 +55,7 @@ from ddmq.protocol.delivery import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     DeliveryError,
     MessageTooLargeError,
+    RedisFullError,
     RetryPolicy,
 )
 from ddmq.protocol.produce_calls import (
@@ -87,6 +88,7 @@ __all__ = [
     "OutgoingMessage",
     "ProduceError",
     "Producer",
+    "RedisFullError",
     "SendResult",
     "TopicMismatchError",
     "ensure_topic",

@@ -226,8 +226,20 @@ return last
 """
 
 
+# With ``maxmemory`` reached (policy noeviction) Redis refuses "deny-oom" commands (SET, INCR, HSET,
+# ZADD, SADD, XADD...) and runs the rest (GET, DEL, PEXPIRE, XTRIM, XDEL...). A script is refused only
+# at its *first* write, when that write is deny-oom: once a script has written, Redis cannot stop it
+# half-way, so the rest of its writes run (Redis 6.2, and Redis 7 for scripts without a shebang). The
+# proxy's bookkeeping (leases, commits, heartbeats, the trimmer lease, expired counters) overwrites
+# values of a few bytes in place, so it may run under OOM: each of those scripts starts with this DEL
+# of a key that never exists, which is such a first write. The suffix keeps ``KEYS[1]``'s first
+# ``{...}``, so the key is in the script's slot on a Cluster. The producer's scripts start with a
+# deny-oom write and stay refused as a whole: producers get a retriable error until trims make room.
+OOM_PASS_LUA: Final = "redis.call('DEL', KEYS[1] .. ':oom-pass')\n"
+
+
 # KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
-LEASE_ACQUIRE_LUA: Final = """
+LEASE_ACQUIRE_LUA: Final = OOM_PASS_LUA + """
 local current = redis.call('GET', KEYS[1])
 if current then
   local owner = string.match(current, '^(.*) %d+$')
@@ -249,14 +261,14 @@ end
 """
 
 # KEYS: lease, term.  ARGV: token, ttl_ms.  1 = renewed, 0 = lost.
-LEASE_RENEW_LUA: Final = _HOLDS + """
+LEASE_RENEW_LUA: Final = OOM_PASS_LUA + _HOLDS + """
 if not holds() then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
 # KEYS: lease, term.  ARGV: token.  1 = released, 0 = it was not ours any more.
-LEASE_RELEASE_LUA: Final = _HOLDS + """
+LEASE_RELEASE_LUA: Final = OOM_PASS_LUA + _HOLDS + """
 if not holds() then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
@@ -266,12 +278,58 @@ return 1
 # ("" = none), then the reader's mark (n, ts, sha: see STREAM_INTACT_LUA).
 # 1 = written, 0 = fenced off, 2 = not written: the queue no longer holds what was read (a rollback),
 # so a commit point taken from what was read could skip messages written after the rollback.
-LEASE_COMMIT_LUA: Final = _HOLDS + STREAM_INTACT_LUA + """
+LEASE_COMMIT_LUA: Final = OOM_PASS_LUA + _HOLDS + STREAM_INTACT_LUA + """
 if not holds() then return 0 end
 if not stream_intact(KEYS[5], KEYS[6], tonumber(ARGV[4]), ARGV[5], ARGV[6]) then return 2 end
 redis.call('SET', KEYS[3], ARGV[2])
 if ARGV[3] == '' then redis.call('DEL', KEYS[4]) else redis.call('SET', KEYS[4], ARGV[3]) end
 return 1
+"""
+
+
+# KEYS: members, group topics.  ARGV: instance id, now (ms), oldest live heartbeat (ms), topic ('' =
+# none). Returns the live members. One slot (the group's hash tag); runs while Redis is full, so a full
+# Redis never makes the others think this proxy left.
+HEARTBEAT_LUA: Final = OOM_PASS_LUA + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[4], ARGV[2]) end
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+
+# KEYS: the group registry.  ARGV: group.  SADD only when missing: a full Redis refuses SADD even of a
+# member that is there, and the registry must not cost a heartbeat.
+REGISTER_GROUP_LUA: Final = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then redis.call('SADD', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+# KEYS: a queue's trimmer lease.  ARGV: owner, ttl_ms.  1 = ours (taken or renewed), 0 = another's.
+TRIMMER_HOLD_LUA: Final = OOM_PASS_LUA + """
+local current = redis.call('GET', KEYS[1])
+if current and current ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: a queue's trimmer lease.  ARGV: owner.
+TRIMMER_DROP_LUA: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+# KEYS: a group's expired counters on a queue.  ARGV: first, last, now (ms). Counts the offsets of
+# first..last past the last one counted before (a queue's next owner may read the same gap again) and
+# returns how many.
+EXPIRED_RECORD_LUA: Final = OOM_PASS_LUA + """
+local first, last = tonumber(ARGV[1]), tonumber(ARGV[2])
+local counted = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
+if first <= counted then first = counted + 1 end
+if first > last then return 0 end
+redis.call('HINCRBY', KEYS[1], 'count', last - first + 1)
+redis.call('HSET', KEYS[1], 'first', first, 'last', last, 'at_ms', ARGV[3])
+return last - first + 1
 """
 
 

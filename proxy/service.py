@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-from ddmq.config.schema import ProxyConfig
+from ddmq.config.schema import ProxyConfig, RetentionConfig
 from ddmq.protocol.connection import (
     AsyncRedis,
     async_redis,
@@ -33,9 +33,11 @@ from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.commits import commit_periodically, flush_groups
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.cluster.retention import Retention
 from ddmq.proxy.core.errors import UnavailableError
 from ddmq.proxy.groups.changes import ConfigChange
 from ddmq.proxy.groups.registry import GroupRegistry, OverRegistry
+from ddmq.proxy.ops.memory import RetentionCollector
 from ddmq.proxy.ops.metrics import ProxyMetrics
 from ddmq.proxy.servers.clients import ClientTracker
 from ddmq.proxy.servers.exposure import exposure_warnings
@@ -66,6 +68,9 @@ class ProxyService(OverRegistry):
         self.http_port: int | None = None
         counters: Counter[str] = Counter()
         self.metrics = ProxyMetrics(self.registry, counters, self.server_stats)
+        #: The trimmer (docs/retention.md); its last figures feed /metrics.
+        self.retention: Retention | None = None
+        self.metrics.registry.register(RetentionCollector(self.registry, lambda: self.retention))
         #: The request surface; the servers hold views of it bound to their own limits.
         self.api = ConsumeApi(
             self.registry, RequestRules(config.thrift.max_linger_ms),
@@ -109,7 +114,8 @@ class ProxyService(OverRegistry):
 
     async def _start_embedded(self) -> None:
         embedded = self.config.embedded_redis
-        self._embedded = EmbeddedRedis(embedded.data_dir, port=embedded.port, executable=embedded.executable)
+        self._embedded = EmbeddedRedis(embedded.data_dir, port=embedded.port, executable=embedded.executable,
+                                       maxmemory_mb=embedded.maxmemory_mb)
         try:
             await asyncio.to_thread(self._embedded.start)
         except EmbeddedRedisError as exc:
@@ -141,6 +147,7 @@ class ProxyService(OverRegistry):
                                 lambda: self.groups.values()),
             name="offset-committer",
         )
+        self._start_retention()
         thrift = config.thrift
         self._thrift = ThriftServer(
             self.api.bound(RequestRules(thrift.max_linger_ms)),
@@ -171,6 +178,21 @@ class ProxyService(OverRegistry):
         )
         for warning in exposure_warnings(config):
             log.warning("%s", warning)
+
+    def _start_retention(self) -> None:
+        assert self.registry.broker is not None
+        interval_ms = min([t.retention.interval_ms for t in self.config.topics.values()] or [1000])
+        self.retention = Retention(self.registry.broker, self.config.instance_id, self.retained_topics, interval_ms)
+        self.retention.start()
+
+    def retained_topics(self) -> dict[str, tuple[int, RetentionConfig]]:
+        """topic -> (queues, retention) of the topics this proxy declares or consumes (queues known)."""
+        topics = {topic: (tc.queues, tc.retention) for topic, tc in self.config.topics.items()}
+        for group in self.groups.values():
+            for consumer in group.consumers.values():
+                if consumer.queues and consumer.topic not in topics:
+                    topics[consumer.topic] = (consumer.queues, RetentionConfig())
+        return topics
 
     async def close(self) -> None:
         """Graceful stop: stop reading, answer parked pulls, let clients ack for ``shutdown_grace_ms``,
@@ -209,6 +231,8 @@ class ProxyService(OverRegistry):
         if self._thrift is not None:
             await self._thrift.close()
         await self.registry.close()
+        if self.retention is not None:
+            await self.retention.close()
         if self._committer is not None and not self._committer.done():
             self._committer.cancel()
             await asyncio.gather(self._committer, return_exceptions=True)

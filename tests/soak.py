@@ -414,7 +414,10 @@ class Soak:
         for i in range(1, self.config.proxies + 1):
             name = f"proxy-{i}"
             self.proxies[name] = self._proxy_runs.enter_context(ProxyRun(
-                self.url, groups={GROUP: {TOPIC: GROUP_CONFIG}}, topics={TOPIC: {"queues": QUEUES}},
+                # The producer finds what a failed batch wrote by reading the streams' tails back, so
+                # consumed entries stay (no consumed trim).
+                self.url, groups={GROUP: {TOPIC: GROUP_CONFIG}},
+                topics={TOPIC: {"queues": QUEUES, "retention": {"consumed": False}}},
                 instance_id=name, leases=LEASES, commit_interval_ms=COMMIT_INTERVAL_MS,
                 audit_log=str(self.folder / f"{name}.reads.jsonl"),
             ))

@@ -1,4 +1,4 @@
-"""The scenarios P1-P6 (and P1c, P1 on a Redis Cluster; P1h, a few hot keys), by id, in the order they run.
+"""The scenarios P1-P6 and R1 (and P1c, P1 on a Redis Cluster; P1h, a few hot keys), by id, in the order they run.
 
 A scenario is a function ``(Settings) -> list[Row]`` that starts its own Redis and proxy, runs its
 loads, stops both and returns its rows (P1 returns three: KEY, JSONPath and QID order keys).
@@ -14,6 +14,7 @@ from bench.scenarios.base import Settings
 from bench.scenarios.failover import failover
 from bench.scenarios.latency import latency
 from bench.scenarios.memory import memory
+from bench.scenarios.retention import retention_memory
 from bench.scenarios.spark import spark
 from bench.scenarios.throughput import cluster_throughput, hot_keys, isolation, isolation_parked, throughput
 from bench.scenarios.work import key_parallel_work
@@ -41,6 +42,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("P3", "key-parallel work, 100 in flight", key_parallel_work),
         Scenario("P4", "latency produce -> client, vs XREAD BLOCK", latency),
         Scenario("P5", "proxy RSS under a large backlog", memory),
+        Scenario("R1", "Redis memory and proxy RSS under a sustained produce + consume, default retention",
+                 retention_memory),
         Scenario("P6", "failover: kill -9 and graceful moves, redelivery with/without persisted completions",
                  failover),
         Scenario("S1", "Spark availableNow -> parquet via format(\"ddmq\") pull/queue, vs an in-memory source", spark),

@@ -43,6 +43,10 @@ class SourceOptions:
     #: driver, before acking the leases up to offset ``seq`` N, creates ``ack-N.wait`` there and waits
     #: (up to two minutes) until ``ack-N.go`` exists.
     ack_gate: str | None = None
+    #: Kafka's ``failOnDataLoss``: when offsets of a range are gone from Redis (trimmed by a retention
+    #: cap or a producer's maxlen before the query read them), fail the query naming them (True), or
+    #: log them and go on (False).
+    fail_on_data_loss: bool = True
 
     def server(self, index: int) -> tuple[str, int]:
         """The server partition ``index`` talks to (partitions are spread round-robin)."""
@@ -119,4 +123,14 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_messages=_int(options, "maxMessages", None, 1),
         timeout_s=timeout_s,
         ack_gate=_get(options, "testAckGate") or None,
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
     )
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    raise ValueError(f"ddmq option {name}={raw!r}: expected true or false")

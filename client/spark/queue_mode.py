@@ -30,7 +30,7 @@ from ddmq.client.spark.rows import to_record_batch
 from ddmq.client.thrift_client import ProxyClient, ProxyClientError
 from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest
 
-__all__ = ["Positions", "QueueBatchReader", "QueuePartition", "QueueStreamReader", "read_range"]
+__all__ = ["DataLossError", "Positions", "QueueBatchReader", "QueuePartition", "QueueStreamReader", "read_range"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,19 @@ Positions = dict[str, dict[str, int]]
 _CLUSTER = "spark"
 #: A partition goes on trying the servers, round after round, for at least this long.
 _RETRY_FOR_S: Final = 10.0
+
+
+class DataLossError(RuntimeError):
+    """Offsets of a range the query reads are gone from Redis (``failOnDataLoss``, the default)."""
+
+
+def data_lost(options: SourceOptions, partition: QueuePartition, first: int, last: int) -> None:
+    """Offsets ``first..last`` of the partition's queue were trimmed before the query read them."""
+    what = (f"ddmq: offsets {first}..{last} of {partition.topic}#{partition.qid} ({last - first + 1} message(s)) "
+            "are gone from Redis: trimmed (a retention cap or a producer's maxlen) before this query read them")
+    if options.fail_on_data_loss:
+        raise DataLossError(f"{what}. Set the option failOnDataLoss=false to skip them and go on")
+    log.warning("%s; skipped (failOnDataLoss=false)", what)
 
 
 class QueuePartition(InputPartition):
@@ -97,10 +110,13 @@ def read_range(options: SourceOptions, partition: QueuePartition) -> Iterator[An
                 # Dense offsets: only a trimmed stream has holes. Skip to where the proxy says to go on.
                 following = result.nextRequestOffset if result is not None else None
                 if following is None or following <= offset:
-                    log.warning("%s#%s: no messages in [%d, %d)", partition.topic, partition.qid, offset, partition.end)
+                    data_lost(options, partition, offset, partition.end - 1)
                     return
+                data_lost(options, partition, offset, min(following, partition.end) - 1)
                 offset = following
                 continue
+            if (messages[0].offset or offset) > offset:
+                data_lost(options, partition, offset, (messages[0].offset or offset) - 1)
             offset = (messages[-1].offset or offset) + 1
             yield to_record_batch(partition.topic, int(partition.qid), messages)
     finally:

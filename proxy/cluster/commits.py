@@ -68,6 +68,8 @@ class OffsetCommitter:
         self.consumer = consumer
         #: Rollback recoveries under way (see :meth:`on_rollback`).
         self.recoveries: set[asyncio.Task[None]] = set()
+        #: Queues whose start offset was just initialised (the group had none there): see ``fresh``.
+        self._fresh: set[int] = set()
 
     def _name(self, qid: int) -> str:
         return f"{self.consumer.group}/{self.consumer.topic}#{qid}"
@@ -105,7 +107,10 @@ class OffsetCommitter:
         """A tracker for ``qid``, just claimed: from its committed offset (retried until Redis answers),
         skipping the offsets a previous owner finished past it."""
         start = await self._with_retry(lambda: self._start_offset(qid), f"start offset of #{qid}")
-        return OffsetTracker(start, await self._finished_past(qid, start))
+        tracker = OffsetTracker(start, await self._finished_past(qid, start))
+        tracker.fresh = qid in self._fresh
+        self._fresh.discard(qid)
+        return tracker
 
     async def _start_offset(self, qid: int) -> int:
         consumer = self.consumer
@@ -116,8 +121,11 @@ class OffsetCommitter:
         if consumer.config.start_from is StartFrom.LATEST:
             start = await broker.next_produce_offset(topic, qid)
         else:
-            start = 1
+            # A new group starts where the queue starts now: what retention trimmed before the group
+            # existed was never the group's, so it is not counted as expired for it.
+            start = await broker.first_offset(topic, qid)
         # Stored at once so a restart before the first commit starts from the same place.
+        self._fresh.add(qid)
         return await broker.init_offset(group, topic, qid, start)
 
     async def _finished_past(self, qid: int, start: int) -> set[int]:

@@ -13,7 +13,9 @@ Acquiring is allowed when the lease is free (missing or expired) or held by the 
 instance restarted under the same instance id reclaims its leases at once (with a new term, which
 fences any leftover of its previous incarnation).
 
-All keys of one queue share its Cluster hash tag, so each script touches a single slot.
+All keys of one queue share its Cluster hash tag, so each script touches a single slot. Every script
+starts with :data:`~ddmq.protocol.scripts.OOM_PASS_LUA`, so leases and commits keep working while Redis
+is full and refuses producers.
 
 Timing (defaults, see ``leases`` in the config): lease TTL 30 s, renewed every 10 s. Three renewals
 fit in a TTL, so one slow or lost round trip never costs the lease; a crashed owner's queues move

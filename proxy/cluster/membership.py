@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 from ddmq.protocol import keys
-from ddmq.protocol.connection import AsyncRedis
+from ddmq.protocol.connection import AsyncRedis, eval_script
+from ddmq.protocol.scripts import HEARTBEAT_LUA, REGISTER_GROUP_LUA
 from ddmq.proxy.store.broker import map_redis_errors
 
 
@@ -44,15 +45,11 @@ class Membership:
         now = int(time.time() * 1000)
         key = keys.members(group)
         with map_redis_errors(f"heartbeating group {group}"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zadd(key, {self.instance_id: now})
-                pipe.zremrangebyscore(key, "-inf", now - self.timeout_ms)
-                pipe.zrange(key, 0, -1)
-                if topic is not None:
-                    pipe.hset(keys.group_topics(group), topic, now)
-                    pipe.sadd(keys.groups(), group)
-                replies = await pipe.execute()
-        return sorted(member.decode() for member in replies[2])
+            live = await eval_script(self.redis, HEARTBEAT_LUA, [key, keys.group_topics(group)],
+                                     [self.instance_id, now, now - self.timeout_ms, topic or ""])
+            if topic is not None:
+                await eval_script(self.redis, REGISTER_GROUP_LUA, [keys.groups()], [group])
+        return sorted(member.decode() for member in live)
 
     async def leave(self, group: str) -> None:
         """Graceful exit: the others rebalance at their next heartbeat instead of after the timeout."""

@@ -19,7 +19,8 @@ from ddmq.proxy.core.types import StoredMessage
 
 class OffsetTracker:
     __slots__ = (
-        "_done", "_next", "_pending", "_skip", "committed", "committed_version", "dropped", "last_read", "version"
+        "_done", "_next", "_pending", "_skip", "committed", "committed_version", "dropped", "fresh", "last_read",
+        "version",
     )
 
     def __init__(self, start: int, skip: set[int] | None = None) -> None:
@@ -41,6 +42,9 @@ class OffsetTracker:
         #: The last entry the reader took from the stream: commits and the reader check that the
         #: stream still holds it (a Redis that rolled back does not).
         self.last_read: StoredMessage | None = None
+        #: The group had no offset on the queue before this tracker's start: entries trimmed below its
+        #: first read were never the group's (a trim racing the group's start), not a loss.
+        self.fresh = False
 
     def track(self, offset: int) -> bool:
         """Record a read offset. True when an earlier owner already finished it (skip the message)."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Protocol
 
 from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import QueueId, StoredMessage
+from ddmq.proxy.engine.expiry import count_expired
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.store.broker import Broker, ForeignEntry
 
@@ -76,6 +78,9 @@ class ReaderHost(QueueConsumer, Protocol):
     async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None: ...
     def on_rollback(self, qid: int, tracker: OffsetTracker) -> None: ...
     def take_gap(self, qid: int) -> int | None: ...
+    @property
+    def expired(self) -> Counter[int]:
+        """Per qid: offsets found trimmed before this group read them (:mod:`ddmq.proxy.engine.expiry`)."""
 
 
 class QueueReader:
@@ -123,6 +128,33 @@ class QueueReader:
             return True
         consumer.on_rollback(self.qid, tracker)
         return False
+
+    async def _took(self, tracker: OffsetTracker, messages: list[StoredMessage]) -> None:
+        """A read's batch, about to be accepted: count what is missing before it, note it as read."""
+        consumer = self.consumer
+        if messages[0].offset > tracker.next_offset:
+            await self._gap(tracker.next_offset, messages[0].offset - 1)
+        tracker.last_read = messages[-1]
+        audit = consumer.read_audit
+        if audit is not None:
+            audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset, messages[-1].offset)
+
+    async def _gap(self, first: int, last: int) -> None:
+        """Offsets ``first..last`` are missing from the stream: trimmed before this group read them,
+        unless they are the ones a rollback's raised sequence skipped (they never existed)."""
+        consumer = self.consumer
+        if self.tracker.fresh and self.tracker.last_read is None:
+            # The group had no offset here: a trim that ran while it started took what it never had.
+            log.info("%s/%s#%d: starts at offset %d (%d..%d trimmed as the group started)", consumer.group,
+                     consumer.topic, self.qid, last + 1, first, last)
+            return
+        skipped = consumer.take_gap(self.qid)
+        if skipped is not None and skipped >= first:
+            if skipped >= last:
+                return
+            first = skipped + 1
+        await count_expired(consumer.broker.redis, consumer.group, consumer.topic, self.qid, first, last,
+                            consumer.expired)
 
     async def _run(self) -> None:
         consumer = self.consumer
@@ -178,9 +210,5 @@ class QueueReader:
                 continue
             if not consumer.may_serve(self.qid):
                 continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
-            tracker.last_read = messages[-1]
-            audit = consumer.read_audit
-            if audit is not None:
-                audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
-                             messages[-1].offset)
+            await self._took(tracker, messages)
             await consumer.accept(queue, messages)

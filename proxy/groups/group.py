@@ -89,6 +89,8 @@ class TopicConsumer:
         self.serving = True
         #: Set by the service when ``audit_log`` is configured.
         self.read_audit: ReadAudit | None = None
+        #: Per qid: offsets found trimmed before this group read them (:mod:`ddmq.proxy.engine.expiry`).
+        self.expired: Counter[int] = Counter()
         self.ownership = QueueOwnership(self)
         self.commits = OffsetCommitter(self)
         #: Parked and sequenced keys (on_exhausted, key actions; engine/parking.py). ``key_records`` is its

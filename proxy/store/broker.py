@@ -313,6 +313,24 @@ class Broker:
             raw = await self.redis.get(keys.sequence(topic, qid))
         return int(raw) + 1 if raw is not None else 1
 
+    async def first_offset(self, topic: str, qid: int) -> int:
+        """The offset of the queue's first entry; when it is empty, the next one to be produced (1 for a
+        queue that never had one, or whose first entry was not written by the producer)."""
+        # The sequence first (one slot, so one pipeline in order on a cluster too): an entry produced
+        # after it was read has a higher offset, so an empty stream then means nothing up to that
+        # sequence is left to read.
+        with map_redis_errors(f"reading the first offset of {topic}#{qid}"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.get(keys.sequence(topic, qid))
+                pipe.xrange(keys.stream(topic, qid), "-", "+", count=1)
+                sequence, entries = await pipe.execute()
+        if not entries:
+            return int(sequence) + 1 if sequence is not None else 1
+        try:
+            return keys.offset_of(entries[0][0])
+        except ValueError:
+            return 1
+
     async def produce_offsets(self, topic: str, queues: int) -> list[int]:
         """Next offset to be produced, per qid."""
         with map_redis_errors(f"reading produce offsets of {topic}"):

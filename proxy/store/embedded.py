@@ -123,12 +123,23 @@ def _may_be_redis(pid: int) -> bool:
         return True
 
 
+def default_maxmemory_mb() -> int:
+    """A quarter of the machine's memory (at least 64 MiB): room for the proxy, the OS, and the copy a
+    background AOF rewrite may need, so Redis refuses producers before the OS kills it."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1024
+    return max(64, total // 4 // (1024 * 1024))
+
+
 class EmbeddedRedis:
     """A redis-server child process with its data in ``data_dir``.
 
     ``port=0`` picks a free port. ``executable`` overrides the binary (see :func:`find_executable`).
     ``appendfsync`` is Redis's AOF fsync policy: ``"always"`` makes every acknowledged write survive an
-    OS crash too, at the cost of one fsync per write batch.
+    OS crash too, at the cost of one fsync per write batch. ``maxmemory_mb`` is Redis's ``maxmemory``
+    (policy ``noeviction``; 0 = no limit; None = :func:`default_maxmemory_mb`).
     """
 
     def __init__(
@@ -139,10 +150,13 @@ class EmbeddedRedis:
         *,
         start_timeout_s: float = 15.0,
         appendfsync: str = "everysec",
+        maxmemory_mb: int | None = None,
     ) -> None:
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
         self.appendfsync = appendfsync
+        #: Redis ``maxmemory`` in MiB (0: no limit); None: :func:`default_maxmemory_mb`.
+        self.maxmemory_mb = default_maxmemory_mb() if maxmemory_mb is None else maxmemory_mb
         self.data_dir = Path(data_dir).resolve()
         self._requested_port = port
         self._executable = executable
@@ -269,6 +283,9 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--logfile", str(self.log_path),
             "--pidfile", str(self.data_dir / PID_FILE),
+            # Full: refuse writes that grow memory (producers retry) rather than evict queue entries.
+            "--maxmemory", f"{self.maxmemory_mb}mb",
+            "--maxmemory-policy", "noeviction",
         ]
 
     def _launch(self, executable: str, port: int, *, last_attempt: bool) -> bool:

@@ -58,7 +58,9 @@ def consume_all(proxy: ProxyProcess, total: int) -> dict[str, list[int]]:
 
 def test_reset_to_earliest_delivers_the_group_again_in_order(tmp_path: Path, redis_url: str) -> None:
     group = {TOPIC: {"actions": ["Json", "Order", "PullServer"], "order_key": "$.k"}}
-    proxy = ProxyProcess(tmp_path, redis_url, {GROUP: group}, {TOPIC: {"queues": QUEUES}}).start()
+    # Consumed messages are kept (retention.consumed: false), so the group can read them again.
+    topics = {TOPIC: {"queues": QUEUES, "retention": {"consumed": False}}}
+    proxy = ProxyProcess(tmp_path, redis_url, {GROUP: group}, topics).start()
     produced: dict[str, int] = {}
     try:
         produce_keyed(redis_url, 400, produced, random.Random(7), keys=40, topic=TOPIC)

@@ -153,6 +153,14 @@ async def test_console_shows_lag_blocked_keys_and_replays_a_dead_letter(
         await expect(page.locator("#topics tr[data-topic=t] td.lag")).to_have_text("3")
         await expect(page.locator("#members tr[data-member=console-proxy]")).to_contain_text("live")
 
+        # Retention and memory: nothing expired, the group holds its unfinished messages in Redis.
+        topic_row = page.locator("#topics tr[data-topic=t]")
+        await expect(topic_row.locator("td.expired")).to_have_text("0")
+        await expect(topic_row.locator("td.retention")).to_have_text(re.compile(r"^g: [\d,]+ msgs, oldest "))
+        await expect(stuck_row.locator("td.stored")).not_to_have_text("0")
+        await expect(page.locator("#memory")).to_have_text(
+            re.compile(r"^Redis memory: \d+\.\d MiB of \d+\.\d MiB \(\d+ %\)$"))
+
         # The key nobody acks: its head in flight, two messages behind it, shown as plain text.
         blocked = page.locator("#blocked tbody tr").filter(has_text="in flight")
         await expect(blocked).to_have_count(1)

@@ -313,7 +313,10 @@ class ProducingRun:
 
     def __init__(self, cluster_url: str, tmp_path: Path, leases: dict[str, Any]) -> None:
         self.url = cluster_url
-        self.fleet = ProxyFleet(tmp_path, cluster_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, leases)
+        # The check reads every stored message back (copies of retried batches included), so the streams
+        # keep what was consumed (no consumed trim).
+        topics = {"t": {"queues": QUEUES, "retention": {"consumed": False}}}
+        self.fleet = ProxyFleet(tmp_path, cluster_url, {"g": {"t": GROUP}}, topics, leases)
         self.producer = SteadyProducer(cluster_url, 300, random.Random(7))
         self.log: list[Delivery] = []
         self.stop = asyncio.Event()

@@ -243,6 +243,8 @@ class OperatorApi:
             "dead_letters": dead,
             "members": status.members,
             "member_ttl_ms": self._service.config.leases.ttl_ms,
+            "retention": [asdict(holder) for holder in status.retention],
+            "redis_memory": {"used_bytes": status.used_memory, "max_bytes": status.maxmemory},
             "queue_offset": first,
         }
         # Thousands of queues over several topics could pass the cap: the queue rows are paged.

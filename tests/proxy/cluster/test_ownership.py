@@ -3,6 +3,8 @@ releasing one, handing queues to a second proxy, with per-key order and no loss 
 
 from __future__ import annotations
 
+import asyncio
+
 import redis.asyncio as aioredis
 
 from ddmq.protocol import keys
@@ -19,6 +21,10 @@ async def test_a_lone_proxy_claims_every_queue_and_opens_each(redis_url: str, re
         consumer = proxy.consumer
         assert all(consumer.may_serve(qid) for qid in range(3))
         assert {lease.owner for lease in consumer.held.values()} == {"p1"}
+        # A queue is held from its claim; its reader opens once its offset is read back.
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(consumer.owned.readers()) < 3 and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         assert len(consumer.owned.readers()) == 3 and set(consumer.trackers) == {0, 1, 2}
 
 

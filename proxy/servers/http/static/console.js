@@ -157,6 +157,8 @@
       const lag = queues.reduce((sum, q) => sum + q.lag, 0);
       const ages = queues.map((q) => q.lag_ms).filter((v) => v !== null);
       const timeLag = ages.length ? Math.max(...ages) : null;
+      const expired = queues.reduce((sum, q) => sum + q.expired, 0);
+      const holder = (detail.retention || []).find((h) => h.topic === t.topic);
       return el(
         "tr",
         { dataset: { topic: t.topic } },
@@ -171,10 +173,18 @@
         cell(num(t.retry_wait), "num"),
         cell(num(dead), "num dead" + (dead > 0 ? " bad" : "")),
         cell(t.held.length ? `${t.held.length} of ${t.queues}` : "none", "num"),
+        cell(num(queues.reduce((sum, q) => sum + q.stored, 0)), "num stored"),
+        cell(num(expired), "num expired" + (expired > 0 ? " bad" : "")),
+        cell(holder ? `${holder.group}: ${num(holder.retained)} msgs, oldest ${holder.oldest_ms ? age(Date.now() - holder.oldest_ms) : "?"}` : "-", "retention"),
         chartCell(history.topics[t.topic] || [], history.interval_ms),
       );
     });
     $("topics").tBodies[0].replaceChildren(...rows);
+    const memory = detail.redis_memory;
+    const mib = (bytes) => `${(bytes / 1048576).toFixed(1)} MiB`;
+    $("memory").textContent = !memory ? "" : memory.max_bytes
+      ? `Redis memory: ${mib(memory.used_bytes)} of ${mib(memory.max_bytes)} (${Math.round((100 * memory.used_bytes) / memory.max_bytes)} %)`
+      : `Redis memory: ${mib(memory.used_bytes)} (no maxmemory)`;
   }
 
   function renderQueues(detail) {
@@ -194,13 +204,15 @@
         cell(num(q.in_flight), "num"),
         cell(num(q.ready), "num"),
         cell(num(q.retry_wait), "num"),
+        cell(num(q.stored), "num stored"),
+        cell(num(q.expired), "num expired" + (q.expired > 0 ? " bad" : "")),
       ),
     );
     if (detail.next_queue_offset !== null) {
       // The answer stopped at its byte cap: say so rather than show a table that looks complete.
       const next = detail.next_queue_offset;
       const rest = `${num(next)} queues shown; the rest: /admin/groups/${state.group}?queue_offset=${next}`;
-      rows.push(el("tr", {}, el("td", { colspan: "12", className: "muted" }, rest)));
+      rows.push(el("tr", {}, el("td", { colspan: "14", className: "muted" }, rest)));
     }
     $("queues").tBodies[0].replaceChildren(...rows);
   }
