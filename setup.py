@@ -27,6 +27,7 @@ COMPILED = [
     "proxy/engine/offsets.py",
     "proxy/engine/ordering.py",
     "proxy/cluster/ownership.py",
+    "proxy/engine/holds.py",
     "proxy/engine/pull_buffer.py",
     "proxy/engine/runs.py",
     "proxy/engine/redelivery.py",

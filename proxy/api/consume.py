@@ -30,6 +30,7 @@ from ddmq.proxy.core.types import (
     ReplySize,
 )
 from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY
+from ddmq.proxy.engine.verbs import apply_verbs, noted_fails_once
 from ddmq.proxy.groups.group import TopicConsumer
 from ddmq.proxy.groups.registry import GroupRegistry
 from ddmq.proxy.store.trim import expired_records
@@ -172,13 +173,14 @@ class ConsumeApi:
         except BadRequestError:
             self.counters["results_refused"] += 1
             raise
+        results = [noted_fails_once(r) if r.fail_details else r for r in results]
         if total <= APPLY_SLICE_OFFSETS:
             self._apply_now(results)
             return
         since_yield = 0
         for piece in _slices(results, APPLY_SLICE_OFFSETS):
             self._apply_now([piece])
-            since_yield += len(piece.success) + len(piece.fail)
+            since_yield += piece.size
             if since_yield >= APPLY_SLICE_OFFSETS:
                 since_yield = 0
                 await asyncio.sleep(0)
@@ -191,7 +193,7 @@ class ConsumeApi:
             except ValueError:
                 qid = -1
             if consumer is None or not 0 <= qid < max(consumer.queues, 1):
-                self.counters["unknown_results"] += len(result.success) + len(result.fail)
+                self.counters["unknown_results"] += result.size
                 log.debug("ignoring results for unknown %s/%s#%s", result.group, result.topic, result.qid)
                 continue
             queue = QueueId(result.topic, qid)
@@ -200,6 +202,8 @@ class ConsumeApi:
                 buffer.ack(queue, result.success)
             if result.fail:
                 buffer.fail(queue, result.fail)
+            if result.fail_details or result.release or result.extend:
+                apply_verbs(buffer, queue, result)
 
     async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
         consumer_group = self.registry.group(group)
@@ -247,6 +251,10 @@ def _slices(results: list[QueueResult], size: int) -> list[QueueResult]:
     """``results`` cut into pieces of at most ``size`` offsets each, in order (a result's acks before its fails)."""
     pieces = []
     for r in results:
-        pieces += [r._replace(success=r.success[i : i + size], fail=[]) for i in range(0, len(r.success), size)]
-        pieces += [r._replace(success=[], fail=r.fail[i : i + size]) for i in range(0, len(r.fail), size)]
+        pieces += [r._replace(success=r.success[i : i + size], fail=[], release=(), extend=(), fail_details=())
+                   for i in range(0, len(r.success), size)]
+        pieces += [r._replace(success=[], fail=r.fail[i : i + size], release=(), extend=(), fail_details=())
+                   for i in range(0, len(r.fail), size)]
+        if r.release or r.extend or r.fail_details:
+            pieces.append(r._replace(success=[], fail=[]))  # the verbs, at most MAX_RESULT_OFFSETS together
     return pieces

@@ -19,6 +19,7 @@ from ddmq.proxy.cluster.membership import assign
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.job import UpstreamJob
+from ddmq.proxy.engine.parking import KeyParking
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.reader import QueueReader, ReaderHost
 
@@ -30,7 +31,8 @@ METADATA_POLL_S = 1.0
 
 class OwnershipHost(ReaderHost, CommitHost, Protocol):
     """What ownership needs of its consumer: what its readers and its commits need, the buffer (to
-    forget a dropped queue's jobs), its committer, and how to finish a job."""
+    forget a dropped queue's jobs), its committer, its parked keys (loaded before a queue is read), and
+    how to finish a job."""
 
     #: The topic's number of queues, set once its metadata is known.
     queues: int
@@ -39,6 +41,8 @@ class OwnershipHost(ReaderHost, CommitHost, Protocol):
     def buffer(self) -> PullBuffer: ...
     @property
     def commits(self) -> OffsetCommitter: ...
+    @property
+    def parking(self) -> KeyParking: ...
 
     def finish(self, job: UpstreamJob) -> None: ...
 
@@ -159,7 +163,9 @@ class QueueOwnership:
     async def open_queue(self, qid: int, term: int) -> None:
         """Start reading ``qid`` (just claimed under ``term``) from its committed offset."""
         consumer = self.consumer
-        tracker = await consumer.commits.load(qid)
+        # the queue's parked keys before reading it (a parked key's message must not go out), in the
+        # same round trip as its offsets
+        tracker, _ = await asyncio.gather(consumer.commits.load(qid), consumer.parking.load(qid))
         reader = QueueReader(consumer, qid, tracker, term)
         self.owned.open(qid, tracker, reader)
         reader.start()
@@ -173,6 +179,7 @@ class QueueOwnership:
         if reader is not None:
             await reader.stop()
         lease = self.owned.drop(qid)
+        consumer.parking.forget(qid)
         for job in consumer.buffer.drop_queue(QueueId(consumer.topic, qid)):
             consumer.finish(job)
         if release and lease is not None:

@@ -20,6 +20,7 @@ class JobState(IntEnum):
     IN_FLIGHT = 4  # handed to a client, waiting for ack/fail/timeout
     RETRY_WAIT = 5  # failed, waiting for its retry interval
     FINISHED = 6  # acked, filtered, or dead-lettered
+    PARKED = 7  # its key stopped here (on_exhausted: park, or an operator): see engine/parking.py
 
 
 _NEW = JobState.NEW  # a plain global: enum members read through their class are slow on Python 3.11
@@ -43,7 +44,30 @@ class RetrySettings(Protocol):
     @property
     def max_retry(self) -> int: ...
 
+    @property
+    def max_retry_after_ms(self) -> int: ...
+
+    @property
+    def max_extensions(self) -> int: ...
+
+    @property
+    def on_exhausted(self) -> str: ...
+
     def retry_delay_ms(self, retry: int) -> int: ...
+
+
+class KeyHolds(Protocol):
+    """What the pull buffer and redelivery ask of a consumer's parked keys."""
+
+    def arrived(self, job: UpstreamJob) -> str | None:
+        """``job`` reached the pull buffer: ``"parked"`` when its key holds it, a dead-letter reason when
+        its key is sequenced, None to make it ready."""
+        ...
+
+    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
+        """``job`` used up ``max_retry`` under an ``on_exhausted`` other than dead_letter: True when it
+        was parked, False to dead-letter it."""
+        ...
 
 
 class JobOwner(Protocol):
@@ -80,6 +104,17 @@ class JobOwner(Protocol):
         """``job`` is done: release its key, mark its offset finished."""
         ...
 
+    @property
+    def key_records(self) -> dict[int, Any]:
+        """Parked or sequenced keys of the queues read here (empty while there are none): the pull
+        buffer asks :attr:`parking` about a job only when this is not empty."""
+        ...
+
+    @property
+    def parking(self) -> KeyHolds:
+        """The consumer's parked and sequenced keys (:mod:`ddmq.proxy.engine.parking`)."""
+        ...
+
 
 class UpstreamJob:
     """A message plus its progress: chain position, order key, attempts, successor in its key chain."""
@@ -89,6 +124,7 @@ class UpstreamJob:
         "consumer",
         "data",
         "deadline",
+        "extensions",
         "index",
         "last_error",
         "message",
@@ -116,6 +152,7 @@ class UpstreamJob:
         self.next: UpstreamJob | None = None
         self.attempts = 0
         self.deadline = 0  # timing-wheel tick while in flight
+        self.extensions = 0  # extendOffsets taken by the current delivery
         self.last_error = ""
 
     def __repr__(self) -> str:

@@ -43,9 +43,10 @@ from ddmq.protocol.pull_codec import (
     UTF8_MAX_BYTES,
 )
 from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
+from ddmq.proxy.engine.holds import HoldBuffer
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.redelivery import BufferStats, Redelivery
-from ddmq.proxy.engine.runs import RunBuffer, _log_alone
+from ddmq.proxy.engine.runs import _log_alone
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class _Waiter:
     reply: ReplySize = THRIFT_REPLY
 
 
-class PullBuffer(RunBuffer):
+class PullBuffer(HoldBuffer):
     def __init__(self, group: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.group = group
         #: Per queue; :attr:`stats` sums them. A queue's entry lives as long as the buffer.
@@ -126,6 +127,10 @@ class PullBuffer(RunBuffer):
         if jobs is None:
             jobs = self._jobs[queue] = {}
         jobs[job.offset] = job
+        if job.consumer.key_records and (held := job.consumer.parking.arrived(job)) is not None:
+            if held != "parked":  # a sequenced key: dead-lettered behind its earlier message
+                self.redelivery.dead_letter(job, held)
+            return
         self._make_ready(job)
 
     def _make_ready(self, job: UpstreamJob) -> None:
@@ -266,6 +271,7 @@ class PullBuffer(RunBuffer):
         for job in batch:
             job.state = _IN_FLIGHT
             job.attempts += 1
+            job.extensions = 0
         self.redelivery.watch(batch, timeout_ms)
         self.queue_stats[batch[0].queue].delivered += len(batch)
 
@@ -318,7 +324,13 @@ class PullBuffer(RunBuffer):
                 self._finish(job)  # its stale entry in the ready deque is skipped when taken
         return late
 
-    def fail(self, queue: QueueId, offsets: Iterable[int], reason: str = "client reported failure") -> None:
+    def fail(
+        self,
+        queue: QueueId,
+        offsets: Iterable[int],
+        reason: str = "client reported failure",
+        retry_after_ms: int | None = None,
+    ) -> None:
         jobs = self._jobs.get(queue)
         stats = self.queue_stats[queue]
         for offset in offsets:
@@ -340,7 +352,7 @@ class PullBuffer(RunBuffer):
             stats.failed += 1
             self.redelivery.unwatch(job)
             self._return_run(job)
-            self.redelivery.failed_attempt(job, reason)
+            self.redelivery.failed_attempt(job, reason, retry_after_ms)
 
     def _timed_out(self, job: UpstreamJob) -> bool:
         """In-flight ``job`` passed its deadline: a failed attempt, its run's later members returned.

@@ -26,9 +26,12 @@ from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
+from ddmq.proxy.engine.parking import KeyParking
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.reader import TokenBucket
+from ddmq.proxy.groups.key_actions import serve_key_commands
 from ddmq.proxy.store.broker import Broker, ForeignEntry
+from ddmq.proxy.store.key_commands import ParkStore
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,11 @@ class TopicConsumer:
         self.expired: Counter[int] = Counter()
         self.ownership = QueueOwnership(self)
         self.commits = OffsetCommitter(self)
+        #: Parked and sequenced keys (on_exhausted, key actions; engine/parking.py). ``key_records`` is its
+        #: dict, an attribute the pull buffer reads for every job it gets.
+        self.parking = KeyParking(buffer, ParkStore(broker.redis, group, topic), self.blocking_queue,
+                                  pull_chain=config.actions[-1] == "PullServer")
+        self.key_records = self.parking.records
 
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
@@ -135,6 +143,7 @@ class TopicConsumer:
         start_chain(self.chain)
         self._tasks.append(asyncio.create_task(self.ownership.run(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
+        self._tasks.append(asyncio.create_task(serve_key_commands(self), name=f"keys:{self.group}/{self.topic}"))
 
     async def stop_reading(self) -> None:
         if self._tasks:  # first the lease loop, so that no claim opens a reader behind our back
@@ -151,6 +160,7 @@ class TopicConsumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.parking.close()
         await close_chain(self.chain)
 
     async def retire(self, drain_ms: int) -> None:

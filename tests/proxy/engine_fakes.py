@@ -58,6 +58,19 @@ class Owner:
     def pull_only(self, job: UpstreamJob) -> bool:
         return True
 
+    #: No parked keys here (tests/system/test_failures.py parks them in a real proxy).
+    key_records: dict[int, Any] = {}
+
+    @property
+    def parking(self) -> Owner:
+        return self
+
+    def arrived(self, job: UpstreamJob) -> str | None:
+        return None
+
+    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
+        return False
+
     async def dead_letter(self, job: UpstreamJob) -> None:
         if self.dead_letter_errors:
             self.dead_letter_errors -= 1

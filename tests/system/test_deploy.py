@@ -64,7 +64,7 @@ def alert_rules() -> list[dict[str, Any]]:
     return rules
 
 
-def test_the_alerts_cover_lag_time_lag_dead_letters_and_owners() -> None:
+def test_the_alerts_cover_lag_time_lag_dead_letters_owners_and_parked_keys() -> None:
     rules = alert_rules()
     for rule in rules:
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule
@@ -72,7 +72,7 @@ def test_the_alerts_cover_lag_time_lag_dead_letters_and_owners() -> None:
     used = set().union(*(selected_metrics(rule["expr"]) for rule in rules))
     assert {"ddmq_lag_messages", "ddmq_lag_seconds", "ddmq_messages_dead_lettered_total",
             "ddmq_queues_without_owner", "ddmq_messages_expired_total", "ddmq_redis_used_memory_bytes",
-            "ddmq_redis_maxmemory_bytes"} <= used
+            "ddmq_redis_maxmemory_bytes", "ddmq_keys"} <= used
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     assert config["rule_files"] == ["ddmq-alerts.yml"]
 
