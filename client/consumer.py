@@ -20,7 +20,7 @@ end of a ``with`` block raise it.
 
 >>> def process(message: ConsumedMessage) -> bool:
 ...     print(message.topic, message.qid, message.offset, message.value)
-...     return True  # False (or an exception) fails the message: it is retried later
+...     return True  # False (or an exception, its text the reason) fails the message: it is retried later
 >>> consumer = PullConsumer("proxy-1:9713,proxy-2:9713", "rides", process, threads=4)
 >>> consumer.run()  # until consumer.stop() (from a processor, another thread) or Ctrl-C; raises a fatal error
 
@@ -42,9 +42,12 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Final
 
+from ddmq.client.handling import ACK, FAIL, Outcome, Retry, Verdict, outcome_of, outcome_of_exception, report
+from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS, Held, extend_every_s
 from ddmq.client.pulling import (
     Backoff,
     ConsumedMessage,
@@ -66,6 +69,7 @@ __all__ = [
     "ConsumerStats",
     "NotProcessed",
     "PullConsumer",
+    "Retry",
     "parse_servers",
 ]
 
@@ -80,9 +84,17 @@ class PullConsumer:
     server has the same number and at least one (``threads=1`` with three servers runs three threads).
 
     ``processor(message)`` runs in the puller threads (so it must be thread-safe) and returns True to
-    ack, False to fail (an exception counts as False; :class:`NotProcessed` leaves the message
-    unreported). ``topic=None`` pulls every topic of the group. :meth:`close` stops pulling, waits for
-    the current batches (at most a long-poll of ``linger_ms`` plus processing) and submits their results.
+    ack, False to fail. An exception fails the message with its text as the reason the proxy keeps
+    (``"ValueError: bad amount"``, at most 1 KiB); :class:`Retry` fails it and asks for the next
+    delivery after ``after_ms``; :class:`NotProcessed` gives it back unprocessed (released: no attempt
+    counted). ``topic=None`` pulls every topic of the group. :meth:`close` stops pulling, waits for the
+    message being processed (at most a long-poll of ``linger_ms`` plus processing), releases the rest of
+    the batches and submits their results; so do :meth:`stop`, the end of :meth:`run`, Ctrl-C in
+    :meth:`wait` and a fatal error.
+
+    ``group_timeout_ms`` is the group's ``timeout_ms`` (the proxy's default unless told): a batch held
+    for half of it is extended ("still working on it") every half of it, so a slow handler is not
+    redelivered while it runs, up to the proxy's maximum of extensions per delivery. None never extends.
 
     Lifecycle: :meth:`run` starts, blocks until :meth:`stop` or a fatal error, and closes. Or
     ``with PullConsumer(...) as consumer: consumer.wait()``. A fatal (non-retriable) error stops every
@@ -105,6 +117,7 @@ class PullConsumer:
         timeout_s: float = 10.0,
         on_error: Callable[[ProxyClientError], None] | None = None,
         max_per_key: int = 1,
+        group_timeout_ms: int | None = DEFAULT_GROUP_TIMEOUT_MS,
     ) -> None:
         self._settings = PullerSettings(
             servers, group, topic, threads, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
@@ -116,6 +129,10 @@ class PullConsumer:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._started = False
+        self._extend_every_s = extend_every_s(group_timeout_ms)
+        self._held: list[tuple[ProxyClient, Held, threading.Lock]] = []
+        self._held_lock = threading.Lock()
+        self._keeper: threading.Thread | None = None
 
     @property
     def stats(self) -> ConsumerStats:
@@ -147,6 +164,9 @@ class PullConsumer:
             )
             self._threads.append(thread)
             thread.start()
+        if self._extend_every_s is not None:
+            self._keeper = threading.Thread(target=self._keep_alive, name="ddmq-keeper", daemon=True)
+            self._keeper.start()
 
     def stop(self) -> None:
         """Ask the pullers to stop after their current batch; returns at once (safe from a processor)."""
@@ -163,6 +183,8 @@ class PullConsumer:
         alive = [thread.name for thread in self._threads if thread.is_alive()]
         if alive:
             log.warning("pullers still busy after %s s: %s", timeout, ", ".join(alive))
+        elif self._keeper is not None:
+            self._keeper.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every puller has ended (after :meth:`stop` or a fatal error): True, or False when
@@ -199,9 +221,14 @@ class PullConsumer:
         settings = self._settings
         pending = PendingResults(settings.group)
         backoff = Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
+        held, held_lock = Held(settings.group), threading.Lock()
         with ProxyClient(host, port, settings.timeout_s) as client:
+            with self._held_lock:
+                self._held.append((client, held, held_lock))
             while not self._stopping.is_set():
                 started = time.monotonic()
+                with held_lock:
+                    held.let_go()  # this pull carries their results: nothing left to extend
                 try:
                     response = client.pull(settings.request(pending))
                 except ProxyClientError as exc:
@@ -223,8 +250,12 @@ class PullConsumer:
                         self._stopping.wait(settings.retry_sleep_ms / 1000)
                     continue
                 self._counters.add(pulled=len(messages))
+                with held_lock:
+                    held.hold(messages, time.monotonic())
                 for run in split_runs(response, messages):
                     self._process_run(run, pending)
+            with held_lock:
+                held.let_go()
             if pending:
                 try:
                     client.submit(pending.to_wire())
@@ -239,26 +270,39 @@ class PullConsumer:
                     )
 
     def _process_run(self, run: list[ConsumedMessage], pending: PendingResults) -> None:
-        """A key's run, in order, up to its first message not acked (the rest is left unreported)."""
+        """A key's run, in order, up to its first message not acked (the rest is left unreported). Once
+        the consumer is stopping, what is not handled yet is released: given back without an attempt."""
         for index, message in enumerate(run):
-            ok = self._process(message)
-            if ok is not None:
-                pending.record(message, ok)
-            if not ok:
+            if self._stopping.is_set():
+                _release(run[index:], pending, self._counters)
+                return
+            outcome = outcome_of(partial(self._processor, message), message)
+            _count(outcome, self._counters)
+            report(pending, message, outcome)
+            if not outcome.acked:
                 self._counters.add(unreported=len(run) - index - 1)
                 return
 
-    def _process(self, message: ConsumedMessage) -> bool | None:
-        try:
-            ok = bool(self._processor(message))
-        except NotProcessed:
-            self._counters.add(unreported=1)
-            return None
-        except Exception:
-            log.exception("processor failed on %s#%s offset %d", message.topic, message.qid, message.offset)
-            ok = False
-        self._counters.add(acked=int(ok), failed=int(not ok))
-        return ok
+    def _keep_alive(self) -> None:
+        """The keeper thread: extends the batches pullers hold too long (see :mod:`ddmq.client.keepalive`)."""
+        every_s = self._extend_every_s
+        assert every_s is not None
+        while not (self._stopping.is_set() and not self.running):
+            time.sleep(every_s / 4)
+            with self._held_lock:
+                pullers = list(self._held)
+            for client, held, held_lock in pullers:
+                with held_lock:
+                    extension = held.extension(time.monotonic(), every_s)
+                    if extension is None:
+                        continue
+                    try:
+                        client.submit(extension)
+                    except ProxyClientError as exc:
+                        log.warning("extending %d held messages on %s:%d failed: %s",
+                                    len(held), client.host, client.port, exc)
+                        continue
+                self._counters.add(extended=len(held))
 
 
 class AsyncPullConsumer:
@@ -268,7 +312,9 @@ class AsyncPullConsumer:
     >>> async with AsyncPullConsumer("127.0.0.1:9713", "rides", handle, concurrency=8) as consumer:
     ...     await consumer.wait()  # until consumer.stop() or a fatal error (raised)
 
-    Fatal errors work as in :class:`PullConsumer` (``on_error`` is called in the event loop).
+    Fatal errors, answers (:class:`Retry`, reasons, :class:`NotProcessed`), releases when stopping and
+    ``group_timeout_ms`` work as in :class:`PullConsumer` (``on_error`` is called in the event loop). A
+    puller that :meth:`close` cancels after ``grace_s`` still releases its unhandled messages.
     """
 
     def __init__(
@@ -285,6 +331,7 @@ class AsyncPullConsumer:
         timeout_s: float = 10.0,
         on_error: Callable[[ProxyClientError], None] | None = None,
         max_per_key: int = 1,
+        group_timeout_ms: int | None = DEFAULT_GROUP_TIMEOUT_MS,
     ) -> None:
         self._settings = PullerSettings(
             servers, group, topic, concurrency, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
@@ -296,6 +343,9 @@ class AsyncPullConsumer:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
+        self._extend_every_s = extend_every_s(group_timeout_ms)
+        self._held: list[tuple[AsyncProxyClient, Held, asyncio.Lock]] = []
+        self._keeper: asyncio.Task[None] | None = None
 
     @property
     def stats(self) -> ConsumerStats:
@@ -318,6 +368,8 @@ class AsyncPullConsumer:
         for index in range(self._settings.pullers):
             host, port = self._settings.server_for(index)
             self._tasks.append(asyncio.create_task(self._run_puller(host, port), name=f"ddmq-puller-{index}"))
+        if self._extend_every_s is not None:
+            self._keeper = asyncio.create_task(self._keep_alive(), name="ddmq-keeper")
 
     def stop(self) -> None:
         """Ask the pullers to stop after their current batch; returns at once."""
@@ -335,6 +387,9 @@ class AsyncPullConsumer:
         if busy:
             log.warning("cancelled %d pullers still busy after %s s", len(busy), grace_s)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
 
     async def wait(self) -> None:
         """Wait until every puller has ended (after :meth:`stop` or a fatal error); raises the fatal error
@@ -372,69 +427,122 @@ class AsyncPullConsumer:
         settings = self._settings
         pending = PendingResults(settings.group)
         backoff = Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
+        held, held_lock = Held(settings.group), asyncio.Lock()
+        batch: list[ConsumedMessage] = []
+        done: set[int] = set()  # ids of the batch's messages already answered
         async with AsyncProxyClient(host, port, settings.timeout_s) as client:
-            while not self._stopping.is_set():
-                started = time.monotonic()
-                try:
-                    response = await client.pull(settings.request(pending))
-                except ProxyClientError as exc:
-                    self._counters.add(errors=1)
-                    if not exc.retriable:
-                        self._fatal.record(exc, host, port)
-                        self.stop()
-                        break
-                    delay_s = backoff.next_s()
-                    log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
-                    await self._pause(delay_s)
-                    continue
-                pending.clear()
-                backoff.reset()
-                self._counters.add(answered=1)
-                messages = consumed_messages(response)
-                if not messages:
-                    if settings.returned_early(time.monotonic() - started):
-                        await self._pause(settings.retry_sleep_ms / 1000)
-                    continue
-                self._counters.add(pulled=len(messages))
-                runs = split_runs(response, messages)
-                if len(runs) == len(messages):  # one message per key: no task per run needed
-                    for message in messages:
-                        ok = await self._process(message)
-                        if ok is not None:
-                            pending.record(message, ok)
-                else:
-                    await asyncio.gather(*(self._process_run(run, pending) for run in runs))
-            if pending:
-                try:
-                    await client.submit(pending.to_wire())
-                except ProxyClientError as exc:
-                    self._counters.add(errors=1)
-                    log.warning(
-                        "final submit of %d results to %s:%d failed: %s (they will be redelivered)",
-                        len(pending),
-                        host,
-                        port,
-                        exc,
-                    )
+            self._held.append((client, held, held_lock))
+            try:
+                while not self._stopping.is_set():
+                    started = time.monotonic()
+                    async with held_lock:
+                        held.let_go()  # this pull carries their results: nothing left to extend
+                    batch, done = [], set()
+                    try:
+                        response = await client.pull(settings.request(pending))
+                    except ProxyClientError as exc:
+                        self._counters.add(errors=1)
+                        if not exc.retriable:
+                            self._fatal.record(exc, host, port)
+                            self.stop()
+                            break
+                        delay_s = backoff.next_s()
+                        log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
+                        await self._pause(delay_s)
+                        continue
+                    pending.clear()
+                    backoff.reset()
+                    self._counters.add(answered=1)
+                    batch = consumed_messages(response)
+                    if not batch:
+                        if settings.returned_early(time.monotonic() - started):
+                            await self._pause(settings.retry_sleep_ms / 1000)
+                        continue
+                    self._counters.add(pulled=len(batch))
+                    async with held_lock:
+                        held.hold(batch, time.monotonic())
+                    runs = split_runs(response, batch)
+                    if len(runs) == len(batch):  # one message per key: no task per run needed
+                        for message in batch:
+                            if self._stopping.is_set():
+                                break
+                            await self._process_run([message], pending, done)
+                    else:
+                        await asyncio.gather(*(self._process_run(run, pending, done) for run in runs))
+                    # What stopping left unhandled is given back; the rest of a run that failed is not.
+                    _release([m for m in batch if id(m) not in done and self._stopping.is_set()], pending,
+                             self._counters)
+            except asyncio.CancelledError:
+                # close() ran out of patience: give back what was not handled, report what was, and go.
+                _release([m for m in batch if id(m) not in done], pending, self._counters)
+                await asyncio.shield(self._final_submit(client, held, held_lock, pending, 1.0))
+                raise
+            await self._final_submit(client, held, held_lock, pending, None)
 
-    async def _process_run(self, run: list[ConsumedMessage], pending: PendingResults) -> None:
+    async def _final_submit(self, client: AsyncProxyClient, held: Held, held_lock: asyncio.Lock,
+                            pending: PendingResults, timeout_s: float | None) -> None:
+        async with held_lock:
+            held.let_go()
+        if not pending:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await client.submit(pending.to_wire())
+        except (ProxyClientError, TimeoutError) as exc:
+            self._counters.add(errors=1)
+            log.warning("final submit of %d results to %s:%d failed: %s (they will be redelivered)",
+                        len(pending), client.host, client.port, exc)
+
+    async def _process_run(self, run: list[ConsumedMessage], pending: PendingResults, done: set[int]) -> None:
         """A key's run, in order, up to its first message not acked (the rest is left unreported)."""
         for index, message in enumerate(run):
-            ok = await self._process(message)
-            if ok is not None:
-                pending.record(message, ok)
-            if not ok:
+            if self._stopping.is_set():
+                return  # the puller releases what is left
+            outcome = await self._process(message)
+            done.add(id(message))
+            _count(outcome, self._counters)
+            report(pending, message, outcome)
+            if not outcome.acked:
+                done.update(id(rest) for rest in run[index + 1:])
                 self._counters.add(unreported=len(run) - index - 1)
                 return
 
-    async def _process(self, message: ConsumedMessage) -> bool | None:
+    async def _process(self, message: ConsumedMessage) -> Outcome:
         try:
-            ok = bool(await self._processor(message))
-        except NotProcessed:
-            self._counters.add(unreported=1)
-            return None
-        except Exception:
-            log.exception("processor failed on %s#%s offset %d", message.topic, message.qid, message.offset)
-            ok = False
-        self._counters.add(acked=int(ok), failed=int(not ok))
-        return ok
+            return ACK if await self._processor(message) else FAIL
+        except Exception as exc:
+            return outcome_of_exception(exc, message)
+
+    async def _keep_alive(self) -> None:
+        """The keeper task: extends the batches pullers hold too long (see :mod:`ddmq.client.keepalive`)."""
+        every_s = self._extend_every_s
+        assert every_s is not None
+        while True:
+            await asyncio.sleep(every_s / 4)
+            for client, held, held_lock in list(self._held):
+                async with held_lock:
+                    extension = held.extension(time.monotonic(), every_s)
+                    if extension is None:
+                        continue
+                    try:
+                        await client.submit(extension)
+                    except ProxyClientError as exc:
+                        log.warning("extending %d held messages on %s:%d failed: %s",
+                                    len(held), client.host, client.port, exc)
+                        continue
+                self._counters.add(extended=len(held))
+
+
+def _release(messages: list[ConsumedMessage], pending: PendingResults, counters: Counters) -> None:
+    """Give back messages pulled but not handled: the proxy delivers them again first in their keys,
+    without counting an attempt."""
+    for message in messages:
+        pending.release(message)
+    counters.add(released=len(messages))
+
+
+def _count(outcome: Outcome, counters: Counters) -> None:
+    if outcome.verdict is Verdict.RELEASE:
+        counters.add(released=1)
+    else:
+        counters.add(acked=int(outcome.acked), failed=int(not outcome.acked))

@@ -20,6 +20,7 @@ def test_public_names_are_pinned() -> None:
         "ProxyClientError",
         "PullConsumer",
         "PullError",
+        "Retry",
         "SendResult",
         "queue_for_key",
     ]
