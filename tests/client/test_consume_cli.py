@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -86,6 +87,32 @@ def test_consume_into_head_exits_at_once_and_dead_letters_nothing(proxy: ProxyPr
         consumer.stop()
     assert lag(redis_url) == 0 and consumer.stats.failed == 0 and delivered
     assert dead_letters(redis_url) == 0
+
+
+def test_consume_into_head_ten_times_releases_what_it_did_not_print(proxy: ProxyProcess, redis_url: str) -> None:
+    """`ddmq consume | head -1`, again and again on the same backlog: what each run pulled but did not
+    print is released, so nothing wears out (the group's timeout_ms is 1 s and max_retry 1: without
+    releases, the messages of one run time out as failed attempts and the next runs dead-letter them)."""
+    produce_keyed(redis_url, 300, {}, random.Random(2), keys=30, topic=TOPIC)
+    command = f"{' '.join(DDMQ)} consume --servers {server(proxy)} --group {GROUP} --batch-size 16 | head -1"
+    printed = []
+    for _ in range(10):
+        run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30, check=True)
+        assert "Traceback" not in run.stderr, run.stderr
+        printed.append(json.loads(run.stdout))
+    assert len({(line["qid"], line["offset"]) for line in printed}) == 10  # each run printed a new message
+    assert dead_letters(redis_url) == 0
+    answer = _admin_json(proxy, f"/admin/groups/{GROUP}/in-flight?topic={TOPIC}&limit=1000")
+    assert answer["jobs"] and {job["attempts"] for job in answer["jobs"]} == {0}, answer["jobs"]
+    assert not [job for job in answer["jobs"] if job["state"] == "in_flight"]
+
+
+def _admin_json(proxy: ProxyProcess, path: str) -> dict[str, Any]:
+    from urllib.request import urlopen
+
+    with urlopen(f"http://127.0.0.1:{http_port(proxy)}{path}", timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
 
 
 def test_consume_sees_a_closed_pipe_while_idle(proxy: ProxyProcess) -> None:
