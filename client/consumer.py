@@ -133,6 +133,7 @@ class PullConsumer:
         self._held: list[tuple[ProxyClient, Held, threading.Lock]] = []
         self._held_lock = threading.Lock()
         self._keeper: threading.Thread | None = None
+        self._pullers_done = threading.Event()
 
     @property
     def stats(self) -> ConsumerStats:
@@ -184,6 +185,7 @@ class PullConsumer:
         if alive:
             log.warning("pullers still busy after %s s: %s", timeout, ", ".join(alive))
         elif self._keeper is not None:
+            self._pullers_done.set()
             self._keeper.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -287,8 +289,8 @@ class PullConsumer:
         """The keeper thread: extends the batches pullers hold too long (see :mod:`ddmq.client.keepalive`)."""
         every_s = self._extend_every_s
         assert every_s is not None
-        while not (self._stopping.is_set() and not self.running):
-            time.sleep(every_s / 4)
+        # Until close() has seen every puller end (or, without close(), until they have all ended).
+        while not self._pullers_done.wait(every_s / 4) and not (self._stopping.is_set() and not self.running):
             with self._held_lock:
                 pullers = list(self._held)
             for client, held, held_lock in pullers:
