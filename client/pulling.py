@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ddmq.client.thrift_client import ProxyClientError
-from ddmq.protocol.wire import DEFAULT_PORT, ConsumeResult, Context, PullRequest, PullResponse, link_results
+from ddmq.protocol.wire import DEFAULT_PORT, ConsumeResult, Context, FailDetail, PullRequest, PullResponse, link_results
 
 __all__ = [
     "Backoff",
@@ -179,30 +179,99 @@ class FatalError:
             raise error
 
 
+class _QueueResults:
+    """One queue's pending results; the verbs' lists stay empty (and off the wire) unless used."""
+
+    __slots__ = ("extend", "fail", "fail_details", "release", "success")
+
+    def __init__(self) -> None:
+        self.success: list[int] = []
+        self.fail: list[int] = []
+        self.release: list[int] = []
+        self.extend: list[int] = []
+        self.fail_details: list[FailDetail] = []
+
+    def __len__(self) -> int:
+        return len(self.success) + len(self.fail) + len(self.release) + len(self.extend) + len(self.fail_details)
+
+
 class PendingResults:
-    """Offsets a puller has processed but not yet reported, per (topic, qid) in first-seen order."""
+    """Offsets a puller has processed but not yet reported, per (topic, qid) in first-seen order.
+
+    Besides acks and fails it carries the proxy's verbs (``ConsumeResult`` fields 80-82): a failure
+    with a reason or a retry delay, a release (given back unprocessed, no attempt counted) and an
+    extension (still working: the delivery deadline restarts). Each is sent only when used, so a
+    client that never uses them sends the bytes it always did.
+    """
 
     def __init__(self, group: str) -> None:
         self._group = group
-        self._queues: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        self._queues: dict[tuple[str, str], _QueueResults] = {}
 
     def __len__(self) -> int:
-        return sum(len(success) + len(fail) for success, fail in self._queues.values())
+        return sum(map(len, self._queues.values()))
 
-    def record(self, message: ConsumedMessage, ok: bool) -> None:
-        success, fail = self._queues.setdefault((message.topic, message.qid), ([], []))
-        (success if ok else fail).append(message.offset)
+    def _queue(self, message: ConsumedMessage) -> _QueueResults:
+        queue = self._queues.get((message.topic, message.qid))
+        if queue is None:
+            queue = self._queues[(message.topic, message.qid)] = _QueueResults()
+        return queue
+
+    def record(
+        self, message: ConsumedMessage, ok: bool, *, reason: str | None = None, retry_after_ms: int | None = None
+    ) -> None:
+        """Ack (``ok``) or fail ``message``; a failure with a ``reason`` or ``retry_after_ms`` goes as a
+        ``FailDetail`` (the reason shown in dead letters and the keys view, the delay instead of the
+        group's retry interval), a plain one in ``failOffsets``."""
+        queue = self._queue(message)
+        if ok:
+            queue.success.append(message.offset)
+        elif reason is None and retry_after_ms is None:
+            queue.fail.append(message.offset)
+        else:
+            queue.fail_details.append(FailDetail(offset=message.offset, retryAfterMs=retry_after_ms, reason=reason))
+
+    def release(self, message: ConsumedMessage) -> None:
+        """Give ``message`` back unprocessed: delivered again first in its key, no attempt counted."""
+        self._queue(message).release.append(message.offset)
+
+    def extend(self, message: ConsumedMessage) -> None:
+        """Still working on ``message``: its delivery deadline restarts at the proxy."""
+        self._queue(message).extend.append(message.offset)
 
     def to_wire(self) -> ConsumeResult | None:
         """A fresh ``ConsumeResult`` list, one node per queue (None when nothing is pending)."""
         return link_results(
             ConsumeResult(
                 context=Context(groupId=self._group, topic=topic, qid=qid),
-                successOffsets=list(success),
-                failOffsets=list(fail),
+                successOffsets=list(queue.success),
+                failOffsets=list(queue.fail),
+                releaseOffsets=list(queue.release) if queue.release else None,
+                extendOffsets=list(queue.extend) if queue.extend else None,
+                failDetails=list(queue.fail_details) if queue.fail_details else None,
             )
-            for (topic, qid), (success, fail) in self._queues.items()
+            for (topic, qid), queue in self._queues.items()
         )
+
+    def to_json(self) -> list[dict[str, object]]:
+        """The same results as the HTTP API's ``results`` objects (verbs only when used)."""
+        out: list[dict[str, object]] = []
+        for (topic, qid), queue in self._queues.items():
+            node: dict[str, object] = {
+                "group": self._group, "topic": topic, "qid": qid, "success": list(queue.success),
+                "fail": list(queue.fail),
+            }
+            if queue.release:
+                node["release"] = list(queue.release)
+            if queue.extend:
+                node["extend"] = list(queue.extend)
+            if queue.fail_details:
+                node["fail_details"] = [
+                    {"offset": d.offset, "retry_after_ms": d.retryAfterMs, "reason": d.reason}
+                    for d in queue.fail_details
+                ]
+            out.append(node)
+        return out
 
     def clear(self) -> None:
         self._queues.clear()

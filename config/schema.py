@@ -345,6 +345,17 @@ class TopicGroupConfig(_Model):
     retry_intervals_ms: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = [
         100, 1000, 5000,
     ]
+    #: What happens to a message when ``max_retry`` retries are used up: ``dead_letter`` = to the
+    #: dead-letter stream, its key moves on; ``park`` = its key stops there (later messages of the key
+    #: wait, counting no attempts) until an operator retries, skips or resumes it, the parked state
+    #: kept in Redis; ``dead_letter_key`` = to the dead-letter stream, and every later message of the
+    #: key too, in order, until the key's dead letters are replayed or purged. See docs/failures.md.
+    on_exhausted: Literal["dead_letter", "park", "dead_letter_key"] = "dead_letter"
+    #: Longest delay a client's ``retryAfterMs`` (``retry_after_ms``) may ask for; longer asks are cut to it.
+    max_retry_after_ms: Annotated[int, Field(ge=0, le=86_400_000)] = 3_600_000
+    #: Most ``extendOffsets`` (``extend``) a delivery may take: each restarts its ``timeout_ms``; more
+    #: are ignored (counted), so a hung handler is still redelivered in the end.
+    max_extensions: Annotated[int, Field(ge=0, le=1_000_000)] = 100
     #: Most messages in one pull reply, whatever a client asks for.
     max_pull_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 64
     #: Most bytes of one pull reply (the Thrift frame, or the HTTP body): a reply stops before the

@@ -23,6 +23,7 @@ __all__ = [
     "ConsumeStatsRequest",
     "ConsumerService",
     "Context",
+    "FailDetail",
     "FetchRequest",
     "FetchResponse",
     "LeaseAck",
@@ -72,11 +73,23 @@ if TYPE_CHECKING:
 
         def __init__(self, groupId: str | None = None, topic: str | None = None, qid: str | None = None) -> None: ...
 
+    class FailDetail(TPayload):
+        offset: int | None
+        retryAfterMs: int | None
+        reason: str | None
+
+        def __init__(
+            self, offset: int | None = None, retryAfterMs: int | None = None, reason: str | None = None
+        ) -> None: ...
+
     class ConsumeResult(TPayload):
         context: Context | None
         successOffsets: list[int] | None
         failOffsets: list[int] | None
         nextResult: ConsumeResult | None
+        releaseOffsets: list[int] | None
+        extendOffsets: list[int] | None
+        failDetails: list[FailDetail] | None
 
         def __init__(
             self,
@@ -84,6 +97,9 @@ if TYPE_CHECKING:
             successOffsets: list[int] | None = None,
             failOffsets: list[int] | None = None,
             nextResult: ConsumeResult | None = None,
+            releaseOffsets: list[int] | None = None,
+            extendOffsets: list[int] | None = None,
+            failDetails: list[FailDetail] | None = None,
         ) -> None: ...
 
     class PullRequest(TPayload):
@@ -220,6 +236,7 @@ if TYPE_CHECKING:
 else:
     Message = consumer_thrift.Message
     Context = consumer_thrift.Context
+    FailDetail = consumer_thrift.FailDetail
     ConsumeResult = consumer_thrift.ConsumeResult
     PullRequest = consumer_thrift.PullRequest
     PullResponse = consumer_thrift.PullResponse

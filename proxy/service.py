@@ -55,6 +55,7 @@ from ddmq.proxy.core.types import (
 )
 from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY
 from ddmq.proxy.engine.replays import ReplayLeases
+from ddmq.proxy.engine.verbs import apply_verbs, noted_fails_once
 from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer, build_groups
 from ddmq.proxy.ops.metrics import ProxyMetrics
 from ddmq.proxy.ops.reload import ConfigChange, apply_config
@@ -420,13 +421,14 @@ class ProxyService:
         except BadRequestError:
             self.counters["results_refused"] += 1
             raise
+        results = [noted_fails_once(r) if r.fail_details else r for r in results]
         if total <= APPLY_SLICE_OFFSETS:
             self._apply_now(results)
             return
         since_yield = 0
         for piece in _slices(results, APPLY_SLICE_OFFSETS):
             self._apply_now([piece])
-            since_yield += len(piece.success) + len(piece.fail)
+            since_yield += piece.size
             if since_yield >= APPLY_SLICE_OFFSETS:
                 since_yield = 0
                 await asyncio.sleep(0)
@@ -442,7 +444,7 @@ class ProxyService:
             except ValueError:
                 qid = -1
             if group is None or consumer is None or not 0 <= qid < max(consumer.queues, 1):
-                self.counters["unknown_results"] += len(result.success) + len(result.fail)
+                self.counters["unknown_results"] += result.size
                 log.debug("ignoring results for unknown %s/%s#%s", result.group, result.topic, result.qid)
                 continue
             queue = QueueId(result.topic, qid)
@@ -450,6 +452,8 @@ class ProxyService:
                 group.buffer.ack(queue, result.success)
             if result.fail:
                 group.buffer.fail(queue, result.fail)
+            if result.fail_details or result.release or result.extend:
+                apply_verbs(group.buffer, queue, result)
 
     async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
         consumer_group = self._group(group)
@@ -493,6 +497,10 @@ def _slices(results: list[QueueResult], size: int) -> list[QueueResult]:
     """``results`` cut into pieces of at most ``size`` offsets each, in order (a result's acks before its fails)."""
     pieces = []
     for r in results:
-        pieces += [r._replace(success=r.success[i : i + size], fail=[]) for i in range(0, len(r.success), size)]
-        pieces += [r._replace(success=[], fail=r.fail[i : i + size]) for i in range(0, len(r.fail), size)]
+        pieces += [r._replace(success=r.success[i : i + size], fail=[], release=(), extend=(), fail_details=())
+                   for i in range(0, len(r.success), size)]
+        pieces += [r._replace(success=[], fail=r.fail[i : i + size], release=(), extend=(), fail_details=())
+                   for i in range(0, len(r.fail), size)]
+        if r.release or r.extend or r.fail_details:
+            pieces.append(r._replace(success=[], fail=[]))  # the verbs, at most MAX_RESULT_OFFSETS together
     return pieces

@@ -40,12 +40,33 @@ struct Context {
     3: string qid;
 }
 
+/*
+ * ddmq extension: a failure with the client's words. retryAfterMs asks for the next attempt that many
+ * milliseconds from now instead of the group's retry interval (capped by the topic's
+ * max_retry_after_ms); reason (at most 1 KiB kept) is stored as the message's last error.
+ */
+struct FailDetail {
+    1: i64 offset;
+    2: optional i32 retryAfterMs;
+    3: optional string reason;
+}
+
 /* Acks and fails for one (topic, qid); a list of queues is linked through nextResult. */
 struct ConsumeResult {
     1: Context context;
     3: list<i64> successOffsets;
     4: list<i64> failOffsets;
     10: optional ConsumeResult nextResult;
+    /*
+     * ddmq extensions, under the rule of acks (only offsets delivered to this group count; others are
+     * ignored and counted). releaseOffsets: given back unprocessed, no attempt counted, delivered again
+     * first in their key. extendOffsets: still being worked on, the delivery deadline restarts (at most
+     * the topic's max_extensions per delivery). failDetails: failed (whether or not also in
+     * failOffsets), with a retry delay and a reason. Old clients never send these and see no change.
+     */
+    80: optional list<i64> releaseOffsets;
+    81: optional list<i64> extendOffsets;
+    82: optional list<FailDetail> failDetails;
 }
 
 struct PullRequest {

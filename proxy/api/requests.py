@@ -57,7 +57,7 @@ def per_key(asked: int | None) -> int:
 
 def result_offsets(results: list[QueueResult]) -> int:
     """How many offsets ``results`` carry; raises BadRequestError over MAX_RESULT_OFFSETS."""
-    total = sum(len(r.success) + len(r.fail) for r in results)
+    total = sum(r.size for r in results)
     if total > MAX_RESULT_OFFSETS:
         raise too_many_offsets(total)
     return total

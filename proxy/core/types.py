@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 
@@ -26,10 +27,21 @@ class StoredMessage(NamedTuple):
     produce_ms: int
 
 
+class FailNote(NamedTuple):
+    """A failure in the client's words (the wire's ``FailDetail``): ``retry_after_ms`` asks for the next
+    attempt that many milliseconds from now (None: the group's retry interval); ``reason`` becomes the
+    message's last error (None: the generic one)."""
+
+    offset: int
+    retry_after_ms: int | None = None
+    reason: str | None = None
+
+
 class QueueResult(NamedTuple):
     """Ack/fail offsets a client reports for one (topic, qid); one node of DDMQ's ConsumeResult list.
 
     ``qid`` stays the wire's string: the engine parses it and ignores (counts) what it cannot match.
+    ``release``, ``extend`` and ``fail_details`` are the ddmq verbs (fields 80-82): empty unless sent.
     """
 
     group: str
@@ -37,6 +49,14 @@ class QueueResult(NamedTuple):
     qid: str
     success: list[int]
     fail: list[int]
+    release: Sequence[int] = ()
+    extend: Sequence[int] = ()
+    fail_details: Sequence[FailNote] = ()
+
+    @property
+    def size(self) -> int:
+        """Offsets this result carries, every verb together (the per-request limit counts these)."""
+        return len(self.success) + len(self.fail) + len(self.release) + len(self.extend) + len(self.fail_details)
 
 
 class PullBatch(NamedTuple):

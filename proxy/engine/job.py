@@ -43,6 +43,15 @@ class RetrySettings(Protocol):
     @property
     def max_retry(self) -> int: ...
 
+    @property
+    def max_retry_after_ms(self) -> int: ...
+
+    @property
+    def max_extensions(self) -> int: ...
+
+    @property
+    def on_exhausted(self) -> str: ...
+
     def retry_delay_ms(self, retry: int) -> int: ...
 
 
@@ -89,6 +98,7 @@ class UpstreamJob:
         "consumer",
         "data",
         "deadline",
+        "extensions",
         "index",
         "last_error",
         "message",
@@ -116,6 +126,7 @@ class UpstreamJob:
         self.next: UpstreamJob | None = None
         self.attempts = 0
         self.deadline = 0  # timing-wheel tick while in flight
+        self.extensions = 0  # extendOffsets taken by the current delivery
         self.last_error = ""
 
     def __repr__(self) -> str:

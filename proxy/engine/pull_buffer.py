@@ -350,6 +350,7 @@ class PullBuffer:
         for job in batch:
             job.state = _IN_FLIGHT
             job.attempts += 1
+            job.extensions = 0
         self.redelivery.watch(batch, timeout_ms)
         self.queue_stats[batch[0].queue].delivered += len(batch)
 
@@ -402,7 +403,13 @@ class PullBuffer:
                 self._finish(job)  # its stale entry in the ready deque is skipped when taken
         return late
 
-    def fail(self, queue: QueueId, offsets: Iterable[int], reason: str = "client reported failure") -> None:
+    def fail(
+        self,
+        queue: QueueId,
+        offsets: Iterable[int],
+        reason: str = "client reported failure",
+        retry_after_ms: int | None = None,
+    ) -> None:
         jobs = self._jobs.get(queue)
         stats = self.queue_stats[queue]
         for offset in offsets:
@@ -424,7 +431,42 @@ class PullBuffer:
             stats.failed += 1
             self.redelivery.unwatch(job)
             self._return_run(job)
-            self.redelivery.failed_attempt(job, reason)
+            self.redelivery.failed_attempt(job, reason, retry_after_ms)
+
+    def release(self, queue: QueueId, offsets: Iterable[int]) -> None:
+        """Messages given back unprocessed: each waits again as its key's head (first of its key),
+        with this delivery's attempt uncounted; the rest of its run waits behind it."""
+        stats = self.queue_stats[queue]
+        for offset in offsets:
+            job = self._jobs.get(queue, {}).get(offset)
+            if job is None and queue in self._runs:
+                job = self._run_head(queue, offset)
+                if job is None and (member := self._runs[queue].get(offset)) is not None:
+                    stats.released += 1
+                    self._put_back(member)  # behind its run's unfinished head, uncounted
+                    continue
+            if job is None or job.state is not _IN_FLIGHT:
+                stats.ignored_verbs += 1
+                continue
+            stats.released += 1
+            self.redelivery.unwatch(job)
+            self._return_run(job)
+            job.attempts -= 1
+            self._make_ready(job)
+
+    def extend(self, queue: QueueId, offsets: Iterable[int]) -> None:
+        """Messages still being worked on: each one's deadline restarts (``timeout_ms`` from now), at
+        most ``max_extensions`` times per delivery."""
+        stats = self.queue_stats[queue]
+        for offset in offsets:
+            job = self.job(queue, offset)
+            if job is None or job.state is not _IN_FLIGHT or job.extensions >= job.consumer.config.max_extensions:
+                stats.ignored_verbs += 1
+                continue
+            job.extensions += 1
+            stats.extended += 1
+            self.redelivery.unwatch(job)
+            self.redelivery.watch((job,), job.consumer.config.timeout_ms)
 
     def _run_head(self, queue: QueueId, offset: int) -> UpstreamJob | None:
         """The run member at ``offset`` when it is its key's head now (moved to the heads), else None."""

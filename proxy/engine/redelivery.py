@@ -60,6 +60,9 @@ class BufferStats:
     unknown_acks: int = 0
     unknown_fails: int = 0
     late_acks: int = 0
+    released: int = 0
+    extended: int = 0
+    ignored_verbs: int = 0
 
 
 class Redelivery:
@@ -184,8 +187,9 @@ class Redelivery:
         self._stats[job.queue].failed += 1
         self.failed_attempt(job, reason)
 
-    def failed_attempt(self, job: UpstreamJob, reason: str) -> None:
-        """``job``'s attempt failed (its caller counted it): schedule its next one, or dead-letter it
+    def failed_attempt(self, job: UpstreamJob, reason: str, retry_after_ms: int | None = None) -> None:
+        """``job``'s attempt failed (its caller counted it): schedule its next one (``retry_after_ms``
+        from now when the client asked, within the topic's ``max_retry_after_ms``), or dead-letter it
         when ``max_retry`` retries are used up."""
         job.last_error = reason
         config = job.consumer.config
@@ -193,7 +197,11 @@ class Redelivery:
             self.dead_letter(job, reason)
             return
         job.state = _RETRY_WAIT
-        due = self._clock() + config.retry_delay_ms(job.attempts) / 1000
+        if retry_after_ms is None:
+            delay_ms = config.retry_delay_ms(job.attempts)
+        else:
+            delay_ms = min(max(retry_after_ms, 0), config.max_retry_after_ms)
+        due = self._clock() + delay_ms / 1000
         heapq.heappush(self._retries, (due, next(self._seq), job))
 
     # dead letters ------------------------------------------------------------------------------

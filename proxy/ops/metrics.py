@@ -87,6 +87,14 @@ _BUFFER_COUNTERS: Final = {
     ),
     "unknown_fails": ("ddmq_fails_unknown", "Fails for offsets not in flight (ignored)."),
     "late_acks": ("ddmq_acks_late", "Acks that arrived after the message's timeout (they still finish it)."),
+    "released": (
+        "ddmq_messages_released", "Messages a client gave back unprocessed (releaseOffsets): no attempt counted."
+    ),
+    "extended": ("ddmq_messages_extended", "Delivery deadlines a client restarted (extendOffsets)."),
+    "ignored_verbs": (
+        "ddmq_verbs_ignored",
+        "Releases and extensions for messages not in flight to the group, or past max_extensions (ignored).",
+    ),
 }
 assert set(_BUFFER_COUNTERS) == {f.name for f in fields(BufferStats)}, "every BufferStats field is exported"
 

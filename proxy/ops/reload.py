@@ -60,6 +60,8 @@ IN_PLACE_FIELDS: frozenset[str] = frozenset(
         "timeout_ms",
         "max_retry",
         "retry_intervals_ms",
+        "max_retry_after_ms",
+        "max_extensions",
         "max_pull_batch_size",
         "max_reply_bytes",
         "read_batch_size",

@@ -54,6 +54,14 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         3: (LIST, "successOffsets", "", I64),
         4: (LIST, "failOffsets", "", I64),
         10: (STRUCT, "nextResult", "optional", "ConsumeResult"),
+        80: (LIST, "releaseOffsets", "optional", I64),
+        81: (LIST, "extendOffsets", "optional", I64),
+        82: (LIST, "failDetails", "optional", (STRUCT, "FailDetail")),
+    },
+    "FailDetail": {
+        1: (I64, "offset", "", None),
+        2: (I32, "retryAfterMs", "optional", None),
+        3: (STRING, "reason", "optional", None),
     },
     "PullRequest": {
         1: (STRING, "groupId", "required", None),

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS, ConsumeService
 from ddmq.proxy.core.errors import BadRequestError
-from ddmq.proxy.core.types import PullBatch, QueueResult, StoredMessage
+from ddmq.proxy.core.types import FailNote, PullBatch, QueueResult, StoredMessage
 from ddmq.proxy.servers.clients import ClientTracker
 from ddmq.proxy.servers.http.errors import validation_message
 
@@ -38,6 +38,15 @@ class JsonBody(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+class FailDetailIn(JsonBody):
+    """A failure with a retry delay and a reason (the Thrift ``FailDetail``)."""
+
+    offset: Offset
+    retry_after_ms: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    # Kept to 1 KiB by the engine; the bound here only refuses absurd bodies early.
+    reason: Annotated[str, Field(max_length=65536)] | None = None
+
+
 class ResultIn(JsonBody):
     """Acks and fails for one (topic, qid): one node of DDMQ's ConsumeResult list."""
 
@@ -46,6 +55,9 @@ class ResultIn(JsonBody):
     qid: Annotated[int, Field(ge=0, le=65535)] | Annotated[str, Field(max_length=20)]
     success: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
     fail: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
+    release: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
+    extend: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
+    fail_details: Annotated[list[FailDetailIn], Field(max_length=MAX_RESULT_OFFSETS)] = []
 
 
 #: The IDL's ``i32`` fields (maxBatchSize, maxLingerTime, maxPerKey) take the same range here; what a
@@ -79,7 +91,13 @@ def parse(model: type[_M], raw: bytes) -> _M:
 
 def results_from_json(results: list[ResultIn]) -> list[QueueResult]:
     """As engine values, as sent (the service gives a result without ``group`` the request's)."""
-    return [QueueResult(r.group or "", r.topic, str(r.qid), list(r.success), list(r.fail)) for r in results]
+    return [
+        QueueResult(
+            r.group or "", r.topic, str(r.qid), list(r.success), list(r.fail), r.release, r.extend,
+            [FailNote(d.offset, d.retry_after_ms, d.reason) for d in r.fail_details],
+        )
+        for r in results
+    ]
 
 
 def message_json(message: StoredMessage) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from ddmq.protocol.wire import (
 from ddmq.proxy.api.requests import too_many_offsets
 from ddmq.proxy.api.surface import ConsumeService
 from ddmq.proxy.core.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
-from ddmq.proxy.core.types import PullBatch, PullLease, QueueResult, StoredMessage
+from ddmq.proxy.core.types import FailNote, PullBatch, PullLease, QueueResult, StoredMessage
 from ddmq.proxy.servers.clients import ClientTracker
 
 log = logging.getLogger(__name__)
@@ -205,6 +205,11 @@ def results_from_wire(head: ConsumeResult | None) -> list[QueueResult]:
                 qid=context.qid or "",
                 success=list(node.successOffsets or ()),
                 fail=list(node.failOffsets or ()),
+                release=node.releaseOffsets or (),
+                extend=node.extendOffsets or (),
+                fail_details=[
+                    FailNote(d.offset, d.retryAfterMs, d.reason) for d in node.failDetails or () if d.offset is not None
+                ],
             )
         )
     return results
