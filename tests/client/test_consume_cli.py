@@ -102,9 +102,10 @@ def test_consume_into_head_ten_times_releases_what_it_did_not_print(proxy: Proxy
         printed.append(json.loads(run.stdout))
     assert len({(line["qid"], line["offset"]) for line in printed}) == 10  # each run printed a new message
     assert dead_letters(redis_url) == 0
-    answer = _admin_json(proxy, f"/admin/groups/{GROUP}/in-flight?topic={TOPIC}&limit=1000")
-    assert answer["jobs"] and {job["attempts"] for job in answer["jobs"]} == {0}, answer["jobs"]
-    assert not [job for job in answer["jobs"] if job["state"] == "in_flight"]
+    # Every key's head (each key's next message) is back to waiting, with no attempt counted.
+    answer = _admin_json(proxy, f"/admin/groups/{GROUP}/blocked-keys?topic={TOPIC}&limit=100")
+    heads = {key["order_key"]: (key["state"], key["head"]["attempts"]) for key in answer["keys"]}
+    assert len(heads) == 30 and set(heads.values()) == {("waiting", 0)}, heads
 
 
 def _admin_json(proxy: ProxyProcess, path: str) -> dict[str, Any]:
