@@ -34,6 +34,11 @@ key                               type      holds
 ``ddmq:lag:{<g>:<t>}``            stream    the console's lag samples of group g on topic t, id = the
                                             sample's interval start (ms); capped (720 entries)
 ``ddmq:group:{<g>}:topics``       hash      topic → last heartbeat (ms) of a proxy consuming it for g
+``ddmq:parked:{<g>:<t>}``         hash      ``<qid> <key>`` → JSON of a parked (or sequenced) key of
+                                            group g on topic t (docs/failures.md)
+``ddmq:keycmd:{<g>:<t>}``         stream    operator key actions for the proxies holding the queues;
+                                            capped (1000 entries)
+``ddmq:keycmd:{<g>:<t>}:r:<id>``  list      the holders' answers to key action ``id``; short expiry
 ================================  ========  ===================================================
 """
 
@@ -52,11 +57,14 @@ __all__ = [
     "finished",
     "group_topics",
     "groups",
+    "key_command_replies",
+    "key_commands",
     "lag_history",
     "lease",
     "lease_term",
     "members",
     "offset_of",
+    "parked_keys",
     "producer_state",
     "replayed",
     "rollbacks",
@@ -156,6 +164,18 @@ def dead_letters(group: str, topic: str) -> str:
 
 def lag_history(group: str, topic: str) -> str:
     return f"{PREFIX}:lag:{{{group}:{topic}}}"
+
+
+def parked_keys(group: str, topic: str) -> str:
+    return f"{PREFIX}:parked:{{{group}:{topic}}}"
+
+
+def key_commands(group: str, topic: str) -> str:
+    return f"{PREFIX}:keycmd:{{{group}:{topic}}}"
+
+
+def key_command_replies(group: str, topic: str, command_id: str) -> str:
+    return f"{key_commands(group, topic)}:r:{command_id}"
 
 
 def dead_letter_claims(group: str, topic: str) -> str:

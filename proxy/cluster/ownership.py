@@ -159,6 +159,7 @@ class QueueOwnership:
         """Start reading ``qid`` (just claimed under ``term``) from its committed offset."""
         consumer = self.consumer
         tracker = consumer.trackers[qid] = await consumer.commits.load(qid)
+        await consumer.parking.load(qid)  # before reading: a parked key's message must not go out
         reader = consumer.readers[qid] = QueueReader(consumer, qid, term)
         reader.start()
         log.info("%s: lease term %d, reading from offset %d", self._name(qid), term, tracker.committed)
@@ -174,6 +175,7 @@ class QueueOwnership:
         if tracker is not None:
             tracker.dropped = True
         consumer.gap_until.pop(qid, None)
+        consumer.parking.forget(qid)
         for job in consumer.buffer.drop_queue(QueueId(consumer.topic, qid)):
             consumer.finish(job)
         lease = self.held.pop(qid, None)

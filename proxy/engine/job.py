@@ -20,6 +20,7 @@ class JobState(IntEnum):
     IN_FLIGHT = 4  # handed to a client, waiting for ack/fail/timeout
     RETRY_WAIT = 5  # failed, waiting for its retry interval
     FINISHED = 6  # acked, filtered, or dead-lettered
+    PARKED = 7  # its key stopped here (on_exhausted: park, or an operator): see engine/parking.py
 
 
 _NEW = JobState.NEW  # a plain global: enum members read through their class are slow on Python 3.11
@@ -87,6 +88,22 @@ class JobOwner(Protocol):
 
     def finish(self, job: UpstreamJob) -> None:
         """``job`` is done: release its key, mark its offset finished."""
+        ...
+
+    @property
+    def key_records(self) -> dict[int, Any]:
+        """Parked or sequenced keys of the queues read here (empty while there are none): the pull
+        buffer asks :meth:`arrived` about a job only when this is not empty."""
+        ...
+
+    def arrived(self, job: UpstreamJob) -> str | None:
+        """``job`` reached the pull buffer: ``"parked"`` when its key holds it, a dead-letter reason when
+        its key is sequenced, None to make it ready."""
+        ...
+
+    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
+        """``job`` used up ``max_retry`` under an ``on_exhausted`` other than dead_letter: True when it
+        was parked, False to dead-letter it."""
         ...
 
 

@@ -141,7 +141,40 @@ class PullBuffer:
         if jobs is None:
             jobs = self._jobs[queue] = {}
         jobs[job.offset] = job
+        if job.consumer.key_records and (held := job.consumer.arrived(job)) is not None:
+            if held != "parked":  # a sequenced key: dead-lettered behind its earlier message
+                self.redelivery.dead_letter(job, held)
+            return
         self._make_ready(job)
+
+    # parking (engine/parking.py) ---------------------------------------------------------------
+
+    def hold(self, job: UpstreamJob) -> None:
+        """Take head ``job`` out of delivery (to park it): off the wheel or the ready line, its run's
+        later members back in their key chain."""
+        if job.state is _IN_FLIGHT:
+            self.redelivery.unwatch(job)
+            self._return_run(job)
+        elif job.state is _READY:
+            self._unready(job)
+        job.state = JobState.PARKED
+
+    def unhold(self, job: UpstreamJob) -> None:
+        """Deliver held or failing head ``job`` again now."""
+        if job.state is _READY:
+            self._unready(job)
+        self._make_ready(job)
+
+    def drop_head(self, job: UpstreamJob, reason: str) -> None:
+        """Dead-letter head ``job`` now (an operator's skip); its key moves on once it is written."""
+        self.hold(job)
+        self.redelivery.dead_letter(job, reason)
+
+    def _unready(self, job: UpstreamJob) -> None:
+        ready = self._ready.get(job.queue)
+        if ready is not None and job in ready:
+            ready.remove(job)  # an operator's action: O(n) once, not on the delivery path
+            self._ready_count -= 1
 
     def _make_ready(self, job: UpstreamJob) -> None:
         job.state = _READY

@@ -194,6 +194,8 @@ class Redelivery:
         job.last_error = reason
         config = job.consumer.config
         if job.attempts > config.max_retry:
+            if config.on_exhausted != "dead_letter" and job.consumer.exhausted(job, reason):
+                return
             self.dead_letter(job, reason)
             return
         job.state = _RETRY_WAIT

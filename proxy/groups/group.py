@@ -25,9 +25,12 @@ from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
+from ddmq.proxy.engine.parking import KeyParking
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.reader import QueueReader, TokenBucket
+from ddmq.proxy.groups.key_actions import serve_key_commands
 from ddmq.proxy.store.broker import Broker, ForeignEntry
+from ddmq.proxy.store.key_commands import ParkStore
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,10 @@ class TopicConsumer:
         self.gap_until: dict[int, int] = {}
         self.ownership = QueueOwnership(self)
         self.commits = OffsetCommitter(self)
+        #: Parked and sequenced keys (on_exhausted, operators' key actions): see engine/parking.py.
+        self.parking = KeyParking(
+            buffer, ParkStore(broker.redis, group, topic), self.blocking_queue.heads, self.blocking_queue.chain_length
+        )
 
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
@@ -117,6 +124,16 @@ class TopicConsumer:
     def pull_only(self, job: UpstreamJob) -> bool:
         return job.index == self._last_action
 
+    @property
+    def key_records(self) -> dict[int, object]:
+        return self.parking.records  # type: ignore[return-value]
+
+    def arrived(self, job: UpstreamJob) -> str | None:
+        return self.parking.arrived(job)
+
+    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
+        return self.parking.exhausted(job, reason, self.config.on_exhausted)
+
     # lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -126,6 +143,9 @@ class TopicConsumer:
         start_chain(self.chain)
         self._tasks.append(asyncio.create_task(self.ownership.run(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
+        self._tasks.append(
+            asyncio.create_task(serve_key_commands(self), name=f"key-commands:{self.group}/{self.topic}")
+        )
 
     async def stop_reading(self) -> None:
         if self._tasks:  # first the lease loop, so that no claim opens a reader behind our back
@@ -142,6 +162,7 @@ class TopicConsumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.parking.close()
         await close_chain(self.chain)
 
     async def retire(self, drain_ms: int) -> None:

@@ -65,12 +65,14 @@ class BlockedKey:
 
 
 #: The values of :attr:`BlockedKey.state`.
-KEY_STATES: tuple[str, ...] = ("failing", "in_flight", "waiting")
+KEY_STATES: tuple[str, ...] = ("parked", "failing", "in_flight", "waiting")
 
 
 def key_state(head: UpstreamJob) -> str:
     # ``attempts`` counts deliveries, so a head delivered before the current one failed or timed out.
     # (``last_error`` is no sign: an action may note one, such as a body that is not JSON, and go on.)
+    if head.state is JobState.PARKED:
+        return "parked"  # its key stops here until an operator acts (engine/parking.py)
     in_flight = head.state is JobState.IN_FLIGHT
     if head.state is JobState.RETRY_WAIT or head.attempts > (1 if in_flight else 0):
         return "failing"

@@ -58,6 +58,15 @@ class Owner:
     def pull_only(self, job: UpstreamJob) -> bool:
         return True
 
+    #: No parked keys here (engine/parking.py has its own tests over a real proxy).
+    key_records: dict[int, Any] = {}
+
+    def arrived(self, job: UpstreamJob) -> str | None:
+        return None
+
+    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
+        return False
+
     async def dead_letter(self, job: UpstreamJob) -> None:
         if self.dead_letter_errors:
             self.dead_letter_errors -= 1

@@ -11,26 +11,31 @@ import asyncio
 import json
 import logging
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import Field
 
 from ddmq.protocol.connection import REDIS_FAILURES, sync_redis
 from ddmq.protocol.keys import dead_letters as dead_letters_key
 from ddmq.protocol.status import GroupStatus, QueueStatus, group_status
+from ddmq.proxy.api.keys import key_action, list_keys
+from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.core.errors import (
     BadRequestError,
     BrokerError,
+    UnavailableError,
     UnknownEntryError,
     UnknownGroupError,
     UnknownTopicError,
 )
 from ddmq.proxy.core.types import StoredMessage
-from ddmq.proxy.groups.group import ConsumerGroup
+from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
 from ddmq.proxy.ops.views import KEY_STATES, blocked_keys, group_view, in_flight, queue_counts
 from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json, parse
-from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
+from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, ReplayResult, check_id
+from ddmq.proxy.store.key_commands import dead_letter_ids_of_key
 
 if TYPE_CHECKING:
     from ddmq.proxy.service import ProxyService
@@ -81,14 +86,25 @@ def _key_states(request: web.Request) -> frozenset[str] | None:
 
 
 class SelectionIn(JsonBody):
-    """``{"ids": [...]}`` or ``{"all": true}``."""
+    """``{"ids": [...]}``, ``{"all": true}`` or (replay) ``{"key": K}``."""
 
     ids: list[str] | None = None
     all: bool = False
+    key: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+
+class KeyActionIn(JsonBody):
+    """``{"key": K, "qid": optional, "by": optional}``: an operator's action on one key."""
+
+    key: Annotated[str, Field(min_length=1, max_length=4096)]
+    qid: Annotated[int, Field(ge=0, le=65535)] | None = None
+    by: Annotated[str, Field(max_length=200)] | None = None
 
 
 def _selection(raw: bytes) -> list[str] | None:
     body = parse(SelectionIn, raw)
+    if body.key is not None:
+        raise BadRequestError('"key" selects dead letters to replay only')
     if body.all == (body.ids is not None):
         raise BadRequestError('give either "ids": [...] or "all": true')
     if body.ids is not None:
@@ -170,6 +186,9 @@ class OperatorApi:
         router.add_post(letters + "/replay", self.replay)
         router.add_post(letters + "/purge", self.purge)
         router.add_get(letters + "/{id}", self.dead_letter)
+        keys_path = "/admin/groups/{group}/topics/{topic}/keys"
+        router.add_get(keys_path, self.keys)
+        router.add_post(keys_path + "/{action}", self.key_action)
 
     # health ----------------------------------------------------------------------------------
 
@@ -322,11 +341,63 @@ class OperatorApi:
 
     async def replay(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        selection = _selection(await self._read_body(request))
+        raw = await self._read_body(request)
+        key = parse(SelectionIn, raw).key
+        if key is not None:
+            return await self._replay_key(request, letters, key)
+        selection = _selection(raw)
         async with self._letter_lock(letters):
             result = await letters.replay(selection)
         log.info("replayed %d dead letters of %s/%s", result.replayed, letters.group, letters.topic)
         return web.json_response({"replayed": result.replayed, "missing": result.missing})
+
+    async def _replay_key(self, request: web.Request, letters: DeadLetters, key: str) -> web.Response:
+        """Replay one key's dead letters in their original order; a sequenced key resumes first, so
+        the replayed messages are delivered rather than sequenced again."""
+        consumer = self._consumer(request)
+        async with self._letter_lock(letters):
+            ids = await dead_letter_ids_of_key(letters, key)
+            try:
+                await key_action(consumer, self._leases(), "resume", key, None, "replay")
+            except UnknownEntryError:
+                pass  # not sequenced anywhere: nothing holds the key
+            result = await letters.replay(ids) if ids else ReplayResult(0, [])
+        log.info("replayed %d dead letters of key %r of %s/%s", result.replayed, key, letters.group, letters.topic)
+        return web.json_response({"replayed": result.replayed, "missing": result.missing})
+
+    # keys --------------------------------------------------------------------------------------
+
+    def _consumer(self, request: web.Request) -> TopicConsumer:
+        group = self._group(request)
+        topic = self._topic(group, request.match_info["topic"])
+        assert topic is not None
+        return group.consumers[topic]
+
+    def _leases(self) -> LeaseStore:
+        if self._service.leases is None:
+            raise UnavailableError("the proxy is not started")
+        return self._service.leases
+
+    async def keys(self, request: web.Request) -> web.Response:
+        """Keys of a (group, topic) over every proxy, stuck ones first (``state``, ``key`` filter)."""
+        consumer = self._consumer(request)
+        key = request.query.get("key")
+        answer = await list_keys(consumer, self._leases(), _key_states(request), key, _offset(request))
+        shown = fit(answer["keys"], self._list_bytes)
+        if len(shown) < len(answer["keys"]):
+            answer["next_offset"] = _offset(request) + len(shown)
+        answer["keys"] = shown
+        return web.json_response(answer)
+
+    async def key_action(self, request: web.Request) -> web.Response:
+        consumer = self._consumer(request)
+        body = parse(KeyActionIn, await self._read_body(request))
+        action = request.match_info["action"]
+        answer = await key_action(consumer, self._leases(), action, body.key, body.qid, body.by or "admin api")
+        log.info("%s of key %r of %s/%s by %s: %s", action, body.key, consumer.group, consumer.topic,
+                 body.by or "admin api", answer["applied"])
+        shown = fit(answer["applied"], self._list_bytes)
+        return web.json_response({**answer, "applied": shown})
 
     def _letter_lock(self, letters: DeadLetters) -> asyncio.Lock:
         return self._letter_locks.setdefault((letters.group, letters.topic), asyncio.Lock())
