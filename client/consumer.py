@@ -128,6 +128,10 @@ class PullConsumer:
         self._fatal = FatalError(on_error)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        # One per puller, set when it has ended. Liveness is read from these, not Thread.is_alive():
+        # on Python < 3.13 a join() interrupted by Ctrl-C can mark a live thread as stopped, and the
+        # process would then exit before the pullers release their messages.
+        self._ended: list[threading.Event] = []
         self._started = False
         self._extend_every_s = extend_every_s(group_timeout_ms)
         self._held: list[tuple[ProxyClient, Held, threading.Lock]] = []
@@ -152,7 +156,7 @@ class PullConsumer:
     @property
     def running(self) -> bool:
         """True from :meth:`start` until every puller has ended (after :meth:`stop` or a fatal error)."""
-        return any(thread.is_alive() for thread in self._threads)
+        return not all(ended.is_set() for ended in self._ended)
 
     def start(self) -> None:
         if self._started:
@@ -160,9 +164,11 @@ class PullConsumer:
         self._started = True
         for index in range(self._settings.pullers):
             host, port = self._settings.server_for(index)
+            ended = threading.Event()
             thread = threading.Thread(
-                target=self._run_puller, args=(host, port), name=f"ddmq-puller-{index}", daemon=True
+                target=self._puller, args=(host, port, ended), name=f"ddmq-puller-{index}", daemon=True
             )
+            self._ended.append(ended)
             self._threads.append(thread)
             thread.start()
         if self._extend_every_s is not None:
@@ -177,11 +183,14 @@ class PullConsumer:
         """Stop, wait up to ``timeout`` seconds (None: as long as it takes) for the pullers' final submits."""
         self.stop()
         deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in self._threads:
-            if thread is threading.current_thread():
-                raise RuntimeError("PullConsumer.close() called from a processor; use stop()")
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        alive = [thread.name for thread in self._threads if thread.is_alive()]
+        if threading.current_thread() in self._threads:
+            raise RuntimeError("PullConsumer.close() called from a processor; use stop()")
+        for ended in self._ended:
+            # Short waits keep a second Ctrl-C deliverable; an interrupted wait leaves no false state.
+            while not ended.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+        alive = [thread.name for thread, ended in zip(self._threads, self._ended, strict=True) if not ended.is_set()]
         if alive:
             log.warning("pullers still busy after %s s: %s", timeout, ", ".join(alive))
         elif self._keeper is not None:
@@ -192,13 +201,13 @@ class PullConsumer:
         """Block until every puller has ended (after :meth:`stop` or a fatal error): True, or False when
         ``timeout`` seconds passed first. Raises the fatal error that stopped the consumer."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in self._threads:
-            # Short joins keep Ctrl-C (KeyboardInterrupt) deliverable to the waiting thread.
-            while thread.is_alive():
+        for ended in self._ended:
+            # Short waits keep Ctrl-C (KeyboardInterrupt) deliverable to the waiting thread.
+            while not ended.is_set():
                 left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
                 if left <= 0:
                     return False
-                thread.join(left)
+                ended.wait(left)
         self._fatal.raise_once()
         return True
 
@@ -218,6 +227,12 @@ class PullConsumer:
         self.close()
         if exc_type is None:
             self._fatal.raise_once()
+
+    def _puller(self, host: str, port: int, ended: threading.Event) -> None:
+        try:
+            self._run_puller(host, port)
+        finally:
+            ended.set()
 
     def _run_puller(self, host: str, port: int) -> None:
         settings = self._settings

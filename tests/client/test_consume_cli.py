@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -94,7 +95,8 @@ def test_consume_into_head_ten_times_releases_what_it_did_not_print(proxy: Proxy
     print is released, so nothing wears out (the group's timeout_ms is 1 s and max_retry 1: without
     releases, the messages of one run time out as failed attempts and the next runs dead-letter them)."""
     produce_keyed(redis_url, 300, {}, random.Random(2), keys=30, topic=TOPIC)
-    command = f"{' '.join(DDMQ)} consume --servers {server(proxy)} --group {GROUP} --batch-size 16 | head -1"
+    command = (f"{' '.join(DDMQ)} consume --servers {server(proxy)} --group {GROUP} --batch-size 16 "
+               "--group-timeout-ms 1000 | head -1")
     printed = []
     for _ in range(10):
         run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30, check=True)
@@ -106,6 +108,25 @@ def test_consume_into_head_ten_times_releases_what_it_did_not_print(proxy: Proxy
     answer = _admin_json(proxy, f"/admin/groups/{GROUP}/blocked-keys?topic={TOPIC}&limit=100")
     heads = {key["order_key"]: (key["state"], key["head"]["attempts"]) for key in answer["keys"]}
     assert len(heads) == 30 and set(heads.values()) == {("waiting", 0)}, heads
+
+
+def test_consume_stopped_by_ctrl_c_releases_what_it_did_not_print(proxy: ProxyProcess, redis_url: str) -> None:
+    produce_keyed(redis_url, 100, {}, random.Random(3), keys=10, topic=TOPIC)
+    # A slow reader: the command blocks writing into a full pipe, holding a pulled batch meanwhile.
+    with subprocess.Popen([*DDMQ, "consume", "--servers", server(proxy), "--group", GROUP, "--batch-size", "16"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as consume:
+        assert consume.stdout is not None and consume.stderr is not None
+        first = json.loads(consume.stdout.readline())
+        consume.send_signal(signal.SIGINT)
+        rest = consume.stdout.read().decode().splitlines()
+        assert consume.wait(timeout=10) == 130
+        stderr = consume.stderr.read().decode()
+    assert "Traceback" not in stderr, stderr
+    printed = 1 + len(rest)
+    answer = _admin_json(proxy, f"/admin/groups/{GROUP}/blocked-keys?topic={TOPIC}&limit=100")
+    heads = {key["order_key"]: (key["state"], key["head"]["attempts"]) for key in answer["keys"]}
+    assert heads and set(heads.values()) == {("waiting", 0)}, (heads, stderr[-3000:])
+    assert sum(key["chain_length"] for key in answer["keys"]) == 100 - printed, (first, rest)
 
 
 def _admin_json(proxy: ProxyProcess, path: str) -> dict[str, Any]:
