@@ -94,6 +94,16 @@ def test_keys_retry_and_skip_from_the_cli(proxy: ProxyProcess, redis_url: str) -
     # A key that is not there: nothing applied, status 1.
     assert ddmq(proxy, "keys", "resume", *common, "--key", "nobody").returncode == 1
 
+    # park holds a key by hand (recording who asked); resume lets it go on.
+    with Producer(redis_url) as producer:
+        producer.send(TOPIC, "r2 call", key="r2", qid=1)
+    parked_by_hand = ddmq(proxy, "keys", "park", *common, "--key", "r2")
+    assert parked_by_hand.returncode == 0, parked_by_hand.stdout + parked_by_hand.stderr
+    (r2,) = keys_json(proxy, "--key", "r2")["keys"]
+    assert (r2["state"], r2["parked_by"]) == ("parked", "ops-alice"), r2
+    assert ddmq(proxy, "keys", "resume", *common, "--key", "r2").returncode == 0
+    assert consume_one(proxy)["value"] == "r2 call"
+
     # Its dead letters go back in order, by key.
     replayed = ddmq(proxy, "dead-letters", "replay", *common, "--key", "r1")
     assert replayed.returncode == 0 and "replayed 1" in replayed.stdout, replayed.stdout + replayed.stderr
