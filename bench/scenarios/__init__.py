@@ -15,7 +15,7 @@ from bench.scenarios.failover import failover
 from bench.scenarios.latency import latency
 from bench.scenarios.memory import memory
 from bench.scenarios.spark import spark
-from bench.scenarios.throughput import cluster_throughput, hot_keys, isolation, throughput
+from bench.scenarios.throughput import cluster_throughput, hot_keys, isolation, isolation_parked, throughput
 from bench.scenarios.work import key_parallel_work
 
 __all__ = ["SCENARIOS", "Scenario", "Settings"]
@@ -37,6 +37,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("P1c", "throughput ordered by KEY on a 3-master Redis Cluster, vs XREADGROUP+XACK on it",
                  cluster_throughput),
         Scenario("P2", "head-of-line isolation: one key never acked", isolation),
+        Scenario("P2p", "head-of-line isolation: one key parked (on_exhausted: park)", isolation_parked),
         Scenario("P3", "key-parallel work, 100 in flight", key_parallel_work),
         Scenario("P4", "latency produce -> client, vs XREAD BLOCK", latency),
         Scenario("P5", "proxy RSS under a large backlog", memory),

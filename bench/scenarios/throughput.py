@@ -41,7 +41,7 @@ from bench.scenarios.base import ORDER_KEYS, Settings, log, proxy_sections, run_
 from bench.stack import ClusterServer, Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds, free_port
 from ddmq.protocol.hashing import queue_for_key
 
-__all__ = ["cluster_throughput", "hot_keys", "isolation", "throughput"]
+__all__ = ["cluster_throughput", "hot_keys", "isolation", "isolation_parked", "throughput"]
 
 BATCH = 64
 #: Baseline drains before and after each proxy run; the figure is the median of all of them.
@@ -323,13 +323,24 @@ STUCK_RUNS = 3
 
 
 def isolation(settings: Settings) -> list[Row]:
+    """P2: the poison key stuck (redelivered forever, its later messages waiting)."""
+    return _isolation(settings, "P2", "stuck", {"max_retry": 1_000_000})
+
+
+def isolation_parked(settings: Settings) -> list[Row]:
+    """P2p: the poison key parked after its retries (on_exhausted: park): no more redeliveries at all."""
+    return _isolation(settings, "P2p", "parked", {"max_retry": 1, "on_exhausted": "park"})
+
+
+def _isolation(settings: Settings, row_id: str, held: str, variant: dict[str, Any]) -> list[Row]:
     messages = settings.size(30_000, 200_000)
     config = {
         "actions": ["Order", "PullServer"], "order_key": "KEY",
-        "timeout_ms": 1000, "max_retry": 1_000_000, "retry_intervals_ms": [100],
+        "timeout_ms": 1000, "retry_intervals_ms": [100], **variant,
     }
+    control_config = {**config, "max_retry": 1_000_000, "on_exhausted": "dead_letter"}
     with RedisServer() as redis_server:
-        log(f"P2: producing {messages:,} messages over {KEYS} keys + {POISON_KEY!r}")
+        log(f"{row_id}: producing {messages:,} messages over {KEYS} keys + {POISON_KEY!r}")
         backlog = produce_backlog(redis_server.url, messages, keys=KEYS, extra_keys=(POISON_KEY,))
         others = backlog.total - backlog.per_key[POISON_KEY]
         control_rates: list[float] = []
@@ -338,15 +349,15 @@ def isolation(settings: Settings) -> list[Row]:
         # control, stuck, control, ... control: the medians shrug off a run hit by a neighbour
         for index in range(2 * STUCK_RUNS + 1):
             if index % 2 == 0:
-                log(f"P2: control drain {index // 2 + 1}, every key acked")
+                log(f"{row_id}: control drain {index // 2 + 1}, every key acked")
                 control = drain_via_proxy(
-                    redis_server, f"cg-control-{index}", backlog.total, config, wait_commit=False
+                    redis_server, f"cg-control-{index}", backlog.total, control_config, wait_commit=False
                 )
                 control_rates.append(backlog.total / control.result["delivered_s"])
             else:
-                log(f"P2: drain {index // 2 + 1} with {POISON_KEY!r} never acked")
+                log(f"{row_id}: drain {index // 2 + 1} with {POISON_KEY!r} never acked ({held})")
                 stuck = drain_via_proxy(
-                    redis_server, f"cg-stuck-{index}", others, config, poison_key=POISON_KEY, wait_commit=False
+                    redis_server, f"cg-{held}-{index}", others, config, poison_key=POISON_KEY, wait_commit=False
                 )
                 stuck_rates.append(others / stuck.result["delivered_s"])
     assert stuck is not None
@@ -355,7 +366,7 @@ def isolation(settings: Settings) -> list[Row]:
     data = {
         "proxy_msgs_per_s": round(stuck_rate),
         "control_msgs_per_s": round(control_rate),
-        "stuck_runs_msgs_per_s": [round(r) for r in stuck_rates],
+        f"{held}_runs_msgs_per_s": [round(r) for r in stuck_rates],
         "control_runs_msgs_per_s": [round(r) for r in control_rates],
         "control_spread": round(_spread(control_rates), 3),
         "poison_messages": backlog.per_key[POISON_KEY],
@@ -365,10 +376,10 @@ def isolation(settings: Settings) -> list[Row]:
     }
     params = {
         "messages": backlog.total, "keys": f"{KEYS}+1", "batch": BATCH, "connections": CONNECTIONS,
-        "timeout_ms": 1000, "max_retry": 1_000_000,
+        "timeout_ms": 1000, **variant,
     }
     return [Row(
-        "P2", "other keys' msg/s with one key stuck, / control", _fmt(stuck_rate),
+        row_id, f"other keys' msg/s with one key {held}, / control", _fmt(stuck_rate),
         f"{_fmt(control_rate)} ±{_spread(control_rates):.0%} (control)",
         stuck_rate / control_rate, Target(">=", 0.95), params, data,
     )]

@@ -38,6 +38,8 @@ SEQUENCED: Final = "sequenced"
 
 _PARKED = JobState.PARKED
 _IN_FLIGHT = JobState.IN_FLIGHT
+#: States of a head the pull buffer holds (an action may take it out of delivery).
+_SETTLED = frozenset({JobState.READY, JobState.IN_FLIGHT, JobState.RETRY_WAIT, JobState.PARKED})
 
 
 def key_text(order_key: Hashable) -> str:
@@ -142,6 +144,10 @@ class KeyParking:
             if qid is not None and q != qid:
                 continue
             job = heads.get((q, key))
+            if job is not None and job.state not in _SETTLED:
+                # between the key gate and the pull buffer (its chain runs next): act on it when it
+                # arrives, through the record, as on a key with nothing read yet
+                job = None
             record = self.records.get(q, {}).get(key)
             if job is None and record is None and not (action == "park" and qid == q):
                 continue
@@ -161,6 +167,10 @@ class KeyParking:
                     self._forget(record)
                 if job is not None:
                     self._buffer.drop_head(job, f"skipped by {by}")
+                    # the key's state once the dead-letter write (under way) lets its next message go
+                    successor = job.next
+                    applied.append({"qid": q, "state": _state(successor) if successor is not None else "idle"})
+                    continue
             applied.append({"qid": q, "state": self.state_of(q, key)})
         return applied
 
@@ -184,7 +194,9 @@ class KeyParking:
             state = _state(job)
             rows.append({
                 "key": key, "qid": job.qid, "state": state, "head_offset": job.offset, "attempts": job.attempts,
-                "reason": job.last_error or (record.reason if record is not None else None) or None,
+                # an action may note an error and go on (a body that is not JSON): only a stuck head's counts
+                "reason": (job.last_error if state in ("parked", "failing") else None)
+                or (record.reason if record is not None else None),
                 "waiting": self._chain_length(order_key) - 1,
                 "parked_by": record.parked_by if record is not None and state == "parked" else None,
                 "parked_at_ms": record.parked_at_ms if record is not None and state == "parked" else None,

@@ -132,6 +132,8 @@ class TopicConsumer:
         return self.parking.arrived(job)
 
     def exhausted(self, job: UpstreamJob, reason: str) -> bool:
+        if self.config.actions[-1] != "PullServer":
+            return False  # a push chain has no pull buffer to park in: dead-lettered as before
         return self.parking.exhausted(job, reason, self.config.on_exhausted)
 
     # lifecycle ---------------------------------------------------------------------------------

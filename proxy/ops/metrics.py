@@ -332,6 +332,10 @@ class EngineCollector(Collector):
             labels=[*_TOPIC, "event"],
         )
         parked = GaugeMetricFamily("ddmq_parked_pulls", "Long-poll pulls waiting for messages.", labels=["group"])
+        key_states = GaugeMetricFamily(
+            "ddmq_keys", "Order keys with an unfinished message here, by state (parked, failing, in_flight, waiting).",
+            labels=[*_TOPIC, "state"],
+        )
         proxy_events = CounterMetricFamily(
             "ddmq_proxy_events",
             "Proxy-wide events (unknown_results: acks for unknown group/topic/qid).",
@@ -371,6 +375,8 @@ class EngineCollector(Collector):
                     rollbacks.add_metric([name, topic, str(qid)], consumer.rollbacks[qid])
                 self._chains(consumer, [name, topic], keys, waiting, longest, chains)
                 topic_unfinished.add_metric([name, topic], consumer.unfinished)
+                for state, count in consumer.parking.counts().items():
+                    key_states.add_metric([name, topic, state], count)
                 concurrency.add_metric([name, topic], consumer.config.concurrency)
                 for event, count in sorted(consumer.counters.items()):
                     events.add_metric([name, topic, event], count)
@@ -389,6 +395,7 @@ class EngineCollector(Collector):
         yield from (in_flight, ready, retry_wait, unfinished, owned, committed, produce, lag, age, rollbacks)
         yield from (dead_letters, unowned)
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
+        yield key_states
         yield actions
         yield from _server_metrics(service.server_stats())
 

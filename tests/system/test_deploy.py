@@ -64,14 +64,14 @@ def alert_rules() -> list[dict[str, Any]]:
     return rules
 
 
-def test_the_alerts_cover_lag_time_lag_dead_letters_and_owners() -> None:
+def test_the_alerts_cover_lag_time_lag_dead_letters_owners_and_parked_keys() -> None:
     rules = alert_rules()
     for rule in rules:
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule
         assert rule["labels"]["severity"] in ("info", "warning", "critical") and rule["annotations"]["summary"]
     used = set().union(*(selected_metrics(rule["expr"]) for rule in rules))
     assert {"ddmq_lag_messages", "ddmq_lag_seconds", "ddmq_messages_dead_lettered_total",
-            "ddmq_queues_without_owner"} <= used
+            "ddmq_queues_without_owner", "ddmq_keys"} <= used
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     assert config["rule_files"] == ["ddmq-alerts.yml"]
 
