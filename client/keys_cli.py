@@ -93,8 +93,8 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Keys of a group on a topic with unfinished messages: parked (held by the park policy "
                     "or an operator), failing (the head failed at least once), in flight (the head is "
                     "delivered), waiting (backlog only). Stuck keys come first; the last line counts the "
-                    "keys in each state. The answer comes from the proxy at --http (in-memory states from "
-                    "the queues it holds, parked keys from Redis).",
+                    "keys in each state. Any proxy of the group answers for all of them: the one at --http "
+                    "asks the others, and adds the parked keys of queues nobody reads from Redis.",
     )
     common_options(listing, topic_required=True)
     listing.add_argument("--state", choices=STATES, help="only keys in this state")
@@ -102,7 +102,11 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing.add_argument("--offset", type=int, default=0, help="skip this many keys (the previous page's next)")
     listing.set_defaults(func=_list)
     for name, what in ACTIONS.items():
-        action = actions.add_parser(name, help=what, description=f"ddmq keys {name}: {what}.")
+        action = actions.add_parser(
+            name, help=what,
+            description=f"ddmq keys {name}: {what}. Any proxy of the group takes it and passes it to the one "
+                        "reading the key's queue; a key no proxy knows is an error (status 1).",
+        )
         common_options(action, topic_required=True)
         action.add_argument("--key", required=True, help="the order key")
         action.add_argument("--qid", type=int, default=None, help="only on this queue (default: wherever the key is)")
