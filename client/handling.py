@@ -22,7 +22,10 @@ from typing import Final
 
 from ddmq.client.pulling import ConsumedMessage, NotProcessed, PendingResults
 
-__all__ = ["MAX_REASON_BYTES", "Outcome", "Retry", "Verdict", "outcome_of", "reason_text", "report"]
+__all__ = [
+    "ACK", "FAIL", "MAX_REASON_BYTES", "RELEASE", "Outcome", "Retry", "Verdict", "outcome_of", "outcome_of_exception",
+    "reason_text", "report",
+]
 
 log = logging.getLogger("ddmq.client.consumer")
 
