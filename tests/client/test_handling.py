@@ -100,3 +100,15 @@ def _nodes(result: object) -> list[object]:
         nodes.append(result)
         result = result.nextResult  # type: ignore[attr-defined]
     return nodes
+
+
+@pytest.mark.parametrize("args", [
+    ["--retry-after-ms", "500"],  # without --fail-reason
+    ["--fail-reason", "x", "--retry-after-ms", "-1"],
+    ["--group-timeout-ms", "0"],
+])
+def test_consume_refuses_bad_failure_options(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from ddmq.client.cli import main
+
+    assert main(["consume", "--servers", "127.0.0.1:1", "--group", "g", *args]) == 2
+    assert capsys.readouterr().err.startswith("ddmq consume: --")
