@@ -8,7 +8,7 @@ callgrind, a small and a large one; their difference divided by the difference i
 more message costs, with start-up and shutdown cancelled out.
 
 - default: a real :class:`~ddmq.proxy.service.ProxyService` and an embedded Redis in the traced
-  process, drained by 8 pullers calling ``ProxyService.pull`` (acks on the next pull): reading, the
+  process, drained by 8 pullers calling ``ProxyService.api.pull`` (acks on the next pull): reading, the
   chain, the key gate, the buffer and acks, no Thrift;
 - ``--thrift``: the same service drained through its Thrift server by the benchmark's pull clients in
   a child process (not traced), so the figure is the proxy's whole cost, request decoding and reply
@@ -82,7 +82,8 @@ def engine_config(url: str, order_key: str = "KEY", topic: str = "t") -> Any:
 
 
 async def drain_engine(service: Any, messages: int, max_per_key: int | None = None, topic: str = "t") -> None:
-    """:data:`PULLERS` pullers call ``service.pull`` (acks on their next pull) until ``messages`` arrived."""
+    """:data:`PULLERS` pullers call ``pull`` on the request surface (acks on their next pull) until
+    ``messages`` arrived."""
     try:
         from ddmq.proxy.core.types import QueueResult
     except ImportError:  # a release from before proxy/ had subpackages
@@ -110,7 +111,8 @@ async def _drain_in_process(url: str, topic: str, messages: int, order_key: str,
     from ddmq.proxy.service import ProxyService
 
     async with ProxyService(engine_config(url, order_key, topic)) as service:
-        await drain_engine(service, messages, max_per_key, topic)
+        # the request surface: ``service.api`` (older releases served it on the service itself)
+        await drain_engine(getattr(service, "api", service), messages, max_per_key, topic)
 
 
 async def _drain_over_thrift(

@@ -11,24 +11,20 @@ stops both, so no scenario sees another's data, keys or warm caches.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import yaml
-
 from ddmq.protocol.net import free_port
+from ddmq.protocol.proxy_process import ProxyChild, ProxyProcessError, write_config
 from ddmq.proxy.store.embedded import EmbeddedRedis
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
@@ -316,36 +312,27 @@ class ProxyRun:
             "groups": groups,
             **extra,
         }
-        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self._proc: subprocess.Popen[bytes] | None = None
+        write_config(self.config_path, config)
+        self._child = ProxyChild(
+            self.config_path, self.port, self.log_path, args=["--log-level", "WARNING"],
+            wrap=profiler.wrap if profiler is not None else None,
+        )
         self._killed = False
 
     @property
     def pid(self) -> int:
-        if self._proc is None:
-            raise HarnessError("the proxy is not running")
-        return self._proc.pid
+        try:
+            return self._child.pid
+        except ProxyProcessError as exc:
+            raise HarnessError(str(exc)) from None
 
     def start(self) -> ProxyRun:
-        command = [sys.executable, "-m", "ddmq.proxy", "--config", str(self.config_path), "--log-level", "WARNING"]
+        try:
+            proc = self._child.start(self._start_timeout_s)
+        except ProxyProcessError as exc:
+            raise HarnessError(str(exc)) from None
         if self.profiler is not None:
-            command = self.profiler.wrap(command)
-        with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self._start_timeout_s
-        while True:
-            if self._proc.poll() is not None:
-                raise HarnessError(f"the proxy exited with {self._proc.returncode}:\n{self.log_tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise HarnessError(f"the proxy did not listen within {self._start_timeout_s}s") from None
-                time.sleep(0.05)
-        if self.profiler is not None:
-            self.profiler.attach(self._proc.pid)
+            self.profiler.attach(proc.pid)
         return self
 
     def rss_mb(self) -> float:
@@ -356,31 +343,21 @@ class ProxyRun:
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM (the proxy drains and flushes offsets), SIGKILL if it hangs; returns the exit code."""
-        proc = self._proc
-        if proc is None:
+        if self._child.proc is None:
             return 0
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        code = self._child.stop(timeout_s)
         if self.profiler is not None and self.profile is None:
             self.profile = self.profiler.finish()
-        return proc.returncode
+        return code
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
-        if self._proc is not None and self._proc.poll() is None:
+        if self._child.running():
             self._killed = True
-            self._proc.kill()
-            self._proc.wait()
+            self._child.kill()
 
     def log_tail(self, chars: int = 4000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-chars:]
-        return ""
+        return self._child.log_tail(chars)
 
     def __enter__(self) -> ProxyRun:
         return self.start()

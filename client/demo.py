@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,6 +23,7 @@ from ddmq.protocol import clitools, keys
 from ddmq.protocol.connection import sync_redis
 from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
+from ddmq.protocol.proxy_process import ProxyChild, ProxyProcessError
 
 EVENTS = ("call", "pickup", "pay")
 TOPIC = "rides"
@@ -43,25 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--linger", type=float, default=0.0, metavar="SECONDS",
         help="keep the proxy and its console up this long after the summary (default 0; Ctrl-C ends it early)",
     )
-
-
-def _wait_for(predicate: object, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"ddmq-proxy exited ({proc.returncode}) before {what}; log:\n{log.read_text()[-3000:]}")
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"timed out waiting for {what}; log:\n{log.read_text()[-3000:]}")
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 @dataclass
@@ -148,34 +128,30 @@ groups:
     print(f"ddmq demo: {len(riders)} riders x 3 events, 8 queues, {args.workers} consumer threads")
     print(f"  proxy: ddmq-proxy --config {config_path}  (log: {log_path})")
     print(f"  console: http://127.0.0.1:{http_port}/  (in a browser; --linger SECONDS keeps it up after the run)")
-    with log_path.open("wb") as log_file:
-        proxy = subprocess.Popen(
-            [sys.executable, "-m", "ddmq.proxy", "--config", str(config_path)],
-            stdout=log_file, stderr=subprocess.STDOUT,
-        )
+    log_path.unlink(missing_ok=True)
+    proxy = ProxyChild(config_path, port, log_path)
     try:
         url_file = data_dir / "redis" / "redis.url"
-        _wait_for(lambda: _port_open(port), 30, "the proxy to listen", proxy, log_path)
+        try:
+            proxy.start(timeout_s=30)
+        except ProxyProcessError as exc:
+            raise SystemExit(f"ddmq-proxy did not start: {exc}") from None
         redis_url = url_file.read_text().strip()
         status = _run(args, riders, checker, redis_url, port, rng)
         _linger(args.linger, http_port, proxy)
         return status
     finally:
-        proxy.terminate()
-        try:
-            proxy.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proxy.kill()
+        proxy.stop(timeout_s=15)
 
 
-def _linger(seconds: float, http_port: int, proxy: subprocess.Popen[bytes]) -> None:
+def _linger(seconds: float, http_port: int, proxy: ProxyChild) -> None:
     """Keep the proxy (and its console) up for ``seconds`` after the run, so it can be looked at."""
     if seconds <= 0:
         return
     print(f"console: http://127.0.0.1:{http_port}/ stays up for {seconds:g} s (Ctrl-C to end now)", flush=True)
     deadline = time.monotonic() + seconds
     try:
-        while time.monotonic() < deadline and proxy.poll() is None:
+        while time.monotonic() < deadline and proxy.running():
             time.sleep(0.2)
     except KeyboardInterrupt:
         print()

@@ -39,18 +39,9 @@ import redis
 
 from ddmq.protocol import clitools, keys
 from ddmq.protocol.connection import sync_redis
+from ddmq.protocol.scripts import OFFSETS_RESET_LUA
 
 __all__ = ["QueueReset", "add_cli", "apply", "plan"]
-
-# KEYS: lease, term, committed, finished.  ARGV: new committed offset.
-# 1 = reset; 0 = a proxy holds the lease (nothing written).
-_RESET = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('SET', KEYS[3], ARGV[1])
-redis.call('DEL', KEYS[4])
-redis.call('INCR', KEYS[2])
-return 1
-"""
 
 
 @dataclass(frozen=True)
@@ -188,7 +179,7 @@ def plan(client: redis.Redis, group: str, target: Target, topics: list[str] | No
 
 def apply(client: redis.Redis, group: str, rows: list[QueueReset]) -> list[QueueReset]:
     """Reset each queue whose lease is free; returns the rows that were refused (lease taken meanwhile)."""
-    script = client.register_script(_RESET)
+    script = client.register_script(OFFSETS_RESET_LUA)
     refused = []
     for row in rows:
         topic, qid = row.topic, row.qid

@@ -24,7 +24,8 @@ from typing import NamedTuple
 import redis.exceptions
 from redis.exceptions import RedisClusterException
 
-from ddmq.protocol.queues import OUT_OF_ORDER, ProduceError
+from ddmq.protocol.queues import ProduceError
+from ddmq.protocol.scripts import OUT_OF_ORDER
 
 __all__ = [
     "DEFAULT_DELIVERY_TIMEOUT_MS",

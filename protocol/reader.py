@@ -11,8 +11,7 @@ iterations. Whatever is wrong with a payload surfaces as one exception, :class:`
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from thriftpy2.thrift import TMessageType, TPayload, TType
 
@@ -34,12 +33,7 @@ from ddmq.protocol.structs import Message
 __all__ = [
     "MAX_NESTING",
     "CompactReader",
-    "Envelope",
-    "FieldRangeError",
     "FrameDecodeError",
-    "FrameRefusedError",
-    "FrameTooLargeError",
-    "decode",
 ]
 
 # Structs and containers nested deeper than this are refused. The deepest legitimate shape is the
@@ -52,34 +46,6 @@ _DOUBLE: Final = struct.Struct("<d")
 
 class FrameDecodeError(ValueError):
     """A frame payload is not one well-formed compact Thrift message of the expected shape."""
-
-
-class FrameRefusedError(FrameDecodeError):
-    """A message whose header decoded, refused for what it carries: a server can answer the call
-    (it knows its name and seqid) with an error instead of closing the connection."""
-
-    def __init__(self, message: str, name: str, mtype: int, seqid: int) -> None:
-        super().__init__(message)
-        self.name = name
-        self.mtype = mtype
-        self.seqid = seqid
-
-
-class FrameTooLargeError(FrameRefusedError):
-    """A well-formed message so far, but with more container elements than the caller allows.
-
-    Raised as soon as a list, set or map header takes the count past the limit, before its elements
-    are read, so the rest is never decoded.
-    """
-
-    def __init__(self, name: str, mtype: int, seqid: int, limit: int) -> None:
-        super().__init__(f"{name} carries more than {limit} list/map elements", name, mtype, seqid)
-        self.limit = limit
-
-
-class FieldRangeError(FrameRefusedError):
-    """An integer field holds a value outside its IDL type (an ``i32`` of 2^40, say). The compact
-    protocol writes every integer as a varint, so nothing but this check stops such a value."""
 
 
 class _TooManyElements(FrameDecodeError):
@@ -102,15 +68,6 @@ def _out_of_range(name: str, value: int, ttype: int) -> _OutOfRange:
     low, high = _INT_RANGES[ttype]
     kind = {TType.I16: "i16", TType.I32: "i32", TType.I64: "i64"}[ttype]
     return _OutOfRange(f"{name} = {value} is outside the range of an {kind} ({low}..{high})")
-
-
-class Envelope(NamedTuple):
-    """One decoded message. ``body`` is None when the caller had no struct for ``name`` (skipped)."""
-
-    name: str
-    type: int
-    seqid: int
-    body: TPayload | None
 
 
 # The same numbers as plain module constants, for the reader's per-field loop.
@@ -465,36 +422,3 @@ class CompactReader:
             self._byte()
         else:
             self.skip(ctype)
-
-
-def decode(
-    payload: bytes, body_for: Callable[[str, int], TPayload | None], max_elements: int | None = None
-) -> Envelope:
-    """Decode one frame payload (without its length header).
-
-    ``body_for(name, message_type)`` returns an empty struct to fill, or None to skip the body (an
-    unknown method, say). The payload must hold exactly one message: trailing bytes are an error.
-    Raises :class:`FrameDecodeError` for anything malformed, :class:`FrameTooLargeError` when the
-    elements of all its lists, sets and maps together are more than ``max_elements``, and
-    :class:`FieldRangeError` when an integer does not fit its IDL type (both after the header decoded).
-    """
-    reader = CompactReader(payload, max_elements)
-    name, mtype, seqid = "", 0, 0
-    try:
-        name, mtype, seqid = reader.read_message_begin()
-        body = body_for(name, mtype)
-        if body is None:
-            reader.skip(CompactType.STRUCT)
-        else:
-            reader.read_struct(body)
-        reader.expect_end()
-    except _TooManyElements as exc:
-        assert max_elements is not None
-        raise FrameTooLargeError(name, mtype, seqid, max_elements) from exc
-    except _OutOfRange as exc:
-        raise FieldRangeError(str(exc), name, mtype, seqid) from None
-    except UnicodeDecodeError as exc:
-        raise FrameDecodeError(f"a string field is not valid UTF-8: {exc}") from exc
-    except RecursionError as exc:  # a guard behind MAX_NESTING, in case the caller's stack is deep
-        raise FrameDecodeError("payload nests too deeply") from exc
-    return Envelope(name, mtype, seqid, body)

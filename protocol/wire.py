@@ -21,16 +21,9 @@ from typing import Final
 
 from thriftpy2.thrift import TApplicationException, TMessageType
 
+from ddmq.protocol.frames import Envelope, FieldRangeError, FrameRefusedError, FrameTooLargeError, decode
 from ddmq.protocol.layout import varint
-from ddmq.protocol.reader import (
-    MAX_NESTING,
-    Envelope,
-    FieldRangeError,
-    FrameDecodeError,
-    FrameRefusedError,
-    FrameTooLargeError,
-    decode,
-)
+from ddmq.protocol.reader import MAX_NESTING, FrameDecodeError
 from ddmq.protocol.structs import (
     IDL_PATH,
     AckResult,

@@ -8,10 +8,11 @@ DESIGN.md, "Layers"; ``tests/test_layers.py`` checks it):
 - ``engine``: one queue's messages: jobs, the per-key gate, offsets, the reader, the pull buffer,
   redelivery, replay leases
 - ``cluster``: leases, membership, ownership of queues, commits
-- ``groups``: the runtime of one consumer group (its topics, chains and readers)
-- ``api``: :class:`~ddmq.proxy.api.surface.ConsumeService`, the one surface both servers call, the
-  request rules, the low-level fetch/ack
-- ``ops``: metrics, admin snapshots, lag, config reload
+- ``groups``: the runtime of one consumer group (its topics, chains and readers), and the registry of
+  running groups that builds, starts, replaces and retires them (start-up and reload alike)
+- ``api``: :class:`~ddmq.proxy.api.surface.ConsumeService`, the one surface both servers call, its
+  implementation :class:`~ddmq.proxy.api.consume.ConsumeApi`, the request rules, the low-level fetch/ack
+- ``ops``: metrics, admin snapshots, lag, watching the config file
 - ``servers``: the Thrift and HTTP adapters and what they share (listener, byte budget)
-- ``service`` and ``cli``: the process
+- ``service`` and ``cli``: the process's life cycle
 """

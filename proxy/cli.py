@@ -50,7 +50,7 @@ async def serve(service: ProxyService, config_path: str, watch_interval_ms: int 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    reloader = ConfigReloader(service, config_path, watch_interval_ms)
+    reloader = ConfigReloader(service.reload, config_path, watch_interval_ms)
     # Installed before start-up: SIGHUP's default action would end the process. Served once running.
     loop.add_signal_handler(signal.SIGHUP, reloader.request)
     await service.start()

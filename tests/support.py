@@ -7,21 +7,18 @@ import json
 import random
 import resource
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
+from ddmq.protocol.proxy_process import ProxyChild, write_config
 
 
 class ProxyProcess:
@@ -41,10 +38,14 @@ class ProxyProcess:
             "groups": groups,
             **extra,
         }
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.proc: subprocess.Popen[bytes] | None = None
+        write_config(self.config_path, config)
+        self.child = ProxyChild(self.config_path, self.port, self.log_path)
         #: Counts starts: connections opened after a start talk to that incarnation.
         self.incarnation = 0
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.child.proc
 
     def start(self, timeout_s: float = 30, max_open_files: int | None = None) -> ProxyProcess:
         """Start and wait until it listens; ``max_open_files`` lowers its descriptor limit (RLIMIT_NOFILE)."""
@@ -54,39 +55,24 @@ class ProxyProcess:
             if max_open_files is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
 
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ddmq.proxy", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_files,
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"proxy exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"proxy did not listen within {timeout_s}s:\n{self.log()}")
+        self.child.start(timeout_s, before_exec=limit_files)
+        return self
 
     def kill(self) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        self.child.kill()
 
     def stop(self, timeout_s: float = 30) -> int:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM and wait; a proxy that needs SIGKILL to end is a failure."""
+        if not self.child.running():
             return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
+        code = self.child.stop(timeout_s)
+        if code == -signal.SIGKILL:
+            raise RuntimeError(f"the proxy did not exit within {timeout_s}s of SIGTERM:\n{self.log()}")
+        return code
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
+        return self.child.log_tail()
 
 
 @dataclass

@@ -11,7 +11,10 @@ On the server side, the layers DESIGN.md lists ("Layers"), bottom first: a modul
 own layer or one below (``LAYERS``).
 
 Every module is read with ``ast`` (imports inside functions and ``TYPE_CHECKING`` blocks count too);
-the few upward type-only imports left are listed, by module, in ``UPWARD_FOR_TYPES``.
+upward imports are not allowed, not even for types (``UPWARD_FOR_TYPES`` is the place to list one, and is empty).
+
+The same modules keep to size limits (``MAX_MODULE_LINES``, ``MAX_CLASS_METHODS``, ``MAX_FUNCTION_LINES``);
+what is still over one is listed, with the reason, in ``OVERSIZE``.
 """
 
 from __future__ import annotations
@@ -50,20 +53,8 @@ LAYERS: tuple[str, ...] = (
 )
 
 #: module -> the modules above its layer it names in annotations only (under ``TYPE_CHECKING``):
-#: the service and the consumer passed down whole, to be replaced by narrow interfaces
-UPWARD_FOR_TYPES: dict[str, frozenset[str]] = {
-    "ddmq.proxy.engine.reader": frozenset({"ddmq.proxy.groups.group"}),
-    "ddmq.proxy.engine.replays": frozenset({"ddmq.proxy.groups.group"}),
-    "ddmq.proxy.cluster.ownership": frozenset({"ddmq.proxy.groups.group"}),
-    "ddmq.proxy.cluster.commits": frozenset({"ddmq.proxy.groups.group"}),
-    "ddmq.proxy.api.requests": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.ops.metrics": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.ops.lag": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.ops.reload": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.servers.http.admin": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.servers.http.console": frozenset({"ddmq.proxy.service"}),
-    "ddmq.proxy.servers.http.server": frozenset({"ddmq.proxy.service"}),
-}
+#: (none: a lower layer that needs something of a higher one declares it as a Protocol of its own)
+UPWARD_FOR_TYPES: dict[str, frozenset[str]] = {}
 
 
 def layer_of(module: str) -> int | None:
@@ -189,3 +180,91 @@ def test_the_check_catches_a_violation(source: str, package: str, folder: str) -
 def test_the_check_lets_allowed_imports_through() -> None:
     source = "from ddmq.protocol import keys\nimport ddmq.config.schema\nfrom ddmq.clientele import x\n"
     assert violations(source, "ddmq.proxy", FORBIDDEN["proxy"]) == []
+
+
+def _lua_literals(source: str) -> list[int]:
+    """Lines of the string literals in ``source`` that hold Lua (a ``redis.call`` or ``redis.pcall``)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and ("redis.call(" in node.value or "redis.pcall(" in node.value)
+    ]
+
+
+SCRIPTS_HOME = ROOT / "protocol" / "scripts.py"
+
+
+@pytest.mark.parametrize(("folder", "path"), _modules(), ids=_module_id)
+def test_lua_lives_in_one_module(folder: str, path: Path) -> None:
+    if path == SCRIPTS_HOME:
+        assert _lua_literals(path.read_text())
+        return
+    found = _lua_literals(path.read_text())
+    assert not found, f"{path.relative_to(ROOT)} holds Lua (lines {found}); it belongs in protocol/scripts.py"
+
+
+def test_the_lua_check_sees_a_script() -> None:
+    assert _lua_literals('X = """\nredis.call(\'GET\', KEYS[1])\n"""\n') == [1]
+    assert _lua_literals('X = "no script here"\n') == []
+
+
+#: The size limits of the product folders: lines of a module, methods of a class, lines of a function.
+MAX_MODULE_LINES, MAX_CLASS_METHODS, MAX_FUNCTION_LINES = 450, 25, 60
+
+#: What is still over a limit, and why. An entry that is no longer over it must go (a test says so).
+OVERSIZE: dict[str, str] = {
+    "proxy/engine/pull_buffer.py": "to split into the buffer and its ordered runs once issue 22's changes are in",
+    "proxy/engine/pull_buffer.py::PullBuffer": "the same split",
+    "proxy/engine/pull_buffer.py::_grow": "the same split",
+    "proxy/ops/metrics.py::EngineCollector.collect": "one family per block; to cut by family once issue 23's are in",
+    "protocol/message_reader.py::read_messages": "the client's reply loop, inlined for speed (bench/micro.py)",
+    "config/schema.py": "to split by section (its #: comments generate docs/reference/config.md)",
+}
+
+
+def oversize(source: str, name: str) -> list[str]:
+    """The parts of module ``name`` over a size limit: the module, ``name::Class``, ``name::[Class.]function``."""
+    found = [name] if len(source.splitlines()) > MAX_MODULE_LINES else []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                methods = [n for n in child.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                if len(methods) > MAX_CLASS_METHODS:
+                    found.append(f"{name}::{prefix}{child.name}")
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert child.end_lineno is not None
+                if child.end_lineno - child.lineno + 1 > MAX_FUNCTION_LINES:
+                    found.append(f"{name}::{prefix}{child.name}")
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def _all_oversize() -> list[str]:
+    return [part for _, path in _modules() for part in oversize(path.read_text(), str(path.relative_to(ROOT)))]
+
+
+@pytest.mark.parametrize(("folder", "path"), _modules(), ids=_module_id)
+def test_module_keeps_to_the_size_limits(folder: str, path: Path) -> None:
+    found = [part for part in oversize(path.read_text(), str(path.relative_to(ROOT))) if part not in OVERSIZE]
+    assert not found, (
+        f"over {MAX_MODULE_LINES} lines a module, {MAX_CLASS_METHODS} methods a class or "
+        f"{MAX_FUNCTION_LINES} lines a function: {found}"
+    )
+
+
+def test_every_listed_oversize_part_still_is() -> None:
+    assert sorted(set(OVERSIZE) - set(_all_oversize())) == []
+
+
+def test_the_size_check_sees_each_limit() -> None:
+    body = "".join(f"    def m{i}(self) -> None: ...\n" for i in range(MAX_CLASS_METHODS + 1))
+    long_function = "def f() -> None:\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    assert oversize(f"class C:\n{body}", "m.py") == ["m.py::C"]
+    assert oversize(long_function, "m.py") == ["m.py::f"]
+    assert oversize("x = 1\n" * (MAX_MODULE_LINES + 1), "m.py") == ["m.py"]
+    assert oversize("def f() -> None:\n    pass\n", "m.py") == []

@@ -1,5 +1,6 @@
-"""The request surface: :class:`ConsumeService` (what both servers call), the request rules they share,
-and the low-level fetch/ack API.
+"""The request surface: :class:`ConsumeService` (what both servers call), its one implementation
+(:class:`~ddmq.proxy.api.consume.ConsumeApi`), the request rules they share, and the low-level
+fetch/ack API.
 """
 
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS, ConsumeService

@@ -11,19 +11,17 @@ leaves out is decided here, once, so that both protocols answer the same request
 - acks and fails: at most :data:`~ddmq.proxy.api.surface.MAX_RESULT_OFFSETS` offsets per request, else the
   request is refused whole; a result that names no group belongs to the request's group.
 
-:class:`Endpoint` is what a server adapter holds: the service with that server's linger bound.
+Each server adapter holds a view of :class:`~ddmq.proxy.api.consume.ConsumeApi` bound to that server's
+:class:`RequestRules`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import Final, NamedTuple
 
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.errors import BadRequestError
-from ddmq.proxy.core.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueResult, ReplySize
-
-if TYPE_CHECKING:
-    from ddmq.proxy.service import ProxyService
+from ddmq.proxy.core.types import QueueResult
 
 #: Long-poll wait when a client does not say.
 DEFAULT_LINGER_MS: Final = 1000
@@ -78,48 +76,3 @@ def in_group(results: list[QueueResult], group: str | None) -> list[QueueResult]
     if not group:
         return results
     return [r if r.group else r._replace(group=group) for r in results]
-
-
-class Endpoint:
-    """The :class:`~ddmq.proxy.api.surface.ConsumeService` one server adapter calls: the service, with the
-    linger bound of that server (``thrift.max_linger_ms`` or ``http.max_linger_ms``)."""
-
-    def __init__(self, service: ProxyService, rules: RequestRules) -> None:
-        self._service = service
-        self._rules = rules
-
-    async def pull(
-        self,
-        group: str,
-        topic: str | None,
-        max_batch: int | None,
-        linger_ms: int | None,
-        results: list[QueueResult],
-        lease: PullLease | None = None,
-        max_per_key: int | None = None,
-        reply: ReplySize | None = None,
-    ) -> PullBatch:
-        return await self._service.pull(
-            group, topic, max_batch, linger_ms, results, lease, max_per_key, reply, rules=self._rules
-        )
-
-    async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
-        await self._service.submit(results, group)
-
-    async def ack_leases(self, group: str, lease_ids: list[str], abandon: bool = False) -> int:
-        return await self._service.ack_leases(group, lease_ids, abandon)
-
-    async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
-        return await self._service.consume_stats(group, topic)
-
-    async def fetch(
-        self,
-        group: str,
-        offsets: dict[str, dict[str, int]] | None,
-        max_batch: int | None,
-        linger_ms: int | None,
-    ) -> list[FetchedQueue]:
-        return await self._service.fetch(group, offsets, max_batch, linger_ms, rules=self._rules)
-
-    async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
-        await self._service.ack(group, offsets)

@@ -18,24 +18,53 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ddmq.config.schema import StartFrom
-from ddmq.proxy.cluster.leases import CommitResult
+from ddmq.config.schema import LeaseConfig, StartFrom
+from ddmq.proxy.cluster.leases import CommitResult, LeaseStore
+from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.cluster.queue_state import OwnedQueues
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.engine.offsets import OffsetTracker, decode_ranges
+from ddmq.proxy.engine.reader import QueueConsumer
 from ddmq.proxy.store.broker import read_mark
-
-if TYPE_CHECKING:
-    from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
 
 log = logging.getLogger(__name__)
 
 
-class OffsetCommitter:
-    """The offset commits of one consumer's queues (their trackers are ``consumer.trackers``)."""
+class QueueDropper(Protocol):
+    async def drop_queue(self, qid: int, release: bool = False) -> None: ...
 
-    def __init__(self, consumer: TopicConsumer) -> None:
+
+class CommitHost(QueueConsumer, Protocol):
+    """What commits need of their consumer besides: the lease stores, its queues' states, and the
+    ownership that drops a queue."""
+
+    @property
+    def leases(self) -> LeaseStore: ...
+    @property
+    def lease_config(self) -> LeaseConfig: ...
+    @property
+    def membership(self) -> Membership: ...
+    @property
+    def owned(self) -> OwnedQueues: ...
+    @property
+    def ownership(self) -> QueueDropper: ...
+
+
+class Flushes(Protocol):
+    """A group, as the service's committer sees it."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def flush_offsets(self) -> None: ...
+
+
+class OffsetCommitter:
+    """The offset commits of one consumer's queues (their trackers are in ``consumer.owned``)."""
+
+    def __init__(self, consumer: CommitHost) -> None:
         self.consumer = consumer
         #: Rollback recoveries under way (see :meth:`on_rollback`).
         self.recoveries: set[asyncio.Task[None]] = set()
@@ -47,15 +76,14 @@ class OffsetCommitter:
 
     async def flush(self) -> None:
         """Write commit points that moved since the last flush, each fenced by the queue's lease."""
-        for qid in list(self.consumer.trackers):
+        for qid in self.consumer.owned.trackers():
             await self.commit(qid)
 
     async def commit(self, qid: int) -> None:
         """Write ``qid``'s commit point if it moved. Raises DdmqError when Redis fails (retried by the
         next flush); a fenced-off commit drops the queue, a rolled-back Redis starts its recovery."""
         consumer = self.consumer
-        tracker = consumer.trackers.get(qid)
-        lease = consumer.ownership.held.get(qid)
+        tracker, lease = consumer.owned.tracker(qid), consumer.owned.lease(qid)
         if tracker is None or lease is None or tracker.version == tracker.committed_version:
             return
         point, version = tracker.commit_point, tracker.version
@@ -66,7 +94,7 @@ class OffsetCommitter:
             tracker.committed, tracker.committed_version = point, version
         elif result is CommitResult.ROLLED_BACK:
             await self.rolled_back(qid, tracker)
-        elif consumer.ownership.held.get(qid) == lease:
+        elif consumer.owned.holds(qid, lease):
             log.warning("%s: commit fenced off (lease term %d taken over); dropping the queue", self._name(qid),
                         lease.term)
             await consumer.ownership.drop_queue(qid)
@@ -132,12 +160,12 @@ class OffsetCommitter:
         ack from before the rollback, and note the rollback where ``ddmq status`` shows it.
         """
         consumer = self.consumer
-        if tracker.dropped or consumer.trackers.get(qid) is not tracker:
+        if tracker.dropped or consumer.owned.tracker(qid) is not tracker:
             return  # already handled (the reader and a commit can both notice)
         tracker.dropped = True
-        consumer.ownership.unconfirm(qid)  # hand out nothing more of it meanwhile
+        consumer.owned.unconfirm(qid)  # hand out nothing more of it meanwhile
         read_upto = tracker.next_offset - 1
-        consumer.rollbacks[qid] += 1
+        consumer.owned.count_rollback(qid)
         await consumer.ownership.drop_queue(qid)  # first: nothing more is read or handed out under the old state
         broker, group, topic = consumer.broker, consumer.group, consumer.topic
         try:
@@ -158,13 +186,13 @@ class OffsetCommitter:
         except DdmqError as exc:
             log.warning("%s: after the rollback: %s", self._name(qid), exc)
         if raised:
-            consumer.gap_until[qid] = read_upto
+            consumer.owned.set_gap(qid, read_upto)
 
 
 # the service's committer ---------------------------------------------------------------------------
 
 
-async def flush_groups(groups: Iterable[ConsumerGroup]) -> None:
+async def flush_groups(groups: Iterable[Flushes]) -> None:
     """Commit every consumer of ``groups``; a group whose commit fails is retried by the next flush."""
     for group in list(groups):  # a reload may add or remove groups meanwhile
         try:
@@ -174,7 +202,7 @@ async def flush_groups(groups: Iterable[ConsumerGroup]) -> None:
 
 
 async def commit_periodically(
-    interval_ms: int, running: Callable[[], bool], groups: Callable[[], Iterable[ConsumerGroup]]
+    interval_ms: int, running: Callable[[], bool], groups: Callable[[], Iterable[Flushes]]
 ) -> None:
     """The service's committer task: every ``interval_ms`` while ``running()``, flush the groups
     ``groups()`` returns then (the service's current groups)."""

@@ -28,55 +28,8 @@ from typing import Any, NamedTuple
 
 from ddmq.protocol import keys
 from ddmq.protocol.connection import AsyncRedis, eval_script
-from ddmq.proxy.store.broker import STREAM_INTACT_LUA, map_redis_errors, read_mark
-
-# KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
-_ACQUIRE = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local owner = string.match(current, '^(.*) %d+$')
-  if owner ~= ARGV[1] then return 0 end
-end
-local term = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. term, 'PX', ARGV[2])
-return term
-"""
-
-# Shared check: does ARGV[1] (the token "<owner> <term>") still hold the lease?
-_HOLDS = """
-local function holds()
-  local current = redis.call('GET', KEYS[1])
-  if current then return current == ARGV[1] end
-  local term = string.match(ARGV[1], ' (%d+)$')
-  return redis.call('GET', KEYS[2]) == term
-end
-"""
-
-# KEYS: lease, term.  ARGV: token, ttl_ms.  1 = renewed, 0 = lost.
-_RENEW = _HOLDS + """
-if not holds() then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-# KEYS: lease, term.  ARGV: token.  1 = released, 0 = it was not ours any more.
-_RELEASE = _HOLDS + """
-if not holds() then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
-"""
-
-# KEYS: lease, term, committed, finished, stream, sequence.  ARGV: token, offset, finished ranges
-# ("" = none), then the reader's mark (n, ts, sha: see STREAM_INTACT_LUA).
-# 1 = written, 0 = fenced off, 2 = not written: the queue no longer holds what was read (a rollback),
-# so a commit point taken from what was read could skip messages written after the rollback.
-_COMMIT = _HOLDS + STREAM_INTACT_LUA + """
-if not holds() then return 0 end
-if not stream_intact(KEYS[5], KEYS[6], tonumber(ARGV[4]), ARGV[5], ARGV[6]) then return 2 end
-redis.call('SET', KEYS[3], ARGV[2])
-if ARGV[3] == '' then redis.call('DEL', KEYS[4]) else redis.call('SET', KEYS[4], ARGV[3]) end
-return 1
-"""
+from ddmq.protocol.scripts import LEASE_ACQUIRE_LUA, LEASE_COMMIT_LUA, LEASE_RELEASE_LUA, LEASE_RENEW_LUA
+from ddmq.proxy.store.broker import map_redis_errors, read_mark
 
 
 class CommitResult(IntEnum):
@@ -123,14 +76,14 @@ class LeaseStore:
     async def acquire(self, group: str, topic: str, qid: int) -> Lease | None:
         """Take the lease if it is free or already ours (restart); None when someone else holds it."""
         probe = Lease(group, topic, qid, self.owner, 0)
-        term = await self._run(_ACQUIRE, probe.keys(), [self.owner, self.ttl_ms], f"acquiring {probe.token}")
+        term = await self._run(LEASE_ACQUIRE_LUA, probe.keys(), [self.owner, self.ttl_ms], f"acquiring {probe.token}")
         return probe._replace(term=term) if term else None
 
     async def renew(self, lease: Lease) -> bool:
-        return bool(await self._run(_RENEW, lease.keys(), [lease.token, self.ttl_ms], f"renewing {lease}"))
+        return bool(await self._run(LEASE_RENEW_LUA, lease.keys(), [lease.token, self.ttl_ms], f"renewing {lease}"))
 
     async def release(self, lease: Lease) -> bool:
-        return bool(await self._run(_RELEASE, lease.keys(), [lease.token], f"releasing {lease}"))
+        return bool(await self._run(LEASE_RELEASE_LUA, lease.keys(), [lease.token], f"releasing {lease}"))
 
     async def commit(
         self, lease: Lease, offset: int, finished: str = "", mark: list[str | int] | None = None
@@ -140,7 +93,7 @@ class LeaseStore:
         :func:`~ddmq.proxy.store.broker.read_mark`; else ROLLED_BACK)."""
         group, topic, qid = lease.group, lease.topic, lease.qid
         return CommitResult(await self._run(
-            _COMMIT,
+            LEASE_COMMIT_LUA,
             [*lease.keys(), keys.committed(group, topic, qid), keys.finished(group, topic, qid),
              keys.stream(topic, qid), keys.sequence(topic, qid)],
             [lease.token, offset, finished, *(mark or read_mark(0, None))],

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ddmq.proxy.cluster.commits import CommitHost, OffsetCommitter
 from ddmq.proxy.cluster.leases import Lease
 from ddmq.proxy.cluster.membership import assign
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId
-from ddmq.proxy.engine.reader import QueueReader
-
-if TYPE_CHECKING:
-    from ddmq.proxy.groups.group import TopicConsumer
+from ddmq.proxy.engine.job import UpstreamJob
+from ddmq.proxy.engine.parking import KeyParking
+from ddmq.proxy.engine.pull_buffer import PullBuffer
+from ddmq.proxy.engine.reader import QueueReader, ReaderHost
 
 log = logging.getLogger(__name__)
 
@@ -28,20 +29,32 @@ log = logging.getLogger(__name__)
 METADATA_POLL_S = 1.0
 
 
-class QueueOwnership:
-    """The leases one consumer holds and the loop that claims, renews and hands them off."""
+class OwnershipHost(ReaderHost, CommitHost, Protocol):
+    """What ownership needs of its consumer: what its readers and its commits need, the buffer (to
+    forget a dropped queue's jobs), its committer, its parked keys (loaded before a queue is read), and
+    how to finish a job."""
 
-    def __init__(self, consumer: TopicConsumer) -> None:
+    #: The topic's number of queues, set once its metadata is known.
+    queues: int
+
+    @property
+    def buffer(self) -> PullBuffer: ...
+    @property
+    def commits(self) -> OffsetCommitter: ...
+    @property
+    def parking(self) -> KeyParking: ...
+
+    def finish(self, job: UpstreamJob) -> None: ...
+
+
+class QueueOwnership:
+    """The leases one consumer holds (in ``consumer.owned``) and the loop that claims, renews and hands them off."""
+
+    def __init__(self, consumer: OwnershipHost) -> None:
         self.consumer = consumer
+        self.owned = consumer.owned
         #: The queues this proxy should own, from the last heartbeat (none until the first one).
         self.assigned: range = range(0)
-        #: Leases this proxy holds, by qid.
-        self.held: dict[int, Lease] = {}
-        #: When each held lease was last confirmed (loop time before the call that confirmed it).
-        self._confirmed_at: dict[int, float] = {}
-        self._lease_s = consumer.lease_config.ttl_ms / 1000
-        #: Hand-offs under way, by qid (the lease loop starts one per queue assigned elsewhere).
-        self.handoffs: dict[int, asyncio.Task[None]] = {}
 
     def _name(self, qid: int) -> str:
         return f"{self.consumer.group}/{self.consumer.topic}#{qid}"
@@ -81,15 +94,17 @@ class QueueOwnership:
                 self.assigned = assign(members, consumer.queues, consumer.membership.instance_id)
             except DdmqError as exc:  # keep the last assignment; leases keep it safe
                 log.warning("%s/%s: heartbeat failed: %s", consumer.group, consumer.topic, exc)
-            for qid in list(self.held):
-                if qid not in self.assigned and qid not in self.handoffs:
-                    self.handoffs[qid] = asyncio.create_task(self._hand_off(qid), name=f"handoff:{self._name(qid)}")
+            held = self.owned.held()
+            for qid in held:
+                if qid not in self.assigned and not self.owned.handing_off(qid):
+                    task = asyncio.create_task(self._hand_off(qid), name=f"handoff:{self._name(qid)}")
+                    self.owned.set_handoff(qid, task)
             for qid in self.assigned:
-                if qid not in self.held:
+                if self.owned.lease(qid) is None:
                     await self._claim(qid)
             if loop.time() >= next_renew:
                 next_renew = loop.time() + renew_s
-                for qid, lease in list(self.held.items()):
+                for qid, lease in self.owned.held().items():
                     await self._renew(qid, lease)
             await asyncio.sleep(claim_s)
 
@@ -103,8 +118,7 @@ class QueueOwnership:
             return
         if lease is None:
             return
-        self.held[qid] = lease
-        self._confirmed_at[qid] = asked_at
+        self.owned.claim(qid, lease, asked_at)
         await self.open_queue(qid, lease.term)
 
     async def _renew(self, qid: int, lease: Lease) -> None:
@@ -115,9 +129,9 @@ class QueueOwnership:
             # Keep it: it stays valid until its TTL runs out, and confirmed() turns false then.
             log.warning("%s: lease renewal failed: %s", self._name(qid), exc)
             return
-        if renewed and self.held.get(qid) == lease:
-            self._confirmed_at[qid] = asked_at
-        elif not renewed:
+        if renewed:
+            self.owned.confirm(qid, lease, asked_at)
+        else:
             log.warning("%s: lease term %d was taken over; dropping the queue", self._name(qid), lease.term)
             await self.drop_queue(qid)
 
@@ -126,15 +140,15 @@ class QueueOwnership:
         commit, release. The lease keeps being renewed until then."""
         consumer = self.consumer
         try:
-            reader = consumer.readers.pop(qid, None)
+            reader = self.owned.take_reader(qid)
             if reader is not None:
                 await reader.stop()
-            tracker = consumer.trackers.get(qid)
+            tracker = self.owned.tracker(qid)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + consumer.lease_config.handoff_drain_ms / 1000
             while tracker is not None and tracker.unfinished and loop.time() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
-            if qid in self.held:
+            if self.owned.lease(qid) is not None:
                 await consumer.commits.commit(qid)
                 await self.drop_queue(qid, release=True)
                 log.info("%s: handed off", self._name(qid))
@@ -142,25 +156,17 @@ class QueueOwnership:
             log.warning("%s: hand-off failed (%s); the lease expires by itself", self._name(qid), exc)
             await self.drop_queue(qid)
         finally:
-            self.handoffs.pop(qid, None)
+            self.owned.set_handoff(qid, None)
 
     # the state of one queue ----------------------------------------------------------------------
-
-    def confirmed(self, qid: int) -> bool:
-        """True while the lease on ``qid`` is surely valid: its last confirmation is younger than the TTL."""
-        confirmed = self._confirmed_at.get(qid)
-        return confirmed is not None and asyncio.get_running_loop().time() - confirmed < self._lease_s
-
-    def unconfirm(self, qid: int) -> None:
-        """Hand out and read nothing more of ``qid`` until it is dropped and claimed again."""
-        self._confirmed_at.pop(qid, None)
 
     async def open_queue(self, qid: int, term: int) -> None:
         """Start reading ``qid`` (just claimed under ``term``) from its committed offset."""
         consumer = self.consumer
-        tracker = consumer.trackers[qid] = await consumer.commits.load(qid)
+        tracker = await consumer.commits.load(qid)
         await consumer.parking.load(qid)  # before reading: a parked key's message must not go out
-        reader = consumer.readers[qid] = QueueReader(consumer, qid, term)
+        reader = QueueReader(consumer, qid, tracker, term)
+        self.owned.open(qid, tracker, reader)
         reader.start()
         log.info("%s: lease term %d, reading from offset %d", self._name(qid), term, tracker.committed)
 
@@ -168,18 +174,13 @@ class QueueOwnership:
         """Stop reading ``qid`` and forget its unfinished jobs (they stay uncommitted, so the queue's
         next owner delivers them again). With ``release``, free the lease for the next owner."""
         consumer = self.consumer
-        reader = consumer.readers.pop(qid, None)
+        reader = self.owned.take_reader(qid)
         if reader is not None:
             await reader.stop()
-        tracker = consumer.trackers.pop(qid, None)
-        if tracker is not None:
-            tracker.dropped = True
-        consumer.gap_until.pop(qid, None)
+        lease = self.owned.drop(qid)
         consumer.parking.forget(qid)
         for job in consumer.buffer.drop_queue(QueueId(consumer.topic, qid)):
             consumer.finish(job)
-        lease = self.held.pop(qid, None)
-        self._confirmed_at.pop(qid, None)
         if release and lease is not None:
             try:
                 await consumer.leases.release(lease)
@@ -193,7 +194,7 @@ class QueueOwnership:
         ack or fail what they hold, commit and release every held queue. Returns how many jobs were
         left unfinished (they stay uncommitted: whoever reads the queue next delivers them again)."""
         consumer = self.consumer
-        await asyncio.gather(*self.handoffs.values(), return_exceptions=True)
+        await asyncio.gather(*self.owned.handoffs(), return_exceptions=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_ms / 1000
         log.info("%s/%s: retiring: reading stopped; clients have up to %d ms to ack %d jobs in flight",
@@ -201,8 +202,8 @@ class QueueOwnership:
         # Once per reload, so polling is fine; the ack path stays free of retirement bookkeeping.
         while consumer.buffer.in_flight_of(consumer.topic) and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-        left = sum(tracker.unfinished for tracker in consumer.trackers.values())
-        for qid in list(self.held):
+        left = sum(tracker.unfinished for tracker in self.owned.trackers().values())
+        for qid in self.owned.held():
             try:
                 await consumer.commits.commit(qid)
             except DdmqError as exc:
@@ -217,5 +218,5 @@ class QueueOwnership:
             await consumer.membership.leave(consumer.group)
         except DdmqError as exc:
             log.warning("%s: leaving the member set failed: %s", consumer.group, exc)
-        for qid in list(self.held):
+        for qid in self.owned.held():
             await self.drop_queue(qid, release=True)

@@ -56,6 +56,20 @@ class RetrySettings(Protocol):
     def retry_delay_ms(self, retry: int) -> int: ...
 
 
+class KeyHolds(Protocol):
+    """What the pull buffer and redelivery ask of a consumer's parked keys."""
+
+    def arrived(self, job: UpstreamJob) -> str | None:
+        """``job`` reached the pull buffer: ``"parked"`` when its key holds it, a dead-letter reason when
+        its key is sequenced, None to make it ready."""
+        ...
+
+    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
+        """``job`` used up ``max_retry`` under an ``on_exhausted`` other than dead_letter: True when it
+        was parked, False to dead-letter it."""
+        ...
+
+
 class JobOwner(Protocol):
     """What the pull buffer, redelivery and push actions may ask of the consumer a job belongs to
     (:class:`~ddmq.proxy.groups.group.TopicConsumer`): nothing deeper, so neither can reach into its chain,
@@ -93,17 +107,12 @@ class JobOwner(Protocol):
     @property
     def key_records(self) -> dict[int, Any]:
         """Parked or sequenced keys of the queues read here (empty while there are none): the pull
-        buffer asks :meth:`arrived` about a job only when this is not empty."""
+        buffer asks :attr:`parking` about a job only when this is not empty."""
         ...
 
-    def arrived(self, job: UpstreamJob) -> str | None:
-        """``job`` reached the pull buffer: ``"parked"`` when its key holds it, a dead-letter reason when
-        its key is sequenced, None to make it ready."""
-        ...
-
-    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
-        """``job`` used up ``max_retry`` under an ``on_exhausted`` other than dead_letter: True when it
-        was parked, False to dead-letter it."""
+    @property
+    def parking(self) -> KeyHolds:
+        """The consumer's parked and sequenced keys (:mod:`ddmq.proxy.engine.parking`)."""
         ...
 
 

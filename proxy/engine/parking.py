@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any, Final, Protocol
 
 from ddmq.proxy.core.errors import DdmqError
@@ -50,6 +50,14 @@ def key_text(order_key: Hashable) -> str:
 KeyRow = dict[str, Any]
 
 
+class KeyChains(Protocol):
+    """The consumer's key gate (``UpstreamJobBlockingQueue``), as the views read it."""
+
+    def heads(self) -> list[tuple[Hashable, UpstreamJob]]: ...
+
+    def chain_length(self, key: Hashable) -> int: ...
+
+
 class ParkingBuffer(Protocol):
     """What parking needs of the group's pull buffer."""
 
@@ -63,17 +71,13 @@ class ParkingBuffer(Protocol):
 class KeyParking:
     """The parked and sequenced keys of one (group, topic) on this proxy, and the key views."""
 
-    def __init__(
-        self,
-        buffer: ParkingBuffer,
-        store: ParkStore,
-        heads: Callable[[], list[tuple[Hashable, UpstreamJob]]],
-        chain_length: Callable[[Hashable], int],
-    ) -> None:
+    def __init__(self, buffer: ParkingBuffer, store: ParkStore, keys: KeyChains, *, pull_chain: bool) -> None:
         self._buffer = buffer
         self._store = store
-        self._heads = heads
-        self._chain_length = chain_length
+        self._heads = keys.heads
+        self._chain_length = keys.chain_length
+        #: A push chain has no pull buffer to park in: its exhausted messages are dead-lettered as before.
+        self._pull_chain = pull_chain
         #: qid -> key -> record, for the queues this proxy reads. Empty dicts are dropped, so the pull
         #: buffer's check on every job is one truth test while nothing is parked.
         self.records: dict[int, dict[str, ParkRecord]] = {}
@@ -99,13 +103,14 @@ class KeyParking:
 
     # the engine's hooks ------------------------------------------------------------------------
 
-    def exhausted(self, job: UpstreamJob, reason: str, policy: str) -> bool:
-        """``job`` used up its retries under ``policy`` (park or dead_letter_key). True when parking took
-        it (parked); False when it is to be dead-lettered (for dead_letter_key, its key is sequenced
-        from now on)."""
+    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
+        """``job`` used up its retries under its topic's ``on_exhausted`` (park or dead_letter_key). True
+        when parking took it (parked); False when it is to be dead-lettered (for dead_letter_key, its
+        key is sequenced from now on)."""
         key = key_text(job.order_key) if job.order_key is not None else None
-        if key is None:
-            return False  # no key to keep whole: dead-lettered as usual
+        if key is None or not self._pull_chain:
+            return False  # no key to keep whole, or nowhere to park: dead-lettered as usual
+        policy = job.consumer.config.on_exhausted
         if policy == "park":
             self._park(job, key, reason, "proxy")
             return True

@@ -141,7 +141,7 @@ class PullBuffer:
         if jobs is None:
             jobs = self._jobs[queue] = {}
         jobs[job.offset] = job
-        if job.consumer.key_records and (held := job.consumer.arrived(job)) is not None:
+        if job.consumer.key_records and (held := job.consumer.parking.arrived(job)) is not None:
             if held != "parked":  # a sequenced key: dead-lettered behind its earlier message
                 self.redelivery.dead_letter(job, held)
             return

@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import QueueId, StoredMessage
-from ddmq.proxy.store.broker import ForeignEntry
-
-if TYPE_CHECKING:
-    from ddmq.proxy.engine.offsets import OffsetTracker
-    from ddmq.proxy.groups.group import TopicConsumer
+from ddmq.proxy.engine.offsets import OffsetTracker
+from ddmq.proxy.store.broker import Broker, ForeignEntry
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +43,48 @@ class TokenBucket:
             await asyncio.sleep((1 - self._tokens) / self.rate)
 
 
+class ReadAuditLog(Protocol):
+    def record(self, group: str, topic: str, qid: int, term: int, first: int, last: int) -> None: ...
+
+
+class QueueConsumer(Protocol):
+    """A topic's consumer as the parts acting on its queues see it: who it is, Redis, its settings
+    (read as they go: a reload changes them in place)."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def config(self) -> TopicGroupConfig: ...
+
+
+class ReaderHost(QueueConsumer, Protocol):
+    """What a reader needs of its consumer besides: flow control, the lease check, and where read
+    messages, foreign entries, a detected rollback and the gap after one go."""
+
+    @property
+    def limiter(self) -> TokenBucket | None: ...
+    @property
+    def read_audit(self) -> ReadAuditLog | None: ...
+
+    async def wait_for_room(self) -> int: ...
+    def may_serve(self, qid: int) -> bool: ...
+    async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None: ...
+    async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None: ...
+    def on_rollback(self, qid: int, tracker: OffsetTracker) -> None: ...
+    def take_gap(self, qid: int) -> int | None: ...
+
+
 class QueueReader:
-    def __init__(self, consumer: TopicConsumer, qid: int, term: int = 0) -> None:
+    """Reads queue ``qid`` from where ``tracker`` stands, for ``consumer``, under lease ``term``."""
+
+    def __init__(self, consumer: ReaderHost, qid: int, tracker: OffsetTracker, term: int = 0) -> None:
         self.consumer = consumer
         self.qid = qid
+        self.tracker = tracker
         #: The lease term this reader reads under (recorded by the read audit).
         self.term = term
         self.queue = QueueId(consumer.topic, qid)
@@ -85,13 +121,13 @@ class QueueReader:
         last = batch[-1] if batch else tracker.last_read
         if await consumer.broker.stream_intact(consumer.topic, self.qid, tracker.next_offset - 1, last):
             return True
-        consumer.commits.on_rollback(self.qid, tracker)
+        consumer.on_rollback(self.qid, tracker)
         return False
 
     async def _run(self) -> None:
         consumer = self.consumer
         broker = consumer.broker
-        tracker = consumer.trackers[self.qid]
+        tracker = self.tracker
         queue = self.queue
         connections = broker.connections
         self._checked = connections.count
@@ -134,7 +170,7 @@ class QueueReader:
             if self._stopping:
                 return  # not tracked, so never committed: the next reader reads them again
             if not messages:
-                gap = consumer.gap_until.pop(self.qid, None)
+                gap = consumer.take_gap(self.qid)
                 if gap is not None:
                     # Nothing past what was read, and producers write past ``gap`` (the sequence was
                     # raised there after a rollback): the offsets up to it will never exist.

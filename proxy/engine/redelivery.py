@@ -194,7 +194,7 @@ class Redelivery:
         job.last_error = reason
         config = job.consumer.config
         if job.attempts > config.max_retry:
-            if config.on_exhausted != "dead_letter" and job.consumer.exhausted(job, reason):
+            if config.on_exhausted != "dead_letter" and job.consumer.parking.exhausted(job, reason):
                 return
             self.dead_letter(job, reason)
             return

@@ -50,20 +50,37 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from ddmq.protocol import keys
 from ddmq.protocol.connection import eval_script
+from ddmq.protocol.scripts import LEASE_RECORD_LUA
 from ddmq.proxy.core.errors import BadRequestError, DdmqError, UnavailableError
 from ddmq.proxy.core.types import PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.job import JobState, UpstreamJob
-from ddmq.proxy.engine.offsets import decode_ranges, encode_ranges
+from ddmq.proxy.engine.offsets import OffsetTracker, decode_ranges, encode_ranges
 from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY, PullBuffer
-from ddmq.proxy.store.broker import map_redis_errors
+from ddmq.proxy.store.broker import Broker, map_redis_errors
 
-if TYPE_CHECKING:
-    from ddmq.proxy.groups.group import ConsumerGroup
+
+class ReplayConsumer(Protocol):
+    """A topic's consumer, as acks of replay leases reach it: its commits and its queues' offsets."""
+
+    async def commit(self, qid: int) -> None: ...
+    def tracker(self, qid: int) -> OffsetTracker | None: ...
+
+
+class ReplayGroup(Protocol):
+    """The group whose buffer the leases serve: Redis, and its consumers (those draining too)."""
+
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def consumers(self) -> Mapping[str, ReplayConsumer]: ...
+    @property
+    def retiring(self) -> Mapping[str, ReplayConsumer]: ...
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +98,6 @@ RECORD_GRACE_MS: Final = 600_000
 #: The field of a lease record that says its reader gave it up: an ack then finishes nothing.
 _ABANDONED: Final = "abandoned"
 _SWEEP_INTERVAL_S: Final = 1.0
-# KEYS: the lease's record.  ARGV: field, value, ttl_ms.  One key, so one slot on a Cluster, and the
-# expiry is set in the same step (a death between two commands would leave a record that never expires).
-_RECORD = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
 _EMPTY = PullBatch(None, [])
 
 
@@ -113,7 +123,7 @@ class _Lease:
 class ReplayLeases:
     """The replay leases of one consumer group, on top of its pull buffer."""
 
-    def __init__(self, buffer: PullBuffer, group: ConsumerGroup | None = None) -> None:
+    def __init__(self, buffer: PullBuffer, group: ReplayGroup | None = None) -> None:
         self._buffer = buffer
         #: The group whose queues the leases come from; None keeps leases in memory only (no records).
         self._group = group
@@ -139,22 +149,9 @@ class ReplayLeases:
         """The ``index``-th pull of lease ``lease_id``: a replay when it was served before."""
         _check(lease_id, index, timeout_ms)
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        self._sweep(now)
-        lease = self._leases.get(lease_id)
-        if lease is not None and not lease.dead:
-            if lease.expires <= now:
-                self._bury(lease, now, "expired")
-            elif not lease.live():
-                self._bury(lease, now, "a message of it was redelivered or finished elsewhere")
-        if lease is not None and lease.dead:
-            return _EMPTY
+        lease = self._lease_for(lease_id, index, timeout_ms, loop.time())
         if lease is None:
-            if index > 0:
-                return _EMPTY  # unknown (acked, or swept long ago): a reader continuing it stops here
-            if len(self._leases) >= MAX_LEASES_PER_GROUP:
-                raise UnavailableError(f"too many replay leases ({MAX_LEASES_PER_GROUP}) in group {self._buffer.group}")
-            lease = self._leases[lease_id] = _Lease(now + timeout_ms / 1000, timeout_ms / 1000)
+            return _EMPTY
         if index < len(lease.batches):
             self.replayed += 1
             future = lease.batches[index]
@@ -177,14 +174,7 @@ class ReplayLeases:
             future.cancel()
             raise
         if batch.queue is not None:
-            taken = []
-            for message in batch.messages:
-                job = self._buffer.job(batch.queue, message.offset)
-                if job is not None:
-                    lease.jobs.append((job, job.attempts))
-                    taken.append(job)
-            if max_per_key > 1:
-                lease.tails = _tails(lease.tails, taken)
+            self._note_taken(lease, batch, max_per_key)
         lease.expires = max(lease.expires, loop.time() + timeout_ms / 1000)
         try:
             if batch.queue is not None and batch.messages:
@@ -194,6 +184,38 @@ class ReplayLeases:
         finally:
             future.set_result(batch)  # replays must not hang on a record that failed or was cancelled
         return batch
+
+    def _lease_for(self, lease_id: str, index: int, timeout_ms: int, now: float) -> _Lease | None:
+        """The live lease ``lease_id`` (a new one for its first pull); None when its pulls answer empty:
+        it is dead (expired, or a message of it moved on), or unknown past its first pull."""
+        self._sweep(now)
+        lease = self._leases.get(lease_id)
+        if lease is not None and not lease.dead:
+            if lease.expires <= now:
+                self._bury(lease, now, "expired")
+            elif not lease.live():
+                self._bury(lease, now, "a message of it was redelivered or finished elsewhere")
+        if lease is not None and lease.dead:
+            return None
+        if lease is None:
+            if index > 0:
+                return None  # unknown (acked, or swept long ago): a reader continuing it stops here
+            if len(self._leases) >= MAX_LEASES_PER_GROUP:
+                raise UnavailableError(f"too many replay leases ({MAX_LEASES_PER_GROUP}) in group {self._buffer.group}")
+            lease = self._leases[lease_id] = _Lease(now + timeout_ms / 1000, timeout_ms / 1000)
+        return lease
+
+    def _note_taken(self, lease: _Lease, batch: PullBatch, max_per_key: int) -> None:
+        """Record the jobs ``batch`` handed out under ``lease`` (and, with runs, the tails of their keys)."""
+        assert batch.queue is not None
+        taken = []
+        for message in batch.messages:
+            job = self._buffer.job(batch.queue, message.offset)
+            if job is not None:
+                lease.jobs.append((job, job.attempts))
+                taken.append(job)
+        if max_per_key > 1:
+            lease.tails = _tails(lease.tails, taken)
 
     async def _record(self, lease_id: str, queue: QueueId, offsets: list[int], timeout_ms: int) -> None:
         """Write what the lease handed out of ``queue`` to its record, before the pull is answered: an ack
@@ -205,8 +227,9 @@ class ReplayLeases:
         redis = self._group.broker.redis
         try:
             with map_redis_errors(f"recording replay lease {lease_id!r}"):
-                await eval_script(redis, _RECORD, [key], [f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)),
-                                                          timeout_ms + RECORD_GRACE_MS])
+                await eval_script(redis, LEASE_RECORD_LUA, [key], [
+                    f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)), timeout_ms + RECORD_GRACE_MS,
+                ])
         except DdmqError as exc:
             log.warning("replay lease %r of group %s not recorded (%s): a proxy death would deliver it again",
                         lease_id, self._buffer.group, exc)
@@ -243,7 +266,7 @@ class ReplayLeases:
         for queue in touched:
             consumer = self._group.consumers.get(queue.topic) or self._group.retiring.get(queue.topic)
             if consumer is not None:
-                await consumer.commits.commit(queue.qid)
+                await consumer.commit(queue.qid)
         if held:
             try:
                 with map_redis_errors("deleting acked replay lease records"):
@@ -281,8 +304,8 @@ class ReplayLeases:
                 # and is one command on one key, so no owner's commit can interleave inside it.
                 with map_redis_errors(f"finishing replay lease {lease_id!r} on {topic}#{qid}"):
                     await redis.append(keys.finished(self._buffer.group, topic, qid), "," + ranges)
-                tracker = consumer.trackers.get(qid)
-                if tracker is not None and qid in consumer.ownership.held:
+                tracker = consumer.tracker(qid)
+                if tracker is not None:
                     # This proxy reads the queue (it took it from the dead proxy, or is that proxy
                     # restarted): its tracker and buffer must learn it, or its next commit drops the
                     # appended ranges and it delivers them again.
@@ -305,7 +328,8 @@ class ReplayLeases:
             _check(lease_id, 0, 1)
             key = keys.replay_lease(self._buffer.group, lease_id)
             with map_redis_errors(f"abandoning replay lease {lease_id!r}"):
-                await eval_script(redis, _RECORD, [key], [_ABANDONED, "1", MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS])
+                abandoned = [_ABANDONED, "1", MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS]
+                await eval_script(redis, LEASE_RECORD_LUA, [key], abandoned)
 
     def _sweep(self, now: float) -> None:
         if now < self._next_sweep:

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from time import perf_counter
 
 from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
-from ddmq.config.schema import LeaseConfig, ProxyConfig, TopicGroupConfig
+from ddmq.config.schema import LeaseConfig, TopicGroupConfig
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.commits import OffsetCommitter
 from ddmq.proxy.cluster.leases import Lease, LeaseStore
 from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.cluster.ownership import QueueOwnership
+from ddmq.proxy.cluster.queue_state import OwnedQueues
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
@@ -27,7 +28,7 @@ from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.engine.parking import KeyParking
 from ddmq.proxy.engine.pull_buffer import PullBuffer
-from ddmq.proxy.engine.reader import QueueReader, TokenBucket
+from ddmq.proxy.engine.reader import TokenBucket
 from ddmq.proxy.groups.key_actions import serve_key_commands
 from ddmq.proxy.store.broker import Broker, ForeignEntry
 from ddmq.proxy.store.key_commands import ParkStore
@@ -72,9 +73,9 @@ class TopicConsumer:
         self.action_timers: list[Callable[[float], None]] | None = None
         #: The topic's number of queues, once its metadata is known (0 until then).
         self.queues = 0
-        #: Per queue read now: its offsets (see ddmq.proxy.cluster.commits) and its reader.
-        self.trackers: dict[int, OffsetTracker] = {}
-        self.readers: dict[int, QueueReader] = {}
+        #: One state per queue (lease, offsets, reader, hand-off, rollbacks), acted on by ownership,
+        #: commits and the readers.
+        self.owned = OwnedQueues(lease_config.ttl_ms / 1000)
         self.unfinished = 0
         self._tags = frozenset(config.tags)
         self._room = asyncio.Event()
@@ -88,16 +89,13 @@ class TopicConsumer:
         self.serving = True
         #: Set by the service when ``audit_log`` is configured.
         self.read_audit: ReadAudit | None = None
-        #: Rollbacks of Redis detected per qid (see OffsetCommitter.rolled_back).
-        self.rollbacks: Counter[int] = Counter()
-        #: qid -> the sequence raised after a rollback: the reader steps over the unused offsets up to it.
-        self.gap_until: dict[int, int] = {}
         self.ownership = QueueOwnership(self)
         self.commits = OffsetCommitter(self)
-        #: Parked and sequenced keys (on_exhausted, operators' key actions): see engine/parking.py.
-        self.parking = KeyParking(
-            buffer, ParkStore(broker.redis, group, topic), self.blocking_queue.heads, self.blocking_queue.chain_length
-        )
+        #: Parked and sequenced keys (on_exhausted, key actions; engine/parking.py). ``key_records`` is its
+        #: dict, an attribute the pull buffer reads for every job it gets.
+        self.parking = KeyParking(buffer, ParkStore(broker.redis, group, topic), self.blocking_queue,
+                                  pull_chain=config.actions[-1] == "PullServer")
+        self.key_records = self.parking.records
 
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
@@ -105,7 +103,17 @@ class TopicConsumer:
     @property
     def held(self) -> dict[int, Lease]:
         """The leases this proxy holds on the topic's queues, by qid."""
-        return self.ownership.held
+        return self.owned.held()
+
+    @property
+    def trackers(self) -> dict[int, OffsetTracker]:
+        """The offsets of each queue read now, by qid (see ddmq.proxy.cluster.commits)."""
+        return self.owned.trackers()
+
+    @property
+    def rollbacks(self) -> Counter[int]:
+        """Rollbacks of Redis detected per qid (see OffsetCommitter.rolled_back)."""
+        return self.owned.rollbacks()
 
     @property
     def assigned(self) -> range:
@@ -116,25 +124,13 @@ class TopicConsumer:
 
     def may_serve(self, qid: int) -> bool:
         """True while this proxy's lease on ``qid`` is surely valid (checked before every delivery)."""
-        return self.serving and self.ownership.confirmed(qid)
+        return self.serving and self.owned.confirmed(qid)
 
     def is_head(self, job: UpstreamJob) -> bool:
         return self.blocking_queue.is_head(job)
 
     def pull_only(self, job: UpstreamJob) -> bool:
         return job.index == self._last_action
-
-    @property
-    def key_records(self) -> dict[int, object]:
-        return self.parking.records  # type: ignore[return-value]
-
-    def arrived(self, job: UpstreamJob) -> str | None:
-        return self.parking.arrived(job)
-
-    def exhausted(self, job: UpstreamJob, reason: str) -> bool:
-        if self.config.actions[-1] != "PullServer":
-            return False  # a push chain has no pull buffer to park in: dead-lettered as before
-        return self.parking.exhausted(job, reason, self.config.on_exhausted)
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -145,19 +141,17 @@ class TopicConsumer:
         start_chain(self.chain)
         self._tasks.append(asyncio.create_task(self.ownership.run(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
-        self._tasks.append(
-            asyncio.create_task(serve_key_commands(self), name=f"key-commands:{self.group}/{self.topic}")
-        )
+        self._tasks.append(asyncio.create_task(serve_key_commands(self), name=f"keys:{self.group}/{self.topic}"))
 
     async def stop_reading(self) -> None:
         if self._tasks:  # first the lease loop, so that no claim opens a reader behind our back
             self._tasks[0].cancel()
             await asyncio.gather(self._tasks[0], return_exceptions=True)
-        await asyncio.gather(*(reader.stop() for reader in self.readers.values()))
+        await asyncio.gather(*(reader.stop() for reader in self.owned.readers()))
 
     async def close(self) -> None:
         await self.stop_reading()
-        pending = (*self.ownership.handoffs.values(), *self.commits.recoveries)
+        pending = (*self.owned.handoffs(), *self.commits.recoveries)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -189,7 +183,7 @@ class TopicConsumer:
         )
 
     def reconfigure(self, config: TopicGroupConfig) -> None:
-        """Apply settings the engine reads as it goes (see ``ddmq.proxy.ops.reload.IN_PLACE_FIELDS``)."""
+        """Apply settings the engine reads as it goes (see ``ddmq.proxy.groups.changes.IN_PLACE_FIELDS``)."""
         old, self.config = self.config, config
         if config.max_tps != old.max_tps:
             self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
@@ -199,7 +193,21 @@ class TopicConsumer:
             self._short_of_room = False
             self._room.set()
 
-    # reading -----------------------------------------------------------------------------------
+    # reading (the readers' ReaderHost) ------------------------------------------------------------
+
+    def on_rollback(self, qid: int, tracker: OffsetTracker) -> None:
+        self.commits.on_rollback(qid, tracker)
+
+    def take_gap(self, qid: int) -> int | None:
+        return self.owned.take_gap(qid)
+
+    def tracker(self, qid: int) -> OffsetTracker | None:
+        """The offsets of ``qid`` while this proxy reads it, else None."""
+        return self.owned.tracker(qid)
+
+    async def commit(self, qid: int) -> None:
+        """Write ``qid``'s commit point now if it moved (see OffsetCommitter.commit)."""
+        await self.commits.commit(qid)
 
     async def wait_for_room(self) -> int:
         """Wait until fewer than ``concurrency`` jobs are unfinished; returns the room left."""
@@ -213,7 +221,9 @@ class TopicConsumer:
 
     async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None:
         """Messages read from ``queue``, in order (one read's batch: one call, not one per message)."""
-        tracker = self.trackers[queue.qid]
+        tracker = self.owned.tracker(queue.qid)
+        if tracker is None:
+            return  # dropped meanwhile: untracked, so the queue's next reader reads them again
         track = tracker.track
         tags = self._tags
         counters = self.counters
@@ -364,7 +374,7 @@ class ConsumerGroup:
         for consumer in self.consumers.values():
             consumer.start()
 
-    # live configuration (see ddmq.proxy.ops.reload) --------------------------------------------------
+    # live configuration (see ddmq.proxy.groups.registry) ----------------------------------------------
 
     def add_topic(self, consumer: TopicConsumer) -> None:
         if consumer.topic in self.consumers:
@@ -421,12 +431,3 @@ class ConsumerGroup:
     @property
     def unfinished(self) -> int:
         return sum(c.unfinished for c in self.consumers.values())
-
-
-def build_groups(
-    config: ProxyConfig, broker: Broker, leases: LeaseStore, membership: Membership
-) -> dict[str, ConsumerGroup]:
-    return {
-        name: ConsumerGroup(name, topics, broker, leases, config.leases, membership)
-        for name, topics in config.groups.items()
-    }

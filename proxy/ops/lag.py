@@ -13,7 +13,7 @@ read back when the series starts here: the history survives a restart and is sha
 proxies (one sample per interval between them).
 
 >>> times = await produce_times(redis, "rides", {0: 41, 3: 7})      # {0: 1763776220123, 3: ...}
->>> history = LagHistory(service, interval_s=5, points=720)
+>>> history = LagHistory(registry, interval_s=5, points=720)
 >>> await history.sample()
 >>> history.series("cg_rides")                                    # {"rides": [LagSample, ...]}
 """
@@ -35,7 +35,7 @@ from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.store.broker import get_many, map_redis_errors
 
 if TYPE_CHECKING:
-    from ddmq.proxy.service import ProxyService
+    from ddmq.proxy.groups.registry import GroupRegistry
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,9 @@ class LagHistory:
     """The last ``points`` lag samples per (group, topic); :meth:`run` samples every ``interval_s``."""
 
     def __init__(
-        self, service: ProxyService, interval_s: float = SAMPLE_INTERVAL_S, points: int = SAMPLE_POINTS
+        self, registry: GroupRegistry, interval_s: float = SAMPLE_INTERVAL_S, points: int = SAMPLE_POINTS
     ) -> None:
-        self._service = service
+        self._registry = registry
         self.interval_s = interval_s
         self.points = points
         self._series: dict[tuple[str, str], deque[LagSample]] = {}
@@ -146,16 +146,16 @@ class LagHistory:
             await asyncio.sleep(self.interval_s)
 
     async def sample(self) -> None:
-        service = self._service
-        if service.redis is None:
+        registry = self._registry
+        if registry.redis is None:
             return
         at = now_ms()
         current: set[tuple[str, str]] = set()
-        for group_name, group in list(service.groups.items()):
+        for group_name, group in list(registry.groups.items()):
             for topic, consumer in list(group.consumers.items()):
                 if not consumer.queues:
                     continue
-                rows = await topic_lag(service.redis, group_name, topic, consumer.queues)
+                rows = await topic_lag(registry.redis, group_name, topic, consumer.queues)
                 ages = [at - row.oldest_ms for row in rows if row.oldest_ms is not None]
                 sample = LagSample(at, sum(row.lag for row in rows), max(0, max(ages, default=0)),
                                    sum(row.produced - 1 for row in rows), sum(row.committed - 1 for row in rows))
@@ -173,9 +173,9 @@ class LagHistory:
     async def _stored(self, group: str, topic: str) -> list[LagSample]:
         """The samples kept in Redis (by this proxy before a restart, or by another proxy of the
         group), oldest first: the console's chart survives a restart."""
-        assert self._service.redis is not None
+        assert self._registry.redis is not None
         with map_redis_errors(f"reading the lag history of {group}/{topic}"):
-            entries = await self._service.redis.xrevrange(keys.lag_history(group, topic), "+", "-", count=self.points)
+            entries = await self._registry.redis.xrevrange(keys.lag_history(group, topic), "+", "-", count=self.points)
         samples = []
         for entry_id, fields in reversed(entries):
             try:
@@ -190,13 +190,13 @@ class LagHistory:
         the start of its interval, so the proxies of a group write one sample per interval between
         them: a second one in the same interval is refused by Redis (an id not above the last) and
         dropped here."""
-        assert self._service.redis is not None
+        assert self._registry.redis is not None
         interval_ms = max(1, int(self.interval_s * 1000))
         entry_id = f"{sample.at_ms - sample.at_ms % interval_ms}-0"
         fields = dict(zip(_FIELDS, sample[1:], strict=True))
         with map_redis_errors(f"writing the lag history of {group}/{topic}"):
             try:
-                await self._service.redis.xadd(keys.lag_history(group, topic), fields,
+                await self._registry.redis.xadd(keys.lag_history(group, topic), fields,
                                                id=entry_id, maxlen=self.points, approximate=False)
             except ResponseError as exc:
                 if "equal or smaller" not in str(exc):

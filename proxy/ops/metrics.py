@@ -10,7 +10,7 @@ Per-queue series exist for the queues this proxy holds (a queue is held by one p
 summing a series over all proxies gives the group's figure. Labels are group, topic and qid: the
 number of queues per topic is fixed and small, so cardinality stays bounded.
 
->>> metrics = ProxyMetrics(service)
+>>> metrics = ProxyMetrics(registry, counters, server_stats)
 >>> await metrics.refresh()          # reads produce offsets from Redis, for the lag gauges
 >>> body = metrics.render()          # Prometheus text format
 """
@@ -47,7 +47,7 @@ from ddmq.proxy.store.broker import map_redis_errors
 
 if TYPE_CHECKING:
     from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
-    from ddmq.proxy.service import ProxyService
+    from ddmq.proxy.groups.registry import GroupRegistry
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,9 @@ _TOPIC = ["group", "topic"]
 class ProxyMetrics:
     """The registry a service's ``/metrics`` renders: the engine collector plus two histograms."""
 
-    def __init__(self, service: ProxyService) -> None:
+    def __init__(
+        self, groups: GroupRegistry, counters: Counter[str], server_stats: Callable[[], dict[str, dict[str, int]]]
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.pull_seconds = Histogram(
             "ddmq_pull_duration_seconds",
@@ -116,12 +118,12 @@ class ProxyMetrics:
         )
         #: (group, topic, action) -> durations; kept across consumer rebuilds so the counts only grow.
         self.action_seconds: dict[tuple[str, str, str], LatencyHistogram] = {}
-        self.collector = EngineCollector(service, self.action_seconds)
+        self.collector = EngineCollector(groups, counters, server_stats, self.action_seconds)
         self.registry.register(self.collector)
         # process_* (CPU, memory, open fds, start time) and python_info, as a default registry would have.
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
-        self._service = service
+        self._groups = groups
         self._pull_children: dict[tuple[str, bool], Callable[[float], None]] = {}
 
     def instrument(self, groups: Iterable[ConsumerGroup]) -> None:
@@ -151,14 +153,14 @@ class ProxyMetrics:
         """Read what the collector cannot read synchronously from Redis: produce offsets and the
         produce time of each held queue's first unfinished message (lag), dead-letter stream lengths
         and lease holders."""
-        self.instrument(self._service.groups.values())
-        broker, redis = self._service.broker, self._service.redis
+        self.instrument(self._groups.groups.values())
+        broker, redis = self._groups.broker, self._groups.redis
         if broker is None or redis is None:
             return
         produced: dict[str, list[int]] = {}
         oldest: dict[tuple[str, str, int], int] = {}
         topics: dict[tuple[str, str], int] = {}
-        for group in self._service.groups.values():
+        for group in self._groups.groups.values():
             for consumer in group.consumers.values():
                 if not consumer.queues:
                     continue
@@ -257,8 +259,14 @@ class TopicFigures(NamedTuple):
 class EngineCollector(Collector):
     """Reads the engine's counters and gauges at scrape time; costs nothing between scrapes."""
 
-    def __init__(self, service: ProxyService, actions: dict[tuple[str, str, str], LatencyHistogram]) -> None:
-        self._service = service
+    def __init__(
+        self,
+        groups: GroupRegistry,
+        counters: Counter[str],
+        server_stats: Callable[[], dict[str, dict[str, int]]],
+        actions: dict[tuple[str, str, str], LatencyHistogram],
+    ) -> None:
+        self._groups, self._counters, self._server_stats = groups, counters, server_stats
         self._actions = actions
         #: topic -> next produce offset per qid, set by :meth:`ProxyMetrics.refresh` before a scrape.
         self.produced: dict[str, list[int]] = {}
@@ -268,7 +276,6 @@ class EngineCollector(Collector):
         self.topics: dict[tuple[str, str], TopicFigures] = {}
 
     def collect(self) -> Iterator[Metric]:
-        service = self._service
         counters = {
             name: CounterMetricFamily(metric, doc, labels=_QUEUE) for name, (metric, doc) in _BUFFER_COUNTERS.items()
         }
@@ -346,7 +353,7 @@ class EngineCollector(Collector):
         for (name, topic), figures in sorted(self.topics.items()):
             dead_letters.add_metric([name, topic], figures.dead_letters)
             unowned.add_metric([name, topic], figures.unowned_queues)
-        for name, group in service.groups.items():
+        for name, group in self._groups.groups.items():
             buffer = group.buffer
             for queue, stats in buffer.queue_stats.items():
                 labels = [name, queue.topic, str(queue.qid)]
@@ -380,7 +387,7 @@ class EngineCollector(Collector):
                 concurrency.add_metric([name, topic], consumer.config.concurrency)
                 for event, count in sorted(consumer.counters.items()):
                     events.add_metric([name, topic, event], count)
-        for event, count in sorted(service.counters.items()):
+        for event, count in sorted(self._counters.items()):
             proxy_events.add_metric([event], count)
 
         actions = HistogramMetricFamily(
@@ -397,7 +404,7 @@ class EngineCollector(Collector):
         yield from (keys, waiting, longest, chains, topic_unfinished, concurrency, events, parked, proxy_events)
         yield key_states
         yield actions
-        yield from _server_metrics(service.server_stats())
+        yield from _server_metrics(self._server_stats())
 
     @staticmethod
     def _chains(

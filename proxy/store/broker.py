@@ -32,6 +32,7 @@ from redis.typing import EncodableT, FieldT
 from ddmq.protocol import keys, stream_entry
 from ddmq.protocol.connection import REDIS_FAILURES, AsyncRedis, eval_script
 from ddmq.protocol.queues import ProduceError, repair_queue
+from ddmq.protocol.scripts import CHECK_STREAM_LUA, RAISE_SEQUENCE_LUA
 from ddmq.protocol.stream_entry import KEY, PRODUCE_TIME, TAG, VALUE
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import StoredMessage
@@ -122,46 +123,9 @@ def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
     return decode_entry(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))
 
 
-#: Lua (a function definition): does the queue still hold what a reader read up to offset ``n``? False
-#: when its end (the sequence, or the last ``0-<n>`` entry) is below ``n``, or when the entry at ``n``
-#: is there with another produce time or body (SHA-1) than the one read: Redis lost writes and
-#: producers wrote new entries under offsets already read. ``sha`` '' = nothing known of entry ``n``.
-#: An entry that is gone while the end is past it was trimmed (MAXLEN), which is no rollback.
-STREAM_INTACT_LUA = """
-local function stream_intact(stream, sequence, n, ts, sha)
-  local top = tonumber(redis.call('GET', sequence) or '0')
-  if top < n then
-    local tail = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-    local last = #tail > 0 and tonumber(string.match(tail[1][1], '^0%-(%d+)$'))
-    if not last or last < n then return false end
-  end
-  if sha == '' or n == 0 then return true end
-  local entry = redis.call('XRANGE', stream, '0-' .. n, '0-' .. n)
-  if #entry == 0 then return true end
-  local fields, seen = entry[1][2], {}
-  for i = 1, #fields, 2 do seen[fields[i]] = fields[i + 1] end
-  return (tonumber(seen['ts']) or 0) == tonumber(ts) and redis.sha1hex(seen['v'] or '') == sha
-end
-"""
-
-# KEYS: stream, sequence.  ARGV: n, ts, sha.  1 = intact, 0 = rolled back.
-_CHECK_STREAM = STREAM_INTACT_LUA + """
-if stream_intact(KEYS[1], KEYS[2], tonumber(ARGV[1]), ARGV[2], ARGV[3]) then return 1 end
-return 0
-"""
-
-# KEYS: sequence.  ARGV: offset.  Raises the sequence to at least ``offset``; returns the sequence.
-_RAISE_SEQUENCE = """
-local last = tonumber(redis.call('GET', KEYS[1]) or '0')
-local floor = tonumber(ARGV[1])
-if last < floor then redis.call('SET', KEYS[1], ARGV[1]); return floor end
-return last
-"""
-
-
 def read_mark(n: int, message: StoredMessage | None) -> list[str | int]:
-    """The ``n, ts, sha`` arguments of :data:`STREAM_INTACT_LUA` for a reader whose last read entry
-    is ``message`` (None: nothing read yet, only the queue's end is checked against ``n``)."""
+    """The ``n, ts, sha`` arguments of :data:`~ddmq.protocol.scripts.STREAM_INTACT_LUA` for a reader
+    whose last read entry is ``message`` (None: nothing read yet, only the queue's end is checked against ``n``)."""
     if message is None:
         return [n, "0", ""]
     return [message.offset, message.produce_ms, hashlib.sha1(message.value).hexdigest()]
@@ -242,15 +206,15 @@ class Broker:
 
     async def stream_intact(self, topic: str, qid: int, n: int, message: StoredMessage | None) -> bool:
         """False when the queue no longer holds what was read up to offset ``n`` (``message``: the entry
-        read there, if any): Redis rolled back. See :data:`STREAM_INTACT_LUA`."""
+        read there, if any): Redis rolled back. See :data:`~ddmq.protocol.scripts.STREAM_INTACT_LUA`."""
         with map_redis_errors(f"checking {topic}#{qid} against what was read"):
             keys_ = [keys.stream(topic, qid), keys.sequence(topic, qid)]
-            return bool(await eval_script(self.redis, _CHECK_STREAM, keys_, read_mark(n, message)))
+            return bool(await eval_script(self.redis, CHECK_STREAM_LUA, keys_, read_mark(n, message)))
 
     async def raise_sequence(self, topic: str, qid: int, offset: int) -> int:
         """Make producers continue after ``offset`` at least; returns the queue's last offset."""
         with map_redis_errors(f"raising the sequence of {topic}#{qid}"):
-            return int(await eval_script(self.redis, _RAISE_SEQUENCE, [keys.sequence(topic, qid)], [offset]))
+            return int(await eval_script(self.redis, RAISE_SEQUENCE_LUA, [keys.sequence(topic, qid)], [offset]))
 
     async def record_rollback(
         self, group: str, topic: str, qid: int, owner: str, read_upto: int, stream_end: int

@@ -8,7 +8,7 @@ stops before the entry that would pass it and says whether more follow, and valu
 with a larger cut). A value larger than the budget still moves, alone.
 
 Replay is exactly once per entry, whatever runs at the same time (the scripts are in
-:mod:`ddmq.proxy.store.dead_letter_scripts`):
+:mod:`ddmq.protocol.scripts`):
 
 1. *Claim*: one script moves a chunk of entries out of the dead-letter stream into the claims stream
    (:func:`ddmq.protocol.keys.dead_letter_claims`). An entry is claimed by one call only; a purge or a
@@ -47,20 +47,22 @@ from ddmq.protocol import keys, stream_entry
 from ddmq.protocol.connection import AsyncRedis, eval_script
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.producer import AsyncProducer, ProduceError
-from ddmq.proxy.core.errors import BadRequestError, BrokerError
-from ddmq.proxy.store.broker import map_redis_errors
-from ddmq.proxy.store.dead_letter_scripts import (
+from ddmq.protocol.scripts import (
     CLAIM_LUA,
     CLAIMS_LUA,
     LAST_ID_LUA,
-    MARKER_KEEP_MS,
     PAGE_LUA,
     PURGE_LUA,
     REPLAY_LUA,
 )
+from ddmq.proxy.core.errors import BadRequestError, BrokerError
+from ddmq.proxy.store.broker import map_redis_errors
 
 #: Most entries moved per script call when replaying or purging.
 CHUNK: Final = 500
+#: Replay markers live this long; a claim left by a crash is finished by the next replay of its group and
+#: topic, which must come within this time for the markers to still prevent a second copy.
+MARKER_KEEP_MS: Final = 7 * 24 * 3600 * 1000
 #: Largest page :meth:`DeadLetters.read` returns.
 MAX_PAGE: Final = 1000
 #: Default byte budget of one page or one replay/purge step.

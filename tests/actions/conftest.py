@@ -36,7 +36,7 @@ async def wait_all_finished(service: ProxyService, timeout_s: float = 60) -> Non
     """Until the committed offset of every queue of ``g``/``t`` reaches its produce offset."""
     async with asyncio.timeout(timeout_s):
         while True:
-            [row] = await service.consume_stats("g", "t")
+            [row] = await service.api.consume_stats("g", "t")
             if row.produce_offsets and all(
                 row.consume_offsets.get(qid) == offset for qid, offset in row.produce_offsets.items()
             ):
@@ -126,7 +126,7 @@ def proxy_tasks() -> int:
 async def readers_started(service: ProxyService) -> None:
     consumer = service.groups["g"].consumers["t"]
     async with asyncio.timeout(30):
-        while len(consumer.readers) < 4:  # noqa: ASYNC110
+        while len(consumer.owned.readers()) < 4:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
 
 

@@ -51,7 +51,7 @@ async def test_filter_drops_transit_reshapes_order_holds(redis_url: str) -> None
         results: list[QueueResult] = []
         delivered = 0
         while delivered < sum(kept.values()):
-            batch = await service.pull("g", "t", 16, 2000, results)
+            batch = await service.api.pull("g", "t", 16, 2000, results)
             assert batch.queue is not None, "a kept message was not delivered"
             for message in batch.messages:
                 body = json.loads(message.value)
@@ -62,10 +62,10 @@ async def test_filter_drops_transit_reshapes_order_holds(redis_url: str) -> None
                 checker.acked(body["rider"], body["meta"]["seq"])
             delivered += len(batch.messages)
             results = [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
-        await service.submit(results)
+        await service.api.submit(results)
         await wait_all_finished(service)
         assert service.groups["g"].consumers["t"].counters["filtered_out"] == dropped
-        leftover = await service.pull("g", "t", 16, 0, [])
+        leftover = await service.api.pull("g", "t", 16, 0, [])
         assert leftover.messages == []
     assert checker.violations == []
     assert checker.missing(kept) == {}
@@ -75,10 +75,10 @@ async def test_transit_dead_letters_a_body_that_is_not_json(redis_url: str, redi
     config = {"actions": ["Json", "Transit", "Order", "PullServer"], "transit": {"id": "$.id"}, "order_key": "KEY"}
     async with running_proxy(redis_url, config) as service:
         await produce(redis_url, [("k", "{broken"), ("k", {"id": 7, "other": 1})])
-        batch = await service.pull("g", "t", 16, 2000, [])
+        batch = await service.api.pull("g", "t", 16, 2000, [])
         assert [json.loads(m.value) for m in batch.messages] == [{"id": 7}]
         assert batch.queue is not None
-        await service.submit([QueueResult("g", "t", str(batch.queue.qid), [batch.messages[0].offset], [])])
+        await service.api.submit([QueueResult("g", "t", str(batch.queue.qid), [batch.messages[0].offset], [])])
         await wait_all_finished(service)
     [dead] = await dead_letters(redis_client)
     assert dead["v"] == "{broken" and "not JSON" in dead["error"] and dead["attempts"] == "0"

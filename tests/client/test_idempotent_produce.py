@@ -20,7 +20,7 @@ import redis
 from ddmq.protocol import keys
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.producer import AsyncProducer, DeliveryError, MessageTooLargeError, Producer, SendResult
-from ddmq.protocol.queues import IDEMPOTENT_PRODUCE_LUA, OUT_OF_ORDER, PRODUCE_LUA
+from ddmq.protocol.scripts import IDEMPOTENT_PRODUCE_LUA, OUT_OF_ORDER, PRODUCE_LUA
 
 
 @pytest.fixture

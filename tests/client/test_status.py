@@ -26,8 +26,8 @@ async def test_status_shows_owner_offsets_and_lag(redis_url: str) -> None:
         for i in range(5):
             await producer.send("t", f"m{i}", qid=0)
         await producer.close()
-        batch = await service.pull("g", "t", 2, 2000, [])  # two delivered, not acked yet
-        await service.submit([QueueResult("g", "t", "0", [batch.messages[0].offset], [])])
+        batch = await service.api.pull("g", "t", 2, 2000, [])  # two delivered, not acked yet
+        await service.api.submit([QueueResult("g", "t", "0", [batch.messages[0].offset], [])])
         await asyncio.sleep(0.2)  # a commit interval
         with redis.Redis.from_url(redis_url) as client:
             status = await asyncio.to_thread(group_status, client, "g")

@@ -58,8 +58,12 @@ class Owner:
     def pull_only(self, job: UpstreamJob) -> bool:
         return True
 
-    #: No parked keys here (engine/parking.py has its own tests over a real proxy).
+    #: No parked keys here (tests/system/test_failures.py parks them in a real proxy).
     key_records: dict[int, Any] = {}
+
+    @property
+    def parking(self) -> Owner:
+        return self
 
     def arrived(self, job: UpstreamJob) -> str | None:
         return None

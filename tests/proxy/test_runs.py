@@ -31,7 +31,7 @@ async def produce(redis_url: str, keys: list[str], qid: int = 0) -> dict[str, in
 
 async def pull(service: ProxyService, per_key: int | None, results: list[QueueResult] | None = None,
                max_batch: int | None = None, linger_ms: int = 2000) -> PullBatch:
-    return await service.pull("g", "t", max_batch, linger_ms, results or [], max_per_key=per_key)
+    return await service.api.pull("g", "t", max_batch, linger_ms, results or [], max_per_key=per_key)
 
 
 async def settle(service: ProxyService, ready: int, messages: int = 0) -> None:
@@ -64,7 +64,7 @@ async def test_a_reply_carries_a_keys_successive_messages_as_one_run(redis_url: 
         assert events(first) == [("a", i) for i in range(64)] and first.runs == [64]
         second = await pull(service, 64, result(first, offsets(first, *range(64))))
         assert events(second) == [("a", i) for i in range(64, 100)] and second.runs == [36]
-        await service.submit(result(second, offsets(second, *range(36))))
+        await service.api.submit(result(second, offsets(second, *range(36))))
         assert (await pull(service, 64, linger_ms=0)).messages == []
         assert service.groups["g"].buffer.held == 0
 
@@ -89,7 +89,7 @@ async def test_a_client_without_runs_on_the_same_group_gets_one_message_per_key(
         runs = await pull(service, 8, result(plain, offsets(plain, 0, 1)))
         assert events(runs) == [("a", i) for i in range(1, 5)] + [("b", i) for i in range(1, 5)]
         # Acking a prefix of each run releases what follows as usual: the plain client goes on.
-        await service.submit(result(runs, offsets(runs, 0, 1, 4)))
+        await service.api.submit(result(runs, offsets(runs, 0, 1, 4)))
         assert events(await pull(service, 1, linger_ms=0)) == []
         assert service.groups["g"].buffer.in_flight == 5
 
@@ -112,7 +112,7 @@ async def test_a_fail_inside_a_run_returns_the_rest_which_waits_for_the_failed_m
         assert events(rest) == [("a", 3), ("a", 4)]
         members = [buffer.job(rest.queue, m.offset) for m in rest.messages]  # type: ignore[arg-type]
         assert [j.attempts for j in members if j is not None] == [1, 1], "the return did not count an attempt"
-        await service.submit(result(rest, offsets(rest, 0, 1)))
+        await service.api.submit(result(rest, offsets(rest, 0, 1)))
         assert buffer.held == 0
 
 
@@ -126,10 +126,10 @@ async def test_an_ack_after_the_fail_or_before_its_turn_is_ignored_and_the_messa
         run = await pull(service, 4)
         buffer = service.groups["g"].buffer
         # a2 acked before a1 (out of turn): ignored, a2 stays in flight.
-        await service.submit(result(run, offsets(run, 2)))
+        await service.api.submit(result(run, offsets(run, 2)))
         assert buffer.stats.acked == 0 and buffer.stats.unknown_acks == 1
         # a0 fails; the client acks a3 anyway (breaking its promise): ignored, a1..a3 come again in order.
-        await service.submit(result(run, offsets(run, 3), offsets(run, 0)))
+        await service.api.submit(result(run, offsets(run, 3), offsets(run, 0)))
         assert buffer.stats.unknown_acks == 2 and buffer.stats.acked == 0
         again = await pull(service, 4)
         assert events(again) == [("a", 0)]
@@ -144,7 +144,7 @@ async def test_a_timeout_inside_a_run_counts_as_a_fail_for_the_rest_of_it(redis_
         await settle(service, 2, 5)
         run = await pull(service, 4)
         assert run.runs == [4, 1]
-        await service.submit(result(run, offsets(run, 0, 4)))  # a0 and b0 acked, a1..a3 never
+        await service.api.submit(result(run, offsets(run, 0, 4)))  # a0 and b0 acked, a1..a3 never
         again = await pull(service, 4)
         buffer = service.groups["g"].buffer
         assert events(again) == [("a", 1)], "a1 timed out: retried alone"
@@ -203,7 +203,7 @@ async def test_random_results_with_runs_keep_per_key_order_and_lose_nothing(redi
                     checker.acked(event["k"], event["seq"])
                     acked.append(message.offset)
             results = result(batch, acked, failed)
-        await service.submit(results)
+        await service.api.submit(results)
         assert not checker.violations, checker.violations[:5]
         assert not checker.missing(produced)
         assert service.groups["g"].buffer.held == 0

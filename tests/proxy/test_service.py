@@ -40,7 +40,7 @@ async def produce(redis_url: str, messages: list[tuple[str | None, str]], qid: i
 
 async def pull(service: ProxyService, linger_ms: int = 2000, results: list[QueueResult] | None = None,
                max_batch: int | None = None) -> PullBatch:
-    return await service.pull("g", "t", max_batch, linger_ms, results or [])
+    return await service.api.pull("g", "t", max_batch, linger_ms, results or [])
 
 
 async def test_one_key_is_delivered_one_at_a_time_in_order(redis_url: str) -> None:
@@ -53,7 +53,7 @@ async def test_one_key_is_delivered_one_at_a_time_in_order(redis_url: str) -> No
             assert len(batch.messages) == 1, "only the head of a key may be out"
             seen.append(batch.messages[0].value)
             results = ack(batch)
-        await service.submit(results)
+        await service.api.submit(results)
         assert seen == [f"m{i}".encode() for i in range(10)]
         assert (await pull(service, linger_ms=0)).messages == []
 
@@ -122,23 +122,23 @@ async def test_acks_for_unknown_offsets_queues_and_groups_are_ignored(redis_url:
             QueueResult("g", "other", "0", [1], []),
             QueueResult("nope", "t", "0", [1], []),
         ]
-        await service.submit(bogus)
+        await service.api.submit(bogus)
         stats = service.groups["g"].buffer.stats
         assert stats.unknown_acks == 1 and stats.unknown_fails == 1
         assert service.counters["unknown_results"] == 4
         # still serving, and the real ack still works
-        await service.submit(ack(batch))
+        await service.api.submit(ack(batch))
         assert service.groups["g"].buffer.stats.acked == 1  # stats is a snapshot: read it again
 
 
 async def test_unknown_group_and_topic_are_clear_errors(redis_url: str) -> None:
     async with running_proxy(redis_url) as service:
         with pytest.raises(UnknownGroupError, match="unknown group 'ghost'"):
-            await service.pull("ghost", None, None, 0, [])
+            await service.api.pull("ghost", None, None, 0, [])
         with pytest.raises(UnknownTopicError):
-            await service.pull("g", "ghost", None, 0, [])
+            await service.api.pull("g", "ghost", None, 0, [])
         with pytest.raises(UnknownGroupError):
-            await service.consume_stats("ghost", None)
+            await service.api.consume_stats("ghost", None)
 
 
 async def test_commit_never_passes_an_unfinished_offset_and_restart_resumes_there(
@@ -152,10 +152,10 @@ async def test_commit_never_passes_an_unfinished_offset_and_restart_resumes_ther
         while len(offsets) < 5 and (batch := await pull(service, max_batch=10)).messages:
             offsets += [m.offset for m in batch.messages]
         assert offsets == [1, 2, 3, 4, 5]
-        await service.submit([QueueResult("g", "t", "0", [2, 3, 4, 5], [])])
+        await service.api.submit([QueueResult("g", "t", "0", [2, 3, 4, 5], [])])
         await asyncio.sleep(0.2)
         assert await redis_client.get(keys.committed("g", "t", 0)) == b"1"
-        stats = await service.consume_stats("g", "t")
+        stats = await service.api.consume_stats("g", "t")
         assert stats[0].consume_offsets["0"] == 1 and stats[0].produce_offsets["0"] == 6
     assert await redis_client.get(keys.finished("g", "t", 0)) == b"2-5"
     # The proxy stopped with offset 1 unfinished: a new one resumes there and, knowing 2..5 were
@@ -164,7 +164,7 @@ async def test_commit_never_passes_an_unfinished_offset_and_restart_resumes_ther
         batch = await pull(service, max_batch=10)
         assert [m.offset for m in batch.messages] == [1]
         assert service.groups["g"].consumers["t"].counters["skipped_finished"] == 4
-        await service.submit(ack(batch))
+        await service.api.submit(ack(batch))
         await asyncio.sleep(0.2)
         assert await redis_client.get(keys.committed("g", "t", 0)) == b"6"
         assert await redis_client.get(keys.finished("g", "t", 0)) is None
@@ -211,7 +211,7 @@ async def test_backpressure_reads_no_more_than_concurrency(redis_url: str) -> No
             assert consumer.unfinished <= 10
             got += batch.messages
             results = ack(batch)
-        await service.submit(results)
+        await service.api.submit(results)
         assert sorted(m.offset for m in got) == list(range(1, 101))
 
 
@@ -257,7 +257,7 @@ async def test_memory_for_timeouts_is_bounded_by_what_is_in_flight(redis_url: st
             assert buffer.redelivery.timed == buffer.in_flight == len(batch.messages)
             assert buffer.redelivery.wheel_ticks == 1  # the acked batches' ticks are gone, not left empty
             results = ack(batch)
-        await service.submit(results)
+        await service.api.submit(results)
         # Everything acked long before its 60 s deadline: nothing is left to time out.
         assert buffer.redelivery.timed == 0 and buffer.held == 0 and buffer.redelivery.wheel_ticks == 0
 
@@ -280,7 +280,7 @@ async def test_concurrency_bounds_unfinished_jobs_across_all_readers(redis_url: 
             assert consumer.unfinished <= 10
             seen += [m.value for m in batch.messages]
             results = ack(batch) if batch.messages else []
-        await service.submit(results)
+        await service.api.submit(results)
         assert sorted(seen) == sorted(f"m{i}".encode() for i in range(200))
 
 
@@ -302,7 +302,7 @@ async def test_a_pull_during_start_up_long_polls(redis_url: str) -> None:
         assert [m.value for m in batch.messages] == [b"m0"]  # the key's head; its successor waits
         batch = await pull(service, results=ack(batch))
         assert [m.value for m in batch.messages] == [b"m1"]
-        await service.submit(ack(batch))
+        await service.api.submit(ack(batch))
     finally:
         if not starting.done():
             await starting

@@ -226,7 +226,7 @@ async def consume_all(
     assert checker.violations == []
 
     async def committed() -> bool:
-        (row,) = await service.consume_stats("g", "t")
+        (row,) = await service.api.consume_stats("g", "t")
         return row.consume_offsets == row.produce_offsets
 
     while not await committed():

@@ -24,7 +24,7 @@ from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 
 from ..http_support import ApiClient
-from ..proxy.test_http_api import http_proxy
+from ..proxy.servers.test_http_api import http_proxy
 from ..support import free_port
 from .test_console import CHROMIUM_ARGS, TOKEN
 from .test_console import chromium as chromium  # the fixture: Debian's chromium, installed when missing

@@ -23,7 +23,7 @@ from ddmq.protocol.producer import AsyncProducer
 
 from ..http_support import ApiClient, OpenApiChecker
 from ..proxy.conftest import running_proxy
-from ..proxy.test_http_api import eventually, pull
+from ..proxy.servers.test_http_api import eventually, pull
 from ..support import debian_tool
 
 ARTIFACTS = Path(__file__).parent.parent / "artifacts"

@@ -21,7 +21,7 @@ from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.service import ProxyService
 
 from ..proxy.conftest import proxy_config
-from ..proxy.test_http_api import eventually
+from ..proxy.servers.test_http_api import eventually
 from ..support import ProxyProcess, free_port
 
 PASSWORD = "s3cret-Passw0rd"
@@ -59,7 +59,7 @@ def acl_url(redis_url: str) -> Iterator[str]:
 async def test_an_acl_user_consumes_and_its_password_is_never_logged(
     acl_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ..proxy.test_http_api import http_proxy, pull
+    from ..proxy.servers.test_http_api import http_proxy, pull
 
     with caplog.at_level(logging.DEBUG):
         async with http_proxy(acl_url, {"order_key": "KEY"}) as (service, api):
@@ -76,7 +76,7 @@ async def test_an_acl_user_consumes_and_its_password_is_never_logged(
                 assert values == sorted(values) and len(values) == 4
 
             async def committed() -> bool:
-                (row,) = await service.consume_stats("g", "t")
+                (row,) = await service.api.consume_stats("g", "t")
                 return row.consume_offsets == row.produce_offsets
 
             await eventually(committed)

@@ -18,7 +18,7 @@ from ddmq.protocol.producer import AsyncProducer
 
 from ..http_support import ApiClient, OpenApiChecker
 from ..proxy.conftest import running_proxy
-from ..proxy.test_http_api import eventually, pull
+from ..proxy.servers.test_http_api import eventually, pull
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 #: Series Prometheus makes itself for every target.

@@ -58,7 +58,7 @@ async def pull_in_process(service: ProxyService, checker: OrderChecker, epoch: i
                           results: list[QueueResult]) -> tuple[int | None, list[QueueResult]]:
     """One pull from ``service`` acking the previous ``results``; returns the batch's qid (None when
     empty) and the results to ack with the next pull."""
-    batch = await service.pull("g", "t", 64, 200, results)
+    batch = await service.api.pull("g", "t", 64, 200, results)
     if not batch.messages or batch.queue is None:
         return None, []
     for m in batch.messages:
@@ -81,7 +81,7 @@ async def drain_in_process(service: ProxyService, checker: OrderChecker, epoch: 
         qid, results = await pull_in_process(service, checker, epoch, results)
         if qid is not None:
             first.setdefault(qid, time.monotonic())
-    await service.submit(results)
+    await service.api.submit(results)
     return first
 
 
@@ -121,7 +121,7 @@ async def test_queues_split_between_proxies_and_move_to_the_survivor_of_a_crash(
                     consumed += await pull_from_process(client, checker, 1, pending)
                     qid, results = await pull_in_process(proxy_b, checker, 2, results)
                     assert qid in (None, 2, 3)
-                await proxy_b.submit(results)
+                await proxy_b.api.submit(results)
                 await client.submit(wire.link_results(pending))
                 proxy_a.kill()
                 killed_at = time.monotonic()
@@ -178,7 +178,7 @@ async def test_a_paused_owner_is_fenced_off_when_it_wakes_up(
                     await drain_in_process(proxy_b, checker, 2, produced, 30)
                     await asyncio.sleep(0.3)  # B's last commit
                     final = [await redis_client.get(keys.committed("g", "t", q)) for q in range(QUEUES)]
-                    produce_next = await proxy_b.consume_stats("g", "t")
+                    produce_next = await proxy_b.api.consume_stats("g", "t")
                     assert {str(q): int(v) for q, v in enumerate(final)} == produce_next[0].produce_offsets
                     proxy_a.proc.send_signal(signal.SIGCONT)
                     # A wakes up with stale state: give it time to try to commit and to notice.
@@ -255,14 +255,14 @@ async def test_without_persisted_completions_the_next_owner_redelivers_past_the_
     leases = {**LEASES, "persist_completions": False}
     async with running_proxy(redis_url, GROUP_CONFIG, queues=QUEUES, instance_id="proxy-a", leases=leases) as a:
         await asyncio.to_thread(produce, redis_url, 400, produced, rng)
-        first = await a.pull("g", "t", 8, 2000, [])  # never acked: holds its queue's commit point back
+        first = await a.api.pull("g", "t", 8, 2000, [])  # never acked: holds its queue's commit point back
         for m in first.messages:
             event = json.loads(m.value)
             checker.delivered(event["k"], event["seq"], 1)
         results: list[QueueResult] = []
         for _ in range(6):
             _, results = await pull_in_process(a, checker, 1, results)
-        await a.submit(results)
+        await a.api.submit(results)
         await a.groups["g"].flush_offsets()
         finished = [await redis_client.get(keys.finished("g", "t", q)) for q in range(QUEUES)]
         assert not any(finished), "no finished ranges may be stored"

@@ -328,7 +328,7 @@ async def test_park_holds_a_key_across_a_kill_and_a_lease_handoff(adapter: str, 
 
 async def test_any_proxy_shows_and_acts_on_a_key_another_proxy_holds(adapter: str, redis_url: str) -> None:
     config = _rides_config("park")
-    leases = {"ttl_ms": 1000, "renew_ms": 200}
+    leases = {"ttl_ms": 4000, "renew_ms": 300}  # long enough that a loaded machine does not move queues
     async with proxy(adapter, redis_url, config, queues=2, instance_id="a", leases=leases) as (a, client_a), \
             proxy(adapter, redis_url, config, queues=2, instance_id="b", leases=leases) as (b, client_b):
         await _wait_split(a, b)
@@ -338,7 +338,8 @@ async def test_any_proxy_shows_and_acts_on_a_key_another_proxy_holds(adapter: st
         await drain(holder, 2, lambda m: Verbs(m.qid, fail=[m.offset]))  # twice: parked
         keys_url = "/admin/groups/g/topics/t/keys"
         status, keys = await admin(other.http_port, "GET", keys_url + "?state=parked")
-        assert status == 200 and [(r["key"], r["qid"], r["waiting"]) for r in keys["keys"]] == [(key, 1, 1)]
+        assert status == 200 and [(r["key"], r["qid"], r["waiting"]) for r in keys["keys"]] == [(key, 1, 1)], (
+            keys, a.groups["g"].consumers["t"].held, b.groups["g"].consumers["t"].held)
         status, acted = await admin(other.http_port, "POST", keys_url + "/skip", {"key": key, "by": "bob"})
         assert status == 200 and acted["applied"] == [{"qid": 1, "state": "waiting"}]
         rest = await drain(holder, 1, ack)
@@ -429,10 +430,15 @@ async def _wait_parked(redis_url: str, key: str) -> None:
 
 
 async def _wait_split(a: ProxyService, b: ProxyService) -> None:
-    for _ in range(400):
-        held = [a.groups["g"].consumers["t"].held, b.groups["g"].consumers["t"].held]
-        if len(held[0]) == len(held[1]) == 1:
+    """Until each proxy holds one queue, the same one for a second (a hand-off may still be moving)."""
+    stable = 0
+    last: tuple[int, ...] = ()
+    for _ in range(600):
+        held = (*a.groups["g"].consumers["t"].held, *b.groups["g"].consumers["t"].held)
+        stable = stable + 1 if held == last and len(held) == 2 and len(set(held)) == 2 else 0
+        if stable >= 20:
             return
+        last = held
         await asyncio.sleep(0.05)
     raise AssertionError("the two proxies did not split the queues")
 

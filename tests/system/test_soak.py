@@ -1,4 +1,4 @@
-"""The soak of ``bench/soak.py``, small enough for CI: 3,000 messages, each fault once.
+"""The soak of ``tests/soak.py`` (``python bench/soak.py``), small enough for CI: 3,000 messages, each fault once.
 
 Three proxies, three consumer processes, Redis with ``appendfsync always``; a proxy killed with kill
 -9 and restarted, a consumer killed with kill -9 while it holds a batch, Redis killed with kill -9
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench.soak import FAULTS, SoakConfig, SoakResult, check, format_report, run_soak
+from tests.soak import FAULTS, SoakConfig, SoakResult, check, format_report, run_soak
 
 pytestmark = pytest.mark.timeout(180)  # the first test runs the soak (~25 s on an idle machine)
 

@@ -38,7 +38,7 @@ from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, Rep
 from ddmq.proxy.store.key_commands import dead_letter_ids_of_key
 
 if TYPE_CHECKING:
-    from ddmq.proxy.service import ProxyService
+    from ddmq.proxy.servers.http.view import ProxyView
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def fit(items: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
 
 
 class OperatorApi:
-    def __init__(self, service: ProxyService, read_body: BodyReader) -> None:
+    def __init__(self, service: ProxyView, read_body: BodyReader) -> None:
         self._service = service
         self._read_body = read_body
         http = service.config.http
@@ -374,9 +374,10 @@ class OperatorApi:
         return group.consumers[topic]
 
     def _leases(self) -> LeaseStore:
-        if self._service.leases is None:
+        leases = self._service.registry.leases
+        if leases is None:
             raise UnavailableError("the proxy is not started")
-        return self._service.leases
+        return leases
 
     async def keys(self, request: web.Request) -> web.Response:
         """Keys of a (group, topic) over every proxy, stuck ones first (``state``, ``key`` filter)."""

@@ -26,7 +26,7 @@ from ddmq.proxy.core.errors import UnknownGroupError
 from ddmq.proxy.ops.lag import LagHistory, LagSample, rates
 
 if TYPE_CHECKING:
-    from ddmq.proxy.service import ProxyService
+    from ddmq.proxy.servers.http.view import ProxyView
 
 #: The console's files and their content types; nothing else is served from the folder.
 FILES: Final = {
@@ -53,9 +53,9 @@ def console_file(name: str) -> bytes:
 
 
 class ConsoleApi:
-    def __init__(self, service: ProxyService) -> None:
+    def __init__(self, service: ProxyView) -> None:
         self._service = service
-        self.history = LagHistory(service)
+        self.history = LagHistory(service.registry)
 
     def add_routes(self, app: web.Application) -> None:
         router = app.router

@@ -93,8 +93,8 @@ def results_from_json(results: list[ResultIn]) -> list[QueueResult]:
     """As engine values, as sent (the service gives a result without ``group`` the request's)."""
     return [
         QueueResult(
-            r.group or "", r.topic, str(r.qid), list(r.success), list(r.fail), r.release, r.extend,
-            [FailNote(d.offset, d.retry_after_ms, d.reason) for d in r.fail_details],
+            r.group or "", r.topic, str(r.qid), list(r.success), list(r.fail), r.release or (), r.extend or (),
+            [FailNote(d.offset, d.retry_after_ms, d.reason) for d in r.fail_details] if r.fail_details else (),
         )
         for r in results
     ]

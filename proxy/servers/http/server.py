@@ -7,7 +7,7 @@ read (:mod:`ddmq.proxy.servers.http.connections` holds the limits on connections
 routes are documented in ``openapi.yaml`` (served at ``/openapi.json``); a test checks that the
 document and the app agree.
 
->>> server = HttpServer(service, config.http)
+>>> server = HttpServer(ProxyView(registry, api, metrics, clients, lambda: running), config.http)
 >>> await server.start()          # logs the bound port; 0 picks a free one
 >>> await server.close()
 """
@@ -25,6 +25,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ddmq.config.schema import HttpConfig
+from ddmq.proxy.api.requests import RequestRules
 from ddmq.proxy.servers.http.admin import OperatorApi
 from ddmq.proxy.servers.http.connections import HttpConnections
 from ddmq.proxy.servers.http.console import ConsoleApi
@@ -33,7 +34,7 @@ from ddmq.proxy.servers.http.guard import access_guard
 from ddmq.proxy.servers.http.pull_api import PullApi
 
 if TYPE_CHECKING:
-    from ddmq.proxy.service import ProxyService
+    from ddmq.proxy.servers.http.view import ProxyView
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,15 @@ def load_openapi() -> dict[str, Any]:
     return document
 
 
-def build_app(service: ProxyService, config: HttpConfig, connections: HttpConnections | None = None) -> web.Application:
+def build_app(service: ProxyView, config: HttpConfig, connections: HttpConnections | None = None) -> web.Application:
     connections = connections or HttpConnections(config)
     cors, guard = access_guard(config)
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[cors, errors_middleware, connections.middleware, guard],
     )
-    PullApi(service.endpoint(config.max_linger_ms), connections.read_body, service.clients).add_routes(app)
+    pulls = service.api.bound(RequestRules(config.max_linger_ms))
+    PullApi(pulls, connections.read_body, service.clients).add_routes(app)
     OperatorApi(service, connections.read_body).add_routes(app)
     ConsoleApi(service).add_routes(app)
     openapi = json.dumps(load_openapi()).encode()
@@ -98,7 +100,7 @@ def build_app(service: ProxyService, config: HttpConfig, connections: HttpConnec
 class HttpServer:
     """Serves :func:`build_app` on ``config.host``:``config.port``; read :attr:`port` after start."""
 
-    def __init__(self, service: ProxyService, config: HttpConfig) -> None:
+    def __init__(self, service: ProxyView, config: HttpConfig) -> None:
         self._service = service
         self._config = config
         self._runner: web.AppRunner | None = None

@@ -208,8 +208,8 @@ def results_from_wire(head: ConsumeResult | None) -> list[QueueResult]:
                 release=node.releaseOffsets or (),
                 extend=node.extendOffsets or (),
                 fail_details=[
-                    FailNote(d.offset, d.retryAfterMs, d.reason) for d in node.failDetails or () if d.offset is not None
-                ],
+                    FailNote(d.offset, d.retryAfterMs, d.reason) for d in node.failDetails if d.offset is not None
+                ] if node.failDetails else (),
             )
         )
     return results

@@ -20,8 +20,8 @@ from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.store.dead_letters import DeadLetters
 
-from ..http_support import ApiClient
-from .test_http_api import http_proxy, pull
+from ...http_support import ApiClient
+from ..servers.test_http_api import http_proxy, pull
 
 LETTERS = "/admin/groups/g/topics/t/dead-letters"
 #: The smallest cap the config allows, so a test needs few and small entries to reach it.

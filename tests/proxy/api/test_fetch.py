@@ -18,7 +18,7 @@ from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest, Fet
 from ddmq.proxy.api.fetch import MAX_FETCH_BYTES
 from ddmq.proxy.core.types import QueueResult
 
-from .conftest import running_proxy
+from ..conftest import running_proxy
 
 QUEUES = 4
 
@@ -116,11 +116,11 @@ async def test_fetch_does_not_disturb_the_ordered_pull_path(redis_url: str) -> N
         delivered: list[bytes] = []
         results: list[QueueResult] = []
         while len(delivered) < 40:
-            batch = await service.pull("g", "t", 64, 2000, results)
+            batch = await service.api.pull("g", "t", 64, 2000, results)
             assert batch.queue is not None, "the pull path lost messages after fetch/ack"
             delivered += [m.value for m in batch.messages]
             results = [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
-        await service.submit(results)
+        await service.api.submit(results)
         assert sorted(delivered) == sorted(f"m{i}".encode() for i in range(40))
 
 

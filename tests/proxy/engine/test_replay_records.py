@@ -17,7 +17,7 @@ from ddmq.client.thrift_client import ProxyClient
 from ddmq.protocol.producer import Producer
 from ddmq.protocol.wire import ConsumeStatsRequest, LeaseAck, PullRequest
 
-from ..support import OrderChecker, ProxyProcess, body
+from ...support import OrderChecker, ProxyProcess, body
 
 GROUPS = {"g": {"t": {"order_key": "KEY", "max_pull_batch_size": 1000}}}
 # A commit interval far beyond the test: only what an ack makes durable at once can save the dead

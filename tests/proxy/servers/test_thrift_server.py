@@ -261,7 +261,7 @@ async def test_empty_pull_names_the_asked_topic(server: ThriftServer, service: F
 
 @pytest.mark.parametrize("asked", [None, -5, 0, 4999, 10**9])
 async def test_linger_is_passed_as_asked(server: ThriftServer, service: FakeService, asked: int | None) -> None:
-    """The service bounds it (tests/proxy/test_requests.py, tests/system/test_adapters.py)."""
+    """The service bounds it (tests/proxy/api/test_requests.py, tests/system/test_adapters.py)."""
     service.add(QueueId("t", 0), [1])  # ready, so the fake never waits
     async with AsyncProxyClient("127.0.0.1", server.port, timeout_s=GUARD_S) as client:
         await client.pull(PullRequest(groupId="g", maxLingerTime=asked))

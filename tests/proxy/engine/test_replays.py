@@ -13,8 +13,8 @@ from ddmq.protocol.producer import AsyncProducer
 from ddmq.protocol.wire import LeaseAck, PullRequest, PullResponse
 from ddmq.proxy.service import ProxyService
 
-from ..support import OrderChecker, body
-from .conftest import running_proxy
+from ...support import OrderChecker, body
+from ..conftest import running_proxy
 
 ORDERED = {"order_key": "KEY", "timeout_ms": 5000}
 

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.ops.metrics import LatencyHistogram
 
-from ..http_support import ApiClient
-from .test_http_api import eventually, http_proxy, pull
+from ...http_support import ApiClient
+from ..servers.test_http_api import eventually, http_proxy, pull
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -154,7 +154,7 @@ _NAME = re.compile(r"ddmq_[a-z_]*[a-z]")  # a brace after a letter holds labels:
 
 def _documented_metrics() -> set[str]:
     """Metric names the docs name, with ``ddmq_x_{a,b}_total`` expanded."""
-    text = "\n".join(page.read_text() for page in sorted((Path(__file__).parents[2] / "docs").glob("*.md")))
+    text = "\n".join(page.read_text() for page in sorted((Path(__file__).parents[3] / "docs").glob("*.md")))
     names: set[str] = set()
     for head, choices, tail in _EXPANSION.findall(text):
         names.update(f"{head}{choice}{tail}" for choice in choices.split(","))

@@ -12,9 +12,9 @@ from ddmq.protocol import keys
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.ops.lag import LagHistory, produce_times, rates, topic_lag
 
-from ..http_support import ApiClient, OpenApiChecker
-from .conftest import running_proxy
-from .test_http_api import eventually, pull
+from ...http_support import ApiClient, OpenApiChecker
+from ..conftest import running_proxy
+from ..servers.test_http_api import eventually, pull
 
 
 async def test_produce_times_read_the_entry_at_an_offset_or_the_next_one(redis_url: str) -> None:
@@ -39,7 +39,7 @@ async def test_lag_history_keeps_a_bounded_series_per_group_and_topic(redis_url:
     http = {"enabled": True, "port": 0}
     async with running_proxy(redis_url, config, queues=2, http=http) as service, aiohttp.ClientSession() as session:
         api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
-        history = LagHistory(service, interval_s=60, points=3)
+        history = LagHistory(service.registry, interval_s=60, points=3)
         await history.sample()
         async with AsyncProducer(redis_url) as producer:
             await producer.send_batch("t", [{"key": "k", "value": f"v{i}", "qid": 1} for i in range(4)])
@@ -71,7 +71,7 @@ async def test_lag_history_survives_a_restart_bounded_in_redis_with_rates(redis_
         async with redis.asyncio.Redis.from_url(redis_url) as client:
             await client.delete(keys.lag_history("g", "t"))  # the proxy's own sampler may have written one
         # A 10 ms interval: every sample below falls in an interval of its own.
-        first = LagHistory(service, interval_s=0.01, points=4)
+        first = LagHistory(service.registry, interval_s=0.01, points=4)
         async with AsyncProducer(redis_url) as producer:
             for _ in range(6):
                 await producer.send_batch("t", [{"key": f"k{i}", "value": "v", "qid": 1} for i in range(10)])
@@ -85,7 +85,7 @@ async def test_lag_history_survives_a_restart_bounded_in_redis_with_rates(redis_
         assert found is not None and found[0] > 0
 
         # A proxy starting afresh (a new history) reads the stored samples back before its own.
-        second = LagHistory(service, interval_s=0.01, points=4)
+        second = LagHistory(service.registry, interval_s=0.01, points=4)
         await asyncio.sleep(0.02)
         await second.sample()
         (restored,) = second.series("g").values()
@@ -93,7 +93,7 @@ async def test_lag_history_survives_a_restart_bounded_in_redis_with_rates(redis_
         assert [s.at_ms for s in restored[:3]] == [s.at_ms - s.at_ms % 10 for s in samples[1:]]
 
         # The same interval sampled twice (two proxies of a group): Redis keeps one; no error.
-        shared = LagHistory(service, interval_s=3600, points=4)
+        shared = LagHistory(service.registry, interval_s=3600, points=4)
         await shared.sample()
         await shared.sample()
         async with redis.asyncio.Redis.from_url(redis_url) as client:

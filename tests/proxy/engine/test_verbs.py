@@ -12,7 +12,7 @@ from ddmq.proxy.engine.job import JobState
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.verbs import GENERIC_REASON, REASON_MAX_BYTES, apply_verbs, clip_reason, noted_fails_once
 
-from .engine_fakes import Clock, Owner
+from ..engine_fakes import Clock, Owner
 
 Q = QueueId("t", 0)
 

@@ -21,8 +21,8 @@ from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.servers.http.guard import is_loopback as _is_loopback
 from ddmq.proxy.service import ProxyService
 
-from ..http_support import ApiClient, OpenApiChecker
-from .conftest import running_proxy
+from ...http_support import ApiClient, OpenApiChecker
+from ..conftest import running_proxy
 
 TOKEN = "s3cret-token-0123456789"
 
@@ -46,7 +46,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 15
 
 
 async def committed_everything(service: ProxyService) -> bool:
-    (row,) = await service.consume_stats("g", "t")
+    (row,) = await service.api.consume_stats("g", "t")
     return row.consume_offsets == row.produce_offsets
 
 

@@ -12,8 +12,8 @@ from ddmq.config.schema import TopicGroupConfig
 from ddmq.protocol.queues import ensure_topic
 from ddmq.proxy.engine.offsets import decode_ranges
 
-from ..support import OrderChecker
-from .consumers import Proxy, consume_all, deliver, produce
+from ...support import OrderChecker
+from ..consumers import Proxy, consume_all, deliver, produce
 
 
 async def committed(proxy: Proxy, queues: int) -> list[int | None]:

@@ -8,7 +8,7 @@ from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.redelivery import TICK_S, BufferStats, Redelivery
 
-from .engine_fakes import Clock, Owner
+from ..engine_fakes import Clock, Owner
 
 
 class Harness:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.types import QueueResult
 
-from .conftest import running_proxy
+from ..conftest import running_proxy
 
 BODIES = [
     b'{"k": "a", "n": 1}',
@@ -29,11 +29,11 @@ async def test_json_bodies_in_any_standard_encoding_give_their_key(redis_url: st
         received: list[bytes] = []
         results: list[QueueResult] = []
         while len(received) < len(BODIES):
-            batch = await service.pull("g", "t", 10, 2000, results)
+            batch = await service.api.pull("g", "t", 10, 2000, results)
             assert batch.queue is not None
             received += [m.value for m in batch.messages]
             results = [QueueResult("g", "t", str(batch.queue.qid), [m.offset for m in batch.messages], [])]
-        await service.submit(results)
+        await service.api.submit(results)
         counters = service.groups["g"].consumers["t"].counters
         assert counters["json_invalid"] == 2
         assert counters["order_key_missing"] == 2

@@ -11,10 +11,11 @@ from openapi_spec_validator import validate
 from ddmq.config import parse
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.servers.http import build_app, load_openapi
+from ddmq.proxy.servers.http.view import ProxyView
 from ddmq.proxy.service import ProxyService
 
-from ..http_support import ApiClient, OpenApiChecker
-from .conftest import running_proxy
+from ...http_support import ApiClient, OpenApiChecker
+from ..conftest import running_proxy
 
 
 def test_the_document_is_valid_openapi() -> None:
@@ -23,7 +24,9 @@ def test_the_document_is_valid_openapi() -> None:
 
 def test_every_route_is_documented_and_every_documented_operation_is_served() -> None:
     config = parse({"redis": "redis://127.0.0.1:1", "http": {"enabled": True}})
-    app = build_app(ProxyService(config), config.http)
+    service = ProxyService(config)
+    view = ProxyView(service.registry, service.api, service.metrics, service.clients, lambda: service.running)
+    app = build_app(view, config.http)
     served = {
         (route.resource.canonical, route.method.lower())
         for route in app.router.routes()

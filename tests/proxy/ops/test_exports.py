@@ -17,9 +17,9 @@ import yaml
 
 from ddmq.proxy.ops.exports import export_lines
 
-from ..support import free_port
+from ...support import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROXY = [sys.executable, "-m", "ddmq.proxy"]
 DDMQ = [sys.executable, "-m", "ddmq.client.cli"]
 

@@ -15,8 +15,8 @@ from ddmq.config.schema import TopicGroupConfig
 from ddmq.protocol.queues import ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
 
-from ..support import OrderChecker
-from .consumers import Proxy, consume_all, deliver, produce
+from ...support import OrderChecker
+from ..consumers import Proxy, consume_all, deliver, produce
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ async def test_a_reader_reads_nothing_after_its_lease_lapses(
             # Its lease loop wakes: the renewal is refused, it drops the queue and commits nothing more.
             old.membership.resume()
             async with asyncio.timeout(20):
-                while old.consumer.held or old.consumer.readers:  # noqa: ASYNC110
+                while old.consumer.held or old.consumer.owned.readers():  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
             assert old.consumer.unfinished == 0
             await new.consumer.commits.flush()

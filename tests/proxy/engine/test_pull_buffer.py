@@ -12,7 +12,7 @@ from ddmq.proxy.core.types import PullBatch, QueueId
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 
-from .engine_fakes import Clock, Owner
+from ..engine_fakes import Clock, Owner
 
 Q0 = QueueId("t", 0)
 

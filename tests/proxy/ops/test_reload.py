@@ -23,10 +23,11 @@ from ddmq.protocol import keys
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.errors import ConfigError, UnknownGroupError, UnknownTopicError
 from ddmq.proxy.core.types import QueueResult
-from ddmq.proxy.ops.reload import ConfigChange, ConfigReloader, diff
+from ddmq.proxy.groups.changes import ConfigChange, diff
+from ddmq.proxy.ops.reload import ConfigReloader
 from ddmq.proxy.service import ProxyService
 
-from ..support import OrderChecker, body
+from ...support import OrderChecker, body
 
 TOPICS = ("t1", "t2")
 QUEUES = 4
@@ -93,7 +94,7 @@ class Load:
         results: list[QueueResult] = []
         while self._pulling:
             try:
-                batch = await self.service.pull(group, None, 32, 100, results)
+                batch = await self.service.api.pull(group, None, 32, 100, results)
             except UnknownGroupError:
                 self.unknown_group += 1
                 results = []  # applied before the error was raised (or unknown, then redelivered)
@@ -123,11 +124,11 @@ class Load:
                 task.add_done_callback(self._late_acks.discard)
                 results = []
         if results:
-            await self.service.submit(results)
+            await self.service.api.submit(results)
 
     async def _ack_late(self, results: list[QueueResult]) -> None:
         await asyncio.sleep(0.5)
-        await self.service.submit(results)
+        await self.service.api.submit(results)
 
     def delivered(self, group: str, topic: str) -> int:
         return self.checkers[(group, topic)].deliveries
@@ -220,9 +221,9 @@ async def test_groups_and_topics_added_and_removed_under_load_lose_nothing(
         assert change.removed == (("g1", "t2"), ("g2", "t1"))
         assert "g2" not in service.groups and set(service.groups["g1"].consumers) == {"t1"}
         with pytest.raises(UnknownGroupError):
-            await service.pull("g2", None, 10, 0, [])
+            await service.api.pull("g2", None, 10, 0, [])
         with pytest.raises(UnknownTopicError):
-            await service.pull("g1", "t2", 10, 0, [])
+            await service.api.pull("g1", "t2", 10, 0, [])
         await assert_released(redis_client, load, "g1", "t2")
         await assert_released(redis_client, load, "g2", "t1")
         assert await redis_client.zscore(keys.members("g2"), "reload-proxy") is None
@@ -253,10 +254,10 @@ async def test_removing_a_group_answers_parked_pulls_and_counts_acks_during_its_
             await producer.send("t1", body("a", 0), key="a")
             await producer.send("t1", body("c", 0), key="c")
             await producer.send("t2", body("b", 0), key="b")
-        held = {group: await service.pull(group, None, 1, 5000, []) for group in ("g1", "g2")}
+        held = {group: await service.api.pull(group, None, 1, 5000, []) for group in ("g1", "g2")}
         assert all(len(batch.messages) == 1 for batch in held.values())
         await until(lambda: service.groups["g1"].buffer.ready == 1)  # the other t1 message
-        parked = asyncio.create_task(service.pull("g2", None, 10, 30_000, []))
+        parked = asyncio.create_task(service.api.pull("g2", None, 10, 30_000, []))
         await asyncio.sleep(0.1)
         assert not parked.done()
 
@@ -267,11 +268,11 @@ async def test_removing_a_group_answers_parked_pulls_and_counts_acks_during_its_
         assert (await asyncio.wait_for(parked, 10)).messages == []
         await until(lambda: "t1" in service.groups["g1"].retiring and service.groups["g2"].removed)
         with pytest.raises(UnknownTopicError):
-            await service.pull("g1", "t1", 10, 0, [])
+            await service.api.pull("g1", "t1", 10, 0, [])
         # What the removed topic had read but not handed out stays put (for its next consumer).
-        assert (await service.pull("g1", None, 10, 200, [])).messages == []
+        assert (await service.api.pull("g1", None, 10, 200, [])).messages == []
         with pytest.raises(UnknownGroupError):
-            await service.pull("g2", None, 10, 0, [])
+            await service.api.pull("g2", None, 10, 0, [])
         # The clients ack what they hold with their next pulls, which fail: the acks still count, and
         # they end the drain (60 s otherwise).
         acks = {}
@@ -281,7 +282,7 @@ async def test_removing_a_group_answers_parked_pulls_and_counts_acks_during_its_
             acks[(group, topic)] = (batch.queue.qid, batch.messages[0].offset)
             ack = QueueResult(group, topic, str(batch.queue.qid), [batch.messages[0].offset], [])
             with pytest.raises(error):
-                await service.pull(group, topic, 10, 0, [ack])
+                await service.api.pull(group, topic, 10, 0, [ack])
         change = await asyncio.wait_for(reload, 30)
         assert change.removed == (("g1", "t1"), ("g2", "t2")) and change.added == (("g1", "t2"),)
         assert "g2" not in service.groups
@@ -331,7 +332,7 @@ async def test_invalid_configs_are_rejected_and_the_old_one_keeps_serving(
     path.write_text(yaml.safe_dump(good))
     service = ProxyService(config(redis_url, {"g1": {"t1": ORDERED}}))
     await service.start()
-    reloader = ConfigReloader(service, path)
+    reloader = ConfigReloader(service.reload, path)
     load = Load(service, redis_url, ["g1"])
     try:
         running = service.config
@@ -371,11 +372,11 @@ async def test_file_watch_and_process_level_fields(
     path.write_text(yaml.safe_dump(raw_config(redis_url, {"g1": {"t1": ORDERED}})))
     service = ProxyService(config(redis_url, {"g1": {"t1": ORDERED}}))
     await service.start()
-    reloader = ConfigReloader(service, path, watch_interval_ms=50)
+    reloader = ConfigReloader(service.reload, path, watch_interval_ms=50)
     reloader.start()
     try:
         port = service.config.thrift.port
-        with caplog.at_level(logging.INFO, logger="ddmq.proxy.ops.reload"):
+        with caplog.at_level(logging.INFO, logger="ddmq.proxy"):
             path.write_text(
                 yaml.safe_dump(
                     raw_config(redis_url, {"g1": {"t1": ORDERED}, "g2": {"t2": ORDERED}}, thrift={"port": 1})

@@ -1,0 +1,255 @@
+"""ConsumeApi: the one implementation of :class:`~ddmq.proxy.api.surface.ConsumeService`, over the
+running groups (:class:`~ddmq.proxy.groups.registry.GroupRegistry`).
+
+It applies the request rules (:mod:`ddmq.proxy.api.requests`) and the group and topic checks. Each
+server adapter holds its own :meth:`ConsumeApi.bound` view, with that server's linger bound; the
+views share everything else.
+
+>>> api = ConsumeApi(registry, RequestRules(config.thrift.max_linger_ms))
+>>> thrift_view = api.bound(RequestRules(config.thrift.max_linger_ms))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from time import perf_counter
+
+from ddmq.proxy.api.fetch import LowLevelApi
+from ddmq.proxy.api.requests import RequestRules, batch_size, in_group, per_key, result_offsets
+from ddmq.proxy.core.errors import BadRequestError, UnavailableError, UnknownTopicError
+from ddmq.proxy.core.types import (
+    ConsumeStatsRow,
+    FetchedQueue,
+    PullBatch,
+    PullLease,
+    QueueId,
+    QueueResult,
+    ReplySize,
+)
+from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY
+from ddmq.proxy.engine.verbs import apply_verbs, noted_fails_once
+from ddmq.proxy.groups.group import TopicConsumer
+from ddmq.proxy.groups.registry import GroupRegistry
+
+log = logging.getLogger(__name__)
+
+#: Results with more offsets than this are applied in slices of it, letting other connections'
+#: requests run in between (a slice takes a few milliseconds; bench/edges.py measures the effect).
+APPLY_SLICE_OFFSETS = 4096
+
+PullObserver = Callable[[str, PullBatch, float], None]
+
+
+class ConsumeApi:
+    """The request surface over ``registry``. ``waits`` says whether a request may wait (long polls)
+    at all: none once shutdown began (parked pulls are answered then, and new ones must not park);
+    ``observe_pull`` is told each pull's group, answer and duration (the metrics); ``counters``
+    counts refused and ignored results."""
+
+    def __init__(
+        self,
+        registry: GroupRegistry,
+        rules: RequestRules,
+        *,
+        waits: Callable[[], bool] = lambda: True,
+        observe_pull: PullObserver | None = None,
+        counters: Counter[str] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.rules = rules
+        self.counters: Counter[str] = Counter() if counters is None else counters
+        self._waits = waits
+        self._observe_pull = observe_pull
+        self._low_level: LowLevelApi | None = None
+
+    def bound(self, rules: RequestRules) -> ConsumeApi:
+        """A view with ``rules`` (one server's linger bound), sharing the registry and the counters."""
+        view = ConsumeApi(
+            self.registry, rules, waits=self._waits, observe_pull=self._observe_pull, counters=self.counters
+        )
+        view._low_level = self._low_level
+        return view
+
+    def _fetcher(self) -> LowLevelApi:
+        if self._low_level is None:
+            if self.registry.broker is None:
+                raise UnavailableError("the proxy is not started")
+            self._low_level = LowLevelApi(self.registry.broker)
+        return self._low_level
+
+    async def pull(
+        self,
+        group: str,
+        topic: str | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+        results: list[QueueResult],
+        lease: PullLease | None = None,
+        max_per_key: int | None = None,
+        reply: ReplySize | None = None,
+    ) -> PullBatch:
+        """Serve one pull: apply ``results``, then answer ready messages of one queue. ``max_per_key``
+        (None or 1: one per key) lets the reply carry ordered runs of a key (see ``PullBuffer``);
+        ``reply`` counts the reply's bytes against the topic's ``max_reply_bytes`` (None: as a Thrift
+        frame)."""
+        if results:  # first: acks count even when the group was just removed
+            await self._apply(in_group(results, group))
+        consumer_group = self.registry.group(group)
+        topic = topic or None
+        if topic is not None:
+            consumer = consumer_group.consumers.get(topic)
+            if consumer is None:
+                raise UnknownTopicError(f"group {group!r} does not consume topic {topic!r}")
+            consumers = [consumer]
+        else:
+            consumers = list(consumer_group.consumers.values())
+        batch = batch_size(max_batch, max(c.config.max_pull_batch_size for c in consumers))
+        run = per_key(max_per_key)
+        linger = self._linger(linger_ms)
+        buffer = consumer_group.buffer
+        reply = reply or THRIFT_REPLY
+        started = perf_counter()
+        if results and not buffer.ready:
+            # The acks may have released their keys' successors; the dispatcher hands them to the
+            # buffer on its next step. Let it run once, so this pull can take them at once instead of
+            # parking until then (with QID order this is every pull).
+            await asyncio.sleep(0)
+        if lease is not None:
+            timeout_ms = lease.timeout_ms
+            if timeout_ms is None:
+                timeout_ms = max(c.config.timeout_ms for c in consumers)
+            answer = await self.registry.replay_leases(consumer_group).pull(
+                lease.lease_id, lease.pull_index, timeout_ms, topic, batch, linger, run, reply
+            )
+        else:
+            answer = await buffer.pull(topic, batch, linger, None, run, (), reply)
+        if self._observe_pull is not None:
+            self._observe_pull(group, answer, perf_counter() - started)
+        return answer
+
+    async def ack_leases(self, group: str, lease_ids: list[str], abandon: bool = False) -> int:
+        replays = self.registry.replay_leases(self.registry.group(group))
+        if abandon:
+            await replays.abandon(lease_ids)
+            return 0
+        return await replays.ack(lease_ids)
+
+    async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
+        if group is not None:
+            self.registry.group(group, draining=True)
+            results = in_group(results, group)
+        await self._apply(results)
+
+    def _linger(self, linger_ms: int | None) -> int:
+        """The wait a request gets: as the rules bound it, none once shutdown began. A pull that
+        arrives while the proxy is still starting (the Thrift server listens before the HTTP server)
+        waits like any other."""
+        if not self._waits():
+            return 0
+        return self.rules.linger(linger_ms)
+
+    async def fetch(
+        self,
+        group: str,
+        offsets: dict[str, dict[str, int]] | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+    ) -> list[FetchedQueue]:
+        consumer_group = self.registry.group(group)
+        return await self._fetcher().fetch(consumer_group, offsets, max_batch, self._linger(linger_ms))
+
+    async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
+        consumer_group = self.registry.group(group)
+        await self._fetcher().ack(consumer_group, offsets)
+
+    async def _apply(self, results: list[QueueResult]) -> None:
+        """Apply acks and fails: all of them, or none when there are more than MAX_RESULT_OFFSETS."""
+        try:
+            total = result_offsets(results)
+        except BadRequestError:
+            self.counters["results_refused"] += 1
+            raise
+        results = [noted_fails_once(r) if r.fail_details else r for r in results]
+        if total <= APPLY_SLICE_OFFSETS:
+            self._apply_now(results)
+            return
+        since_yield = 0
+        for piece in _slices(results, APPLY_SLICE_OFFSETS):
+            self._apply_now([piece])
+            since_yield += piece.size
+            if since_yield >= APPLY_SLICE_OFFSETS:
+                since_yield = 0
+                await asyncio.sleep(0)
+
+    def _apply_now(self, results: list[QueueResult]) -> None:
+        for result in results:
+            consumer = self.registry.consumer(result.group, result.topic)
+            try:
+                qid = int(result.qid)
+            except ValueError:
+                qid = -1
+            if consumer is None or not 0 <= qid < max(consumer.queues, 1):
+                self.counters["unknown_results"] += result.size
+                log.debug("ignoring results for unknown %s/%s#%s", result.group, result.topic, result.qid)
+                continue
+            queue = QueueId(result.topic, qid)
+            buffer = self.registry.groups[result.group].buffer
+            if result.success:
+                buffer.ack(queue, result.success)
+            if result.fail:
+                buffer.fail(queue, result.fail)
+            if result.fail_details or result.release or result.extend:
+                apply_verbs(buffer, queue, result)
+
+    async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
+        consumer_group = self.registry.group(group)
+        topic = topic or None
+        if topic is not None and topic not in consumer_group.consumers:
+            raise UnknownTopicError(f"group {group!r} does not consume topic {topic!r}")
+        rows = []
+        for consumer in consumer_group.consumers.values():
+            if topic is None or consumer.topic == topic:
+                rows.append(await self._stats_row(consumer))
+        return rows
+
+    async def _stats_row(self, consumer: TopicConsumer) -> ConsumeStatsRow:
+        broker, leases = self.registry.broker, self.registry.leases
+        assert broker is not None and leases is not None
+        produce = await broker.produce_offsets(consumer.topic, consumer.queues) if consumer.queues else []
+        consume = {}
+        for qid in range(consumer.queues):
+            tracker = consumer.trackers.get(qid)
+            if tracker is not None:
+                consume[str(qid)] = tracker.commit_point
+            else:
+                committed = await broker.committed_offset(consumer.group, consumer.topic, qid)
+                consume[str(qid)] = committed if committed is not None else 1
+        holders = await asyncio.gather(
+            *(leases.holder(consumer.group, consumer.topic, qid) for qid in range(consumer.queues))
+        )
+        live = [(str(qid), holder) for qid, holder in enumerate(holders) if holder is not None]
+        return ConsumeStatsRow(
+            consumer.group,
+            consumer.topic,
+            consume,
+            {str(qid): off for qid, off in enumerate(produce)},
+            owners={qid: holder.owner for qid, holder in live},
+            lease_ttl_ms={qid: holder.expires_in_ms for qid, holder in live},
+            lease_terms={qid: holder.term for qid, holder in live},
+        )
+
+
+def _slices(results: list[QueueResult], size: int) -> list[QueueResult]:
+    """``results`` cut into pieces of at most ``size`` offsets each, in order (a result's acks before its fails)."""
+    pieces = []
+    for r in results:
+        pieces += [r._replace(success=r.success[i : i + size], fail=[], release=(), extend=(), fail_details=())
+                   for i in range(0, len(r.success), size)]
+        pieces += [r._replace(success=[], fail=r.fail[i : i + size], release=(), extend=(), fail_details=())
+                   for i in range(0, len(r.fail), size)]
+        if r.release or r.extend or r.fail_details:
+            pieces.append(r._replace(success=[], fail=[]))  # the verbs, at most MAX_RESULT_OFFSETS together
+    return pieces

@@ -1,0 +1,60 @@
+"""QueueOwnership (cluster/ownership.py) over real Redis: claiming the assigned queues, dropping and
+releasing one, handing queues to a second proxy, with per-key order and no loss throughout."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from ddmq.protocol import keys
+from ddmq.protocol.queues import ensure_topic
+
+from ...support import OrderChecker
+from ..consumers import Proxy, consume_all, produce
+
+
+async def test_a_lone_proxy_claims_every_queue_and_opens_each(redis_url: str, redis_client: aioredis.Redis) -> None:
+    await ensure_topic(redis_client, "t", 3)
+    async with Proxy(redis_client, "p1") as proxy:
+        await proxy.wait_held({0, 1, 2})
+        consumer = proxy.consumer
+        assert all(consumer.may_serve(qid) for qid in range(3))
+        assert {lease.owner for lease in consumer.held.values()} == {"p1"}
+        assert len(consumer.owned.readers()) == 3 and set(consumer.trackers) == {0, 1, 2}
+
+
+async def test_drop_with_release_frees_the_lease_and_forgets_the_jobs(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    await ensure_topic(redis_client, "t", 1)
+    produced: dict[str, int] = {}
+    await produce(redis_url, produced, [f"k{i}" for i in range(6)])
+    async with Proxy(redis_client, "p1") as proxy:
+        await proxy.wait_held({0})
+        proxy.membership.stall()  # the lease loop claims nothing back meanwhile
+        batch = await proxy.pull()
+        assert batch.messages  # handed out, not acked
+        tracker = proxy.consumer.tracker(0)
+        await proxy.consumer.ownership.drop_queue(0, release=True)
+        assert tracker is not None and tracker.dropped
+        assert proxy.consumer.held == {} and proxy.consumer.owned.readers() == []
+        assert await redis_client.get(keys.lease("g", "t", 0)) is None  # a successor may take it at once
+        assert proxy.consumer.unfinished == 0  # its jobs were finished as dropped
+
+
+async def test_queues_move_to_a_second_proxy_without_loss_or_disorder(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    await ensure_topic(redis_client, "t", 4)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    async with Proxy(redis_client, "p1") as first:
+        await first.wait_held({0, 1, 2, 3})
+        await produce(redis_url, produced, [f"k{i % 12}" for i in range(120)])
+        await consume_all([(first, 0)], checker, produced)
+        async with Proxy(redis_client, "p2") as second:
+            await produce(redis_url, produced, [f"k{i % 12}" for i in range(120)])
+            await consume_all([(first, 0), (second, 0)], checker, produced)
+            held = set(first.consumer.held) | set(second.consumer.held)
+            assert held <= {0, 1, 2, 3}
+            assert not set(first.consumer.held) & set(second.consumer.held)
+    assert checker.violations == [] and checker.missing(produced) == {}
