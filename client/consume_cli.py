@@ -79,6 +79,13 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--json-values", action="store_true",
         help="print a value that is valid JSON as JSON (an object, a number...) instead of as a string",
     )
+    _add_failure_options(parser)
+    parser.set_defaults(func=_consume_command)
+
+
+def _add_failure_options(parser: argparse.ArgumentParser) -> None:
+    """``--fail-reason``, ``--retry-after-ms`` and ``--group-timeout-ms``: what the command tells the
+    proxy about the messages it prints."""
     parser.add_argument(
         "--fail-reason", default=None, metavar="TEXT",
         help="fail each printed message instead of acking it, with TEXT as the reason the proxy keeps "
@@ -96,7 +103,6 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
              f"are extended so they are not redelivered meanwhile (default {DEFAULT_GROUP_TIMEOUT_MS}, the "
              "proxy's default)",
     )
-    parser.set_defaults(func=_consume_command)
 
 
 def message_json(message: ConsumedMessage, json_values: bool = False) -> str:

@@ -20,11 +20,22 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from ddmq.client.pulling import ConsumedMessage, NotProcessed, PendingResults
+from ddmq.client.pulling import ConsumedMessage, Counters, NotProcessed, PendingResults
 
 __all__ = [
-    "ACK", "FAIL", "MAX_REASON_BYTES", "RELEASE", "Outcome", "Retry", "Verdict", "outcome_of", "outcome_of_exception",
-    "reason_text", "report",
+    "ACK",
+    "FAIL",
+    "MAX_REASON_BYTES",
+    "RELEASE",
+    "Outcome",
+    "Retry",
+    "Verdict",
+    "count_outcome",
+    "outcome_of",
+    "outcome_of_exception",
+    "reason_text",
+    "release_unhandled",
+    "report",
 ]
 
 log = logging.getLogger("ddmq.client.consumer")
@@ -115,3 +126,18 @@ def report(pending: PendingResults, message: ConsumedMessage, outcome: Outcome) 
         pending.release(message)
     else:
         pending.record(message, outcome.acked, reason=outcome.reason, retry_after_ms=outcome.retry_after_ms)
+
+
+def release_unhandled(messages: list[ConsumedMessage], pending: PendingResults, counters: Counters) -> None:
+    """Give back messages pulled but not handled: the proxy delivers them again first in their keys,
+    without counting an attempt."""
+    for message in messages:
+        pending.release(message)
+    counters.add(released=len(messages))
+
+
+def count_outcome(outcome: Outcome, counters: Counters) -> None:
+    if outcome.verdict is Verdict.RELEASE:
+        counters.add(released=1)
+    else:
+        counters.add(acked=int(outcome.acked), failed=int(not outcome.acked))

@@ -14,11 +14,14 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from ddmq.client.thrift_client import ProxyClientError
 from ddmq.protocol.wire import DEFAULT_PORT, ConsumeResult, Context, FailDetail, PullRequest, PullResponse, link_results
 
 __all__ = [
+    "DEFAULT_MAX_BACKOFF_MS",
+    "DEFAULT_RETRY_SLEEP_MS",
     "Backoff",
     "ConsumedMessage",
     "ConsumerStats",
@@ -333,6 +336,10 @@ def consumed_messages(response: PullResponse) -> list[ConsumedMessage]:
             )
         )
     return messages
+
+
+DEFAULT_RETRY_SLEEP_MS: Final = 100
+DEFAULT_MAX_BACKOFF_MS: Final = 5000
 
 
 class PullerSettings:
