@@ -163,8 +163,9 @@ class QueueOwnership:
     async def open_queue(self, qid: int, term: int) -> None:
         """Start reading ``qid`` (just claimed under ``term``) from its committed offset."""
         consumer = self.consumer
-        tracker = await consumer.commits.load(qid)
-        await consumer.parking.load(qid)  # before reading: a parked key's message must not go out
+        # the queue's parked keys before reading it (a parked key's message must not go out), in the
+        # same round trip as its offsets
+        tracker, _ = await asyncio.gather(consumer.commits.load(qid), consumer.parking.load(qid))
         reader = QueueReader(consumer, qid, tracker, term)
         self.owned.open(qid, tracker, reader)
         reader.start()

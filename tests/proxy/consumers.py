@@ -79,8 +79,11 @@ class Proxy:
         return await self.buffer.pull("t", max_batch, 0)
 
     async def wait_held(self, qids: set[int]) -> None:
+        """Until the consumer holds exactly ``qids`` and has opened each (a claim opens its queue after
+        some Redis round trips: offsets, parked keys)."""
         async with asyncio.timeout(20):
-            while set(self.consumer.held) != qids:  # noqa: ASYNC110 (the lease loop works in the background)
+            # the lease loop works in the background
+            while set(self.consumer.held) != qids or set(self.consumer.trackers) != qids:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
 
 
