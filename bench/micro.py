@@ -8,7 +8,7 @@
   encoded and decoded; one carrying a single ack, decoded (QID ordering's request: its whole cost
   falls on one message);
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
-  ``Order, PullServer`` by KEY, drained through ``ProxyService.pull`` by 8 pullers acking on their next
+  ``Order, PullServer`` by KEY, drained through ``ProxyService.api.pull`` by 8 pullers acking on their next
   pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks;
   ``engine_runs``: the same with the pulls asking for ordered runs (``max_per_key`` 64).
 """
@@ -125,7 +125,7 @@ async def _engine(url: str, messages: int, max_per_key: int | None = None) -> fl
     await produce_engine_backlog(url, messages)
     async with ProxyService(engine_config(url)) as service:
         began = time.process_time()
-        await drain_engine(service, messages, max_per_key)
+        await drain_engine(service.api, messages, max_per_key)
         return (time.process_time() - began) / messages * 1e6
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from ddmq.protocol.pull_codec import REPLY_OVERHEAD_BYTES, message_bytes_bound
+
 
 class QueueId(NamedTuple):
     """One queue of a topic: a single Redis stream, read in order by one proxy."""
@@ -79,6 +81,20 @@ class ReplySize(Protocol):
     def overhead(self) -> int: ...
 
     def message(self, message: StoredMessage) -> int: ...
+
+
+class _ThriftReply:
+    """A pull reply's size as a Thrift frame (:mod:`ddmq.protocol.pull_codec`'s bound)."""
+
+    overhead = REPLY_OVERHEAD_BYTES
+
+    @staticmethod
+    def message(message: StoredMessage) -> int:
+        return message_bytes_bound(message)
+
+
+#: The Thrift server's reply arithmetic; also what a pull that names none is filled by.
+THRIFT_REPLY: ReplySize = _ThriftReply()
 
 
 class PullLease(NamedTuple):

@@ -40,13 +40,13 @@ from dataclasses import dataclass, field, fields
 
 from ddmq.protocol.pull_codec import (
     MESSAGE_OVERHEAD_BYTES,
-    REPLY_OVERHEAD_BYTES,
     UTF8_MAX_BYTES,
-    message_bytes_bound,
 )
-from ddmq.proxy.core.types import PullBatch, QueueId, ReplySize, StoredMessage
+from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
+from ddmq.proxy.engine.holds import HoldBuffer
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.redelivery import BufferStats, Redelivery
+from ddmq.proxy.engine.runs import _log_alone
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +61,6 @@ _WAITING = JobState.WAITING
 _FINISHED = JobState.FINISHED
 
 
-class _ThriftReply:
-    """A pull reply's size as a Thrift frame (:mod:`ddmq.protocol.pull_codec`'s bound)."""
-
-    overhead = REPLY_OVERHEAD_BYTES
-
-    @staticmethod
-    def message(message: StoredMessage) -> int:
-        return message_bytes_bound(message)
-
-
-#: The Thrift server's reply arithmetic; also what a pull that names none is filled by.
-THRIFT_REPLY: ReplySize = _ThriftReply()
-
-
 @dataclass(eq=False)
 class _Waiter:
     topic: str | None
@@ -85,7 +71,7 @@ class _Waiter:
     reply: ReplySize = THRIFT_REPLY
 
 
-class PullBuffer:
+class PullBuffer(HoldBuffer):
     def __init__(self, group: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.group = group
         #: Per queue; :attr:`stats` sums them. A queue's entry lives as long as the buffer.
@@ -146,35 +132,6 @@ class PullBuffer:
                 self.redelivery.dead_letter(job, held)
             return
         self._make_ready(job)
-
-    # parking (engine/parking.py) ---------------------------------------------------------------
-
-    def hold(self, job: UpstreamJob) -> None:
-        """Take head ``job`` out of delivery (to park it): off the wheel or the ready line, its run's
-        later members back in their key chain."""
-        if job.state is _IN_FLIGHT:
-            self.redelivery.unwatch(job)
-            self._return_run(job)
-        elif job.state is _READY:
-            self._unready(job)
-        job.state = JobState.PARKED
-
-    def unhold(self, job: UpstreamJob) -> None:
-        """Deliver held or failing head ``job`` again now."""
-        if job.state is _READY:
-            self._unready(job)
-        self._make_ready(job)
-
-    def drop_head(self, job: UpstreamJob, reason: str) -> None:
-        """Dead-letter head ``job`` now (an operator's skip); its key moves on once it is written."""
-        self.hold(job)
-        self.redelivery.dead_letter(job, reason)
-
-    def _unready(self, job: UpstreamJob) -> None:
-        ready = self._ready.get(job.queue)
-        if ready is not None and job in ready:
-            ready.remove(job)  # an operator's action: O(n) once, not on the delivery path
-            self._ready_count -= 1
 
     def _make_ready(self, job: UpstreamJob) -> None:
         job.state = _READY
@@ -308,75 +265,6 @@ class PullBuffer:
             return self._continue_runs(topic, max_batch, timeout_ms, max_per_key, held, reply)
         return _EMPTY
 
-    def _continue_runs(
-        self,
-        topic: str | None,
-        max_batch: int,
-        timeout_ms: int | None,
-        max_per_key: int,
-        held: Sequence[UpstreamJob],
-        reply: ReplySize,
-    ) -> PullBatch:
-        """No queue has ready heads: continue the runs of ``held`` keys, in one queue."""
-        tried: set[QueueId] = set()
-        for job in held:
-            queue = job.queue
-            if queue in tried or (topic is not None and queue.topic != topic) or not _may_continue(job):
-                continue
-            tried.add(queue)
-            if not job.consumer.may_serve(queue.qid):
-                continue
-            room = job.consumer.config.max_reply_bytes - reply.overhead
-            batch, runs = self._with_runs(queue, [], max_batch, max_per_key, held, room, reply)
-            if batch:
-                self._deliver(batch, timeout_ms)
-                return PullBatch(queue, [job.message for job in batch], runs)
-        return _EMPTY
-
-    def _with_runs(
-        self,
-        queue: QueueId,
-        heads: list[UpstreamJob],
-        max_batch: int,
-        max_per_key: int,
-        held: Sequence[UpstreamJob],
-        room_bytes: int,
-        reply: ReplySize,
-    ) -> tuple[list[UpstreamJob], list[int] | None]:
-        """``heads`` with their keys' waiting successors behind them, then the ``held`` keys' runs
-        continued: one more message per key per round, while the reply has room (``max_batch``
-        messages, ``room_bytes`` bytes left as ``reply`` counts them), so no key's run crowds out the
-        others'. Also returns the runs' sizes (None when no successor joined)."""
-        runs = [[head] for head in heads]
-        # A head out again after a failed attempt goes alone: its key's later messages wait until it is
-        # finished, not sent along again and again with a message that keeps failing.
-        growing = [(run, max_per_key) for run in runs if run[0].next is not None and run[0].attempts == 0]
-        # A held key's run starts behind the message held (not sent again): one more allowed for it.
-        continued = [[job] for job in held if job.queue == queue and _may_continue(job)]
-        growing += [(run, max_per_key + 1) for run in continued]
-        room = max_batch - len(heads)
-        if growing:
-            room = _grow(growing, queue, room, room_bytes, reply, not heads)
-        if len(heads) + room == max_batch:  # no successor joined
-            return heads, None
-        members = self._runs.get(queue)
-        if members is None:
-            members = self._runs[queue] = {}
-        batch: list[UpstreamJob] = []
-        sizes: list[int] = []
-        for run in runs:
-            batch += run
-            sizes.append(len(run))
-            for member in run[1:]:
-                members[member.offset] = member
-        for run in continued:
-            if len(run) > 1:
-                batch += run[1:]
-                sizes.append(len(run) - 1)
-                for member in run[1:]:
-                    members[member.offset] = member
-        return batch, sizes
-
     def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
         if timeout_ms is None:
             timeout_ms = batch[0].consumer.config.timeout_ms
@@ -466,82 +354,6 @@ class PullBuffer:
             self._return_run(job)
             self.redelivery.failed_attempt(job, reason, retry_after_ms)
 
-    def release(self, queue: QueueId, offsets: Iterable[int]) -> None:
-        """Messages given back unprocessed: each waits again as its key's head (first of its key),
-        with this delivery's attempt uncounted; the rest of its run waits behind it."""
-        stats = self.queue_stats[queue]
-        for offset in offsets:
-            job = self._jobs.get(queue, {}).get(offset)
-            if job is None and queue in self._runs:
-                job = self._run_head(queue, offset)
-                if job is None and (member := self._runs[queue].get(offset)) is not None:
-                    stats.released += 1
-                    self._put_back(member)  # behind its run's unfinished head, uncounted
-                    continue
-            if job is None or job.state is not _IN_FLIGHT:
-                stats.ignored_verbs += 1
-                continue
-            stats.released += 1
-            self.redelivery.unwatch(job)
-            self._return_run(job)
-            job.attempts -= 1
-            self._make_ready(job)
-
-    def extend(self, queue: QueueId, offsets: Iterable[int]) -> None:
-        """Messages still being worked on: each one's deadline restarts (``timeout_ms`` from now), at
-        most ``max_extensions`` times per delivery."""
-        stats = self.queue_stats[queue]
-        for offset in offsets:
-            job = self.job(queue, offset)
-            if job is None or job.state is not _IN_FLIGHT or job.extensions >= job.consumer.config.max_extensions:
-                stats.ignored_verbs += 1
-                continue
-            job.extensions += 1
-            stats.extended += 1
-            self.redelivery.unwatch(job)
-            self.redelivery.watch((job,), job.consumer.config.timeout_ms)
-
-    def _run_head(self, queue: QueueId, offset: int) -> UpstreamJob | None:
-        """The run member at ``offset`` when it is its key's head now (moved to the heads), else None."""
-        members = self._runs[queue]
-        job = members.get(offset)
-        if job is None or not job.consumer.is_head(job):
-            return None
-        self._promote(job)
-        return job
-
-    def _promote(self, job: UpstreamJob) -> None:
-        """Run member ``job`` became its key's head: keep it with the heads from now on."""
-        queue = job.queue
-        members = self._runs[queue]
-        del members[job.offset]
-        if not members:
-            del self._runs[queue]
-        jobs = self._jobs.get(queue)
-        if jobs is None:
-            jobs = self._jobs[queue] = {}
-        jobs[job.offset] = job
-
-    def _return_run(self, job: UpstreamJob) -> None:
-        """``job`` failed or timed out: the rest of its run, still in flight, waits again in its key's
-        chain (attempts not counted) and goes out once ``job`` is finished."""
-        successor = job.next
-        if successor is not None and successor.state is _IN_FLIGHT:
-            self._put_back(successor)
-
-    def _put_back(self, member: UpstreamJob) -> None:
-        """Run member ``member`` and the in-flight members behind it wait in their key's chain again."""
-        members = self._runs[member.queue]
-        job: UpstreamJob | None = member
-        while job is not None and job.state is _IN_FLIGHT:
-            self.redelivery.unwatch(job)
-            job.state = _WAITING
-            job.attempts -= 1
-            del members[job.offset]
-            job = job.next
-        if not members:
-            del self._runs[member.queue]
-
     def _timed_out(self, job: UpstreamJob) -> bool:
         """In-flight ``job`` passed its deadline: a failed attempt, its run's later members returned.
         False for a run member behind its key's unfinished head: the head, due with it, returns it."""
@@ -626,96 +438,6 @@ class PullBuffer:
     @property
     def parked(self) -> int:
         return sum(1 for w in self._waiters if not w.future.done())
-
-
-def _grow(
-    growing: list[tuple[list[UpstreamJob], int]],
-    queue: QueueId,
-    room: int,
-    room_bytes: int,
-    reply: ReplySize,
-    empty: bool,
-) -> int:
-    """Append to each run (a key's messages so far, and its size limit) the successors waiting behind
-    it, one per key per round while ``room`` (messages) and ``room_bytes`` last; returns the room
-    left. A successor joins while it waits in the chain, belongs to the reply's queue and has nothing
-    left to run but PullServer (the actions after Order run on a key's head only). The first
-    successor that would pass ``room_bytes`` ends the growing (it and the rest wait in their chains),
-    unless the reply is still ``empty``: a reply carries at least one message."""
-    size = reply.message
-    inline = reply is THRIFT_REPLY  # as in PullBuffer._take
-    if len(growing) == 1:
-        # One key grows (QID order, a hot key): walk its chain, without the rounds across keys. A chain
-        # lives in one consumer's key gate, so its jobs share that owner.
-        run, limit = growing[0]
-        job = run[-1]
-        pull_only = job.consumer.pull_only
-        for _ in range(min(room, limit - len(run))):
-            successor = job.next
-            if successor is None or successor.state is not _WAITING or successor.queue != queue:
-                break
-            if not pull_only(successor):
-                break
-            m = successor.message
-            if inline and not m.properties:
-                needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
-            else:
-                needs = size(m)
-            if needs > room_bytes and not empty:
-                break
-            room_bytes -= needs
-            run.append(successor)
-            room -= 1
-            job = successor
-            if room_bytes < 0:
-                _log_alone(successor, needs)
-                break
-            empty = False
-        return room
-    while room and growing:
-        still = []
-        for run, limit in growing:
-            successor = run[-1].next
-            if successor is None or successor.state is not _WAITING or successor.queue != queue:
-                continue
-            if not successor.consumer.pull_only(successor):
-                continue
-            m = successor.message
-            if inline and not m.properties:
-                needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
-            else:
-                needs = size(m)
-            if needs > room_bytes and not empty:
-                return room
-            room_bytes -= needs
-            run.append(successor)
-            room -= 1
-            if room_bytes < 0:
-                _log_alone(successor, needs)
-                return room
-            empty = False
-            if not room:
-                break
-            if len(run) < limit:
-                still.append((run, limit))
-        growing = still
-    return room
-
-
-def _log_alone(job: UpstreamJob, needs: int) -> None:
-    """``job`` goes out alone in its reply: by itself it takes ``needs`` bytes, more than the room its
-    topic's ``max_reply_bytes`` leaves. (DDMQ's SDKs refuse frames over 16,384,000 bytes.)"""
-    log.warning(
-        "group %s: message %s@%d takes %d bytes in a pull reply, more than max_reply_bytes (%d) of its "
-        "topic allows: delivered alone",
-        job.consumer.group, job.queue, job.offset, needs, job.consumer.config.max_reply_bytes,
-    )
-
-
-def _may_continue(held: UpstreamJob) -> bool:
-    """Whether a reader holding ``held`` may get the messages behind it: still in flight on its first
-    delivery (a message out again after a failed attempt goes alone, as a head does)."""
-    return held.state is _IN_FLIGHT and held.attempts == 1 and held.next is not None
 
 
 def _resolve(future: asyncio.Future[PullBatch], batch: PullBatch) -> None:
