@@ -7,7 +7,7 @@
 >>> consumer.run()  # until consumer.stop() or a fatal error (raised)
 """
 
-from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, NotProcessed, PullConsumer
+from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, NotProcessed, PullConsumer, Retry
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError, PullError
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.producer import (
@@ -35,6 +35,7 @@ __all__ = [
     "PullConsumer",
     "PullError",
     "RedisFullError",
+    "Retry",
     "SendResult",
     "queue_for_key",
 ]

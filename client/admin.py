@@ -7,11 +7,13 @@ proxy answers loopback clients only. Tables by default, the API's JSON with ``--
 
     ddmq dead-letters list --http http://127.0.0.1:9714 --group cg_rides --topic rides
     ddmq dead-letters replay --group cg_rides --topic rides --id 1763776220123-0
+    ddmq dead-letters replay --group cg_rides --topic rides --key r42   # one key's, in their order
     ddmq dead-letters purge --group cg_rides --topic rides --all
     ddmq blocked-keys --group cg_rides [--all] [--offset 20]
     ddmq in-flight --group cg_rides --topic rides --limit 50
 
 In-flight messages and blocked keys live in one proxy's memory: ask each proxy of the group.
+``ddmq keys`` (:mod:`ddmq.client.keys_cli`) acts on one key through the same API.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Final
 
 from ddmq.protocol import clitools
 
-__all__ = ["AdminClient", "add_cli"]
+__all__ = ["AdminClient", "add_cli", "client_for", "common_options", "print_answer", "quote", "table"]
 
 DEFAULT_TIMEOUT_S: Final = 10.0
 
@@ -128,6 +130,8 @@ def _letters_list(args: argparse.Namespace) -> int:
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "key", None) is not None:
+        return {"key": args.key}
     return {"all": True} if args.all else {"ids": args.ids}
 
 
@@ -208,6 +212,8 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         chosen = action.add_mutually_exclusive_group(required=True)
         chosen.add_argument("--id", dest="ids", action="append", help="a dead-letter id (repeatable)")
         chosen.add_argument("--all", action="store_true", help="every dead letter of the group and topic")
+        if name == "replay":
+            chosen.add_argument("--key", help="every dead letter of this key, put back in their original order")
         action.set_defaults(func=func)
 
     for name, func, what, default, details in (
@@ -238,3 +244,11 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             parser.add_argument("--all", action="store_true",
                                 help="every key with unfinished messages, not only the failing ones")
         parser.set_defaults(func=func)
+
+
+# The parts `ddmq keys` (keys_cli) shares with these commands: one way to connect, print and quote.
+client_for = _client
+common_options = _common
+print_answer = _print
+table = _table
+quote = _quote

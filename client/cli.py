@@ -1,4 +1,4 @@
-"""``ddmq``: the operator and developer CLI (produce, consume, status, offsets, dead letters, demo).
+"""``ddmq``: the operator and developer CLI (produce, consume, status, offsets, dead letters, keys, demo).
 
 Common flags default to environment variables: ``--redis`` to ``$DDMQ_REDIS``, ``--servers`` to
 ``$DDMQ_SERVERS``, ``--http`` to ``$DDMQ_HTTP`` and the admin token to ``$DDMQ_ADMIN_TOKEN``."""
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
-    from ddmq.client import admin, consume_cli, groups_cli, offsets, produce_cli, status, topics_cli
+    from ddmq.client import admin, consume_cli, groups_cli, keys_cli, offsets, produce_cli, status, topics_cli
 
     produce_cli.add_cli(sub)
     consume_cli.add_cli(sub)
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups_cli.add_cli(sub)
     offsets.add_cli(sub)
     admin.add_cli(sub)
+    keys_cli.add_cli(sub)
 
     demo = sub.add_parser("demo", help="run an embedded Redis, a proxy, a ride-event producer and consumers")
     from ddmq.client import demo as demo_module

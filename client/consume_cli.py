@@ -1,7 +1,9 @@
-"""``ddmq consume``: pull a group's messages through the proxies, print each as a JSON line, ack it.
+"""``ddmq consume``: pull a group's messages through the proxies, print each as a JSON line, ack it
+(or fail it with ``--fail-reason``).
 
 The command is a :class:`~ddmq.client.consumer.PullConsumer` whose processor prints: what it does not
-print (past ``--count``, or after the reader of a pipe went away) it leaves unreported, never failed.
+print (past ``--count``, or after the reader of a pipe went away, or at Ctrl-C) it gives back
+(releases: delivered again at once, no attempt counted), never fails.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddmq.client.consumer import ConsumedMessage, ConsumerStats, NotProcessed, PullConsumer
+from ddmq.client.consumer import ConsumedMessage, ConsumerStats, NotProcessed, PullConsumer, Retry
+from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS
 from ddmq.client.thrift_client import ProxyClientError
 from ddmq.protocol import clitools
 
@@ -33,9 +36,11 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="pull messages from proxies and print them as JSON lines",
         description=(
             "Pull a consumer group's messages from one or more proxies, print each as a JSON line "
-            "(value as text, or base64 under value_b64 when it is not UTF-8) and ack it. Messages pulled "
-            "but not printed (beyond --count, or after the reader of a pipe went away) are never acked nor "
-            "failed: the proxy delivers them again after the group's timeout_ms. "
+            "(value as text, or base64 under value_b64 when it is not UTF-8) and ack it (with --fail-reason: "
+            "fail it, with that reason). Messages pulled but not printed (beyond --count, after the reader "
+            "of a pipe went away, at Ctrl-C) are released: never acked nor failed, the proxy delivers them "
+            "again at once and counts no attempt, so `ddmq consume | head -1` run again and again wears "
+            "nothing out. "
             "An error that retrying cannot cure (unknown group or topic, an HTTP port) ends the command "
             "with status 1; a closed pipe ends it with status 1 too, quietly. "
             "Each line carries topic, qid and offset (integers), key, tag, properties, produce_ms (the "
@@ -74,7 +79,30 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--json-values", action="store_true",
         help="print a value that is valid JSON as JSON (an object, a number...) instead of as a string",
     )
+    _add_failure_options(parser)
     parser.set_defaults(func=_consume_command)
+
+
+def _add_failure_options(parser: argparse.ArgumentParser) -> None:
+    """``--fail-reason``, ``--retry-after-ms`` and ``--group-timeout-ms``: what the command tells the
+    proxy about the messages it prints."""
+    parser.add_argument(
+        "--fail-reason", default=None, metavar="TEXT",
+        help="fail each printed message instead of acking it, with TEXT as the reason the proxy keeps "
+             "(shown in dead letters, `ddmq keys list` and the console); it is retried, and past max_retry "
+             "the group's on_exhausted policy applies",
+    )
+    parser.add_argument(
+        "--retry-after-ms", type=int, default=None, metavar="MS",
+        help="with --fail-reason: ask for the next delivery after MS milliseconds instead of the group's "
+             "retry_intervals_ms (capped by the proxy)",
+    )
+    parser.add_argument(
+        "--group-timeout-ms", type=int, default=DEFAULT_GROUP_TIMEOUT_MS, metavar="MS",
+        help="the group's timeout_ms: messages held (say, behind a slow reader of stdout) for half of it "
+             f"are extended so they are not redelivered meanwhile (default {DEFAULT_GROUP_TIMEOUT_MS}, the "
+             "proxy's default)",
+    )
 
 
 def message_json(message: ConsumedMessage, json_values: bool = False) -> str:
@@ -104,12 +132,14 @@ def message_json(message: ConsumedMessage, json_values: bool = False) -> str:
 
 
 class _Printer:
-    """The CLI's processor: prints and acks up to ``limit`` messages, then stops the consumer. A message
-    it does not print (past the limit, or stdout closed) raises :class:`NotProcessed`: never failed."""
+    """The CLI's processor: prints and acks (or fails, given a ``fail``) up to ``limit`` messages, then
+    stops the consumer. A message it does not print (past the limit, or stdout closed) raises
+    :class:`NotProcessed`: released, never failed."""
 
-    def __init__(self, limit: int | None, json_values: bool = False) -> None:
+    def __init__(self, limit: int | None, json_values: bool = False, fail: Retry | None = None) -> None:
         self._limit = limit
         self._json_values = json_values
+        self._fail = fail
         self.last_printed = time.monotonic()  # the start counts as the last message, for --timeout
         self._lock = threading.RLock()  # close_pipe() runs under it from __call__, or alone from the CLI
         self.printed = 0
@@ -130,6 +160,8 @@ class _Printer:
             self.last_printed = time.monotonic()
             if self._limit is not None and self.printed >= self._limit:
                 self.on_done()
+            if self._fail is not None:
+                raise Retry(self._fail.after_ms, self._fail.reason)
             return True
 
     def close_pipe(self) -> None:
@@ -146,8 +178,14 @@ def _consume_command(args: argparse.Namespace) -> int:
         raise clitools.CliError("--count must be positive", clitools.USAGE_ERROR)
     if args.timeout is not None and not args.timeout > 0:
         raise clitools.CliError("--timeout must be positive", clitools.USAGE_ERROR)
+    if args.retry_after_ms is not None and (args.fail_reason is None or args.retry_after_ms < 0):
+        raise clitools.CliError("--retry-after-ms needs --fail-reason and must not be negative",
+                                clitools.USAGE_ERROR)
+    if args.group_timeout_ms < 1:
+        raise clitools.CliError("--group-timeout-ms must be positive", clitools.USAGE_ERROR)
     batch_size = args.batch_size if args.count is None else min(args.batch_size, args.count)
-    printer = _Printer(args.count, args.json_values)
+    fail = None if args.fail_reason is None else Retry(args.retry_after_ms, args.fail_reason)
+    printer = _Printer(args.count, args.json_values, fail)
     try:
         consumer = PullConsumer(
             args.servers,
@@ -159,6 +197,7 @@ def _consume_command(args: argparse.Namespace) -> int:
             linger_ms=args.linger_ms,
             on_error=lambda exc: None,  # the command reports it once, raised from wait() below
             max_per_key=args.max_per_key,
+            group_timeout_ms=args.group_timeout_ms,
         )
     except ValueError as exc:
         raise clitools.CliError(str(exc), clitools.USAGE_ERROR) from exc

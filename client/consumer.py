@@ -20,7 +20,7 @@ end of a ``with`` block raise it.
 
 >>> def process(message: ConsumedMessage) -> bool:
 ...     print(message.topic, message.qid, message.offset, message.value)
-...     return True  # False (or an exception) fails the message: it is retried later
+...     return True  # False (or an exception, its text the reason) fails the message: it is retried later
 >>> consumer = PullConsumer("proxy-1:9713,proxy-2:9713", "rides", process, threads=4)
 >>> consumer.run()  # until consumer.stop() (from a processor, another thread) or Ctrl-C; raises a fatal error
 
@@ -31,21 +31,27 @@ unreported; the proxy delivers it again, in order, once the failed message is fi
 are different keys: :class:`AsyncPullConsumer` processes the runs of one pull concurrently,
 :class:`PullConsumer` one after another in the puller thread (other pullers serve other keys).
 
-The parts both consumers are built from live in :mod:`ddmq.client.pulling`; ``ddmq consume`` is
+The parts both consumers are built from live in :mod:`ddmq.client.pulling`, what a processor's answer
+means in :mod:`ddmq.client.handling`, the extensions of held messages in :mod:`ddmq.client.keepalive`;
+:class:`AsyncPullConsumer` is in :mod:`ddmq.client.async_consumer`; ``ddmq consume`` is
 :mod:`ddmq.client.consume_cli`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from types import TracebackType
-from typing import Final
 
+from ddmq.client.async_consumer import AsyncPullConsumer
+from ddmq.client.handling import Retry, count_outcome, outcome_of, release_unhandled, report
+from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS, Held, extend_every_s
 from ddmq.client.pulling import (
+    DEFAULT_MAX_BACKOFF_MS,
+    DEFAULT_RETRY_SLEEP_MS,
     Backoff,
     ConsumedMessage,
     ConsumerStats,
@@ -58,7 +64,7 @@ from ddmq.client.pulling import (
     parse_servers,
     split_runs,
 )
-from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError
+from ddmq.client.thrift_client import ProxyClient, ProxyClientError
 
 __all__ = [
     "AsyncPullConsumer",
@@ -66,13 +72,11 @@ __all__ = [
     "ConsumerStats",
     "NotProcessed",
     "PullConsumer",
+    "Retry",
     "parse_servers",
 ]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_RETRY_SLEEP_MS: Final = 100
-DEFAULT_MAX_BACKOFF_MS: Final = 5000
 
 
 class PullConsumer:
@@ -80,9 +84,17 @@ class PullConsumer:
     server has the same number and at least one (``threads=1`` with three servers runs three threads).
 
     ``processor(message)`` runs in the puller threads (so it must be thread-safe) and returns True to
-    ack, False to fail (an exception counts as False; :class:`NotProcessed` leaves the message
-    unreported). ``topic=None`` pulls every topic of the group. :meth:`close` stops pulling, waits for
-    the current batches (at most a long-poll of ``linger_ms`` plus processing) and submits their results.
+    ack, False to fail. An exception fails the message with its text as the reason the proxy keeps
+    (``"ValueError: bad amount"``, at most 1 KiB); :class:`Retry` fails it and asks for the next
+    delivery after ``after_ms``; :class:`NotProcessed` gives it back unprocessed (released: no attempt
+    counted). ``topic=None`` pulls every topic of the group. :meth:`close` stops pulling, waits for the
+    message being processed (at most a long-poll of ``linger_ms`` plus processing), releases the rest of
+    the batches and submits their results; so do :meth:`stop`, the end of :meth:`run`, Ctrl-C in
+    :meth:`wait` and a fatal error.
+
+    ``group_timeout_ms`` is the group's ``timeout_ms`` (the proxy's default unless told): a batch held
+    for half of it is extended ("still working on it") every half of it, so a slow handler is not
+    redelivered while it runs, up to the proxy's maximum of extensions per delivery. None never extends.
 
     Lifecycle: :meth:`run` starts, blocks until :meth:`stop` or a fatal error, and closes. Or
     ``with PullConsumer(...) as consumer: consumer.wait()``. A fatal (non-retriable) error stops every
@@ -105,6 +117,7 @@ class PullConsumer:
         timeout_s: float = 10.0,
         on_error: Callable[[ProxyClientError], None] | None = None,
         max_per_key: int = 1,
+        group_timeout_ms: int | None = DEFAULT_GROUP_TIMEOUT_MS,
     ) -> None:
         self._settings = PullerSettings(
             servers, group, topic, threads, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
@@ -115,7 +128,16 @@ class PullConsumer:
         self._fatal = FatalError(on_error)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        # One per puller, set when it has ended. Liveness is read from these, not Thread.is_alive():
+        # on Python < 3.13 a join() interrupted by Ctrl-C can mark a live thread as stopped, and the
+        # process would then exit before the pullers release their messages.
+        self._ended: list[threading.Event] = []
         self._started = False
+        self._extend_every_s = extend_every_s(group_timeout_ms)
+        self._held: list[tuple[ProxyClient, Held, threading.Lock]] = []
+        self._held_lock = threading.Lock()
+        self._keeper: threading.Thread | None = None
+        self._pullers_done = threading.Event()
 
     @property
     def stats(self) -> ConsumerStats:
@@ -134,7 +156,7 @@ class PullConsumer:
     @property
     def running(self) -> bool:
         """True from :meth:`start` until every puller has ended (after :meth:`stop` or a fatal error)."""
-        return any(thread.is_alive() for thread in self._threads)
+        return not all(ended.is_set() for ended in self._ended)
 
     def start(self) -> None:
         if self._started:
@@ -142,11 +164,16 @@ class PullConsumer:
         self._started = True
         for index in range(self._settings.pullers):
             host, port = self._settings.server_for(index)
+            ended = threading.Event()
             thread = threading.Thread(
-                target=self._run_puller, args=(host, port), name=f"ddmq-puller-{index}", daemon=True
+                target=self._puller, args=(host, port, ended), name=f"ddmq-puller-{index}", daemon=True
             )
+            self._ended.append(ended)
             self._threads.append(thread)
             thread.start()
+        if self._extend_every_s is not None:
+            self._keeper = threading.Thread(target=self._keep_alive, name="ddmq-keeper", daemon=True)
+            self._keeper.start()
 
     def stop(self) -> None:
         """Ask the pullers to stop after their current batch; returns at once (safe from a processor)."""
@@ -156,25 +183,31 @@ class PullConsumer:
         """Stop, wait up to ``timeout`` seconds (None: as long as it takes) for the pullers' final submits."""
         self.stop()
         deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in self._threads:
-            if thread is threading.current_thread():
-                raise RuntimeError("PullConsumer.close() called from a processor; use stop()")
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        alive = [thread.name for thread in self._threads if thread.is_alive()]
+        if threading.current_thread() in self._threads:
+            raise RuntimeError("PullConsumer.close() called from a processor; use stop()")
+        for ended in self._ended:
+            # Short waits keep a second Ctrl-C deliverable; an interrupted wait leaves no false state.
+            while not ended.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+        alive = [thread.name for thread, ended in zip(self._threads, self._ended, strict=True) if not ended.is_set()]
         if alive:
             log.warning("pullers still busy after %s s: %s", timeout, ", ".join(alive))
+        elif self._keeper is not None:
+            self._pullers_done.set()
+            self._keeper.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every puller has ended (after :meth:`stop` or a fatal error): True, or False when
         ``timeout`` seconds passed first. Raises the fatal error that stopped the consumer."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in self._threads:
-            # Short joins keep Ctrl-C (KeyboardInterrupt) deliverable to the waiting thread.
-            while thread.is_alive():
+        for ended in self._ended:
+            # Short waits keep Ctrl-C (KeyboardInterrupt) deliverable to the waiting thread.
+            while not ended.is_set():
                 left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
                 if left <= 0:
                     return False
-                thread.join(left)
+                ended.wait(left)
         self._fatal.raise_once()
         return True
 
@@ -195,13 +228,24 @@ class PullConsumer:
         if exc_type is None:
             self._fatal.raise_once()
 
+    def _puller(self, host: str, port: int, ended: threading.Event) -> None:
+        try:
+            self._run_puller(host, port)
+        finally:
+            ended.set()
+
     def _run_puller(self, host: str, port: int) -> None:
         settings = self._settings
         pending = PendingResults(settings.group)
         backoff = Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
+        held, held_lock = Held(settings.group), threading.Lock()
         with ProxyClient(host, port, settings.timeout_s) as client:
+            with self._held_lock:
+                self._held.append((client, held, held_lock))
             while not self._stopping.is_set():
                 started = time.monotonic()
+                with held_lock:
+                    held.let_go()  # this pull carries their results: nothing left to extend
                 try:
                     response = client.pull(settings.request(pending))
                 except ProxyClientError as exc:
@@ -223,8 +267,12 @@ class PullConsumer:
                         self._stopping.wait(settings.retry_sleep_ms / 1000)
                     continue
                 self._counters.add(pulled=len(messages))
+                with held_lock:
+                    held.hold(messages, time.monotonic())
                 for run in split_runs(response, messages):
                     self._process_run(run, pending)
+            with held_lock:
+                held.let_go()
             if pending:
                 try:
                     client.submit(pending.to_wire())
@@ -239,202 +287,36 @@ class PullConsumer:
                     )
 
     def _process_run(self, run: list[ConsumedMessage], pending: PendingResults) -> None:
-        """A key's run, in order, up to its first message not acked (the rest is left unreported)."""
+        """A key's run, in order, up to its first message not acked (the rest is left unreported). Once
+        the consumer is stopping, what is not handled yet is released: given back without an attempt."""
         for index, message in enumerate(run):
-            ok = self._process(message)
-            if ok is not None:
-                pending.record(message, ok)
-            if not ok:
+            if self._stopping.is_set():
+                release_unhandled(run[index:], pending, self._counters)
+                return
+            outcome = outcome_of(partial(self._processor, message), message)
+            count_outcome(outcome, self._counters)
+            report(pending, message, outcome)
+            if not outcome.acked:
                 self._counters.add(unreported=len(run) - index - 1)
                 return
 
-    def _process(self, message: ConsumedMessage) -> bool | None:
-        try:
-            ok = bool(self._processor(message))
-        except NotProcessed:
-            self._counters.add(unreported=1)
-            return None
-        except Exception:
-            log.exception("processor failed on %s#%s offset %d", message.topic, message.qid, message.offset)
-            ok = False
-        self._counters.add(acked=int(ok), failed=int(not ok))
-        return ok
-
-
-class AsyncPullConsumer:
-    """The asyncio twin of :class:`PullConsumer`: ``concurrency`` puller tasks (rounded up to the same
-    number per server, at least one each, like ``threads``), an async processor.
-
-    >>> async with AsyncPullConsumer("127.0.0.1:9713", "rides", handle, concurrency=8) as consumer:
-    ...     await consumer.wait()  # until consumer.stop() or a fatal error (raised)
-
-    Fatal errors work as in :class:`PullConsumer` (``on_error`` is called in the event loop).
-    """
-
-    def __init__(
-        self,
-        servers: str | Sequence[str],
-        group: str,
-        processor: Callable[[ConsumedMessage], Awaitable[bool]],
-        topic: str | None = None,
-        concurrency: int = 4,
-        batch_size: int = 32,
-        linger_ms: int = 1000,
-        retry_sleep_ms: int = DEFAULT_RETRY_SLEEP_MS,
-        max_backoff_ms: int = DEFAULT_MAX_BACKOFF_MS,
-        timeout_s: float = 10.0,
-        on_error: Callable[[ProxyClientError], None] | None = None,
-        max_per_key: int = 1,
-    ) -> None:
-        self._settings = PullerSettings(
-            servers, group, topic, concurrency, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
-            max_per_key,
-        )
-        self._processor = processor
-        self._counters = Counters()
-        self._fatal = FatalError(on_error)
-        self._stopping = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._started = False
-
-    @property
-    def stats(self) -> ConsumerStats:
-        return self._counters.snapshot()
-
-    @property
-    def error(self) -> ProxyClientError | None:
-        """The non-retriable error that stopped the consumer, if one did."""
-        return self._fatal.error
-
-    @property
-    def running(self) -> bool:
-        """True from :meth:`start` until every puller has ended (after :meth:`stop` or a fatal error)."""
-        return any(not task.done() for task in self._tasks)
-
-    async def start(self) -> None:
-        if self._started:
-            raise RuntimeError("AsyncPullConsumer.start() called twice")
-        self._started = True
-        for index in range(self._settings.pullers):
-            host, port = self._settings.server_for(index)
-            self._tasks.append(asyncio.create_task(self._run_puller(host, port), name=f"ddmq-puller-{index}"))
-
-    def stop(self) -> None:
-        """Ask the pullers to stop after their current batch; returns at once."""
-        self._stopping.set()
-
-    async def close(self, grace_s: float | None = None) -> None:
-        """Stop and wait up to ``grace_s`` seconds (None: as long as it takes) for the final submits;
-        then cancel the pullers still busy (their unreported messages are redelivered by the proxy)."""
-        self.stop()
-        if not self._tasks:
-            return
-        _, busy = await asyncio.wait(self._tasks, timeout=grace_s)
-        for task in busy:
-            task.cancel()
-        if busy:
-            log.warning("cancelled %d pullers still busy after %s s", len(busy), grace_s)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def wait(self) -> None:
-        """Wait until every puller has ended (after :meth:`stop` or a fatal error); raises the fatal error
-        that stopped the consumer. Bound it with ``asyncio.timeout`` if need be."""
-        if self._tasks:
-            await asyncio.wait(self._tasks)
-        self._fatal.raise_once()
-
-    async def run(self) -> None:
-        """Start (unless started), wait until :meth:`stop` or a fatal error (raised), then close."""
-        async with self:
-            await self.wait()
-
-    async def __aenter__(self) -> AsyncPullConsumer:
-        if not self._started:
-            await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-        if exc_type is None:
-            self._fatal.raise_once()
-
-    async def _pause(self, seconds: float) -> None:
-        """Sleep, waking early when the consumer stops."""
-        try:
-            async with asyncio.timeout(seconds):
-                await self._stopping.wait()
-        except TimeoutError:
-            pass
-
-    async def _run_puller(self, host: str, port: int) -> None:
-        settings = self._settings
-        pending = PendingResults(settings.group)
-        backoff = Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
-        async with AsyncProxyClient(host, port, settings.timeout_s) as client:
-            while not self._stopping.is_set():
-                started = time.monotonic()
-                try:
-                    response = await client.pull(settings.request(pending))
-                except ProxyClientError as exc:
-                    self._counters.add(errors=1)
-                    if not exc.retriable:
-                        self._fatal.record(exc, host, port)
-                        self.stop()
-                        break
-                    delay_s = backoff.next_s()
-                    log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
-                    await self._pause(delay_s)
-                    continue
-                pending.clear()
-                backoff.reset()
-                self._counters.add(answered=1)
-                messages = consumed_messages(response)
-                if not messages:
-                    if settings.returned_early(time.monotonic() - started):
-                        await self._pause(settings.retry_sleep_ms / 1000)
-                    continue
-                self._counters.add(pulled=len(messages))
-                runs = split_runs(response, messages)
-                if len(runs) == len(messages):  # one message per key: no task per run needed
-                    for message in messages:
-                        ok = await self._process(message)
-                        if ok is not None:
-                            pending.record(message, ok)
-                else:
-                    await asyncio.gather(*(self._process_run(run, pending) for run in runs))
-            if pending:
-                try:
-                    await client.submit(pending.to_wire())
-                except ProxyClientError as exc:
-                    self._counters.add(errors=1)
-                    log.warning(
-                        "final submit of %d results to %s:%d failed: %s (they will be redelivered)",
-                        len(pending),
-                        host,
-                        port,
-                        exc,
-                    )
-
-    async def _process_run(self, run: list[ConsumedMessage], pending: PendingResults) -> None:
-        """A key's run, in order, up to its first message not acked (the rest is left unreported)."""
-        for index, message in enumerate(run):
-            ok = await self._process(message)
-            if ok is not None:
-                pending.record(message, ok)
-            if not ok:
-                self._counters.add(unreported=len(run) - index - 1)
-                return
-
-    async def _process(self, message: ConsumedMessage) -> bool | None:
-        try:
-            ok = bool(await self._processor(message))
-        except NotProcessed:
-            self._counters.add(unreported=1)
-            return None
-        except Exception:
-            log.exception("processor failed on %s#%s offset %d", message.topic, message.qid, message.offset)
-            ok = False
-        self._counters.add(acked=int(ok), failed=int(not ok))
-        return ok
+    def _keep_alive(self) -> None:
+        """The keeper thread: extends the batches pullers hold too long (see :mod:`ddmq.client.keepalive`)."""
+        every_s = self._extend_every_s
+        assert every_s is not None
+        # Until close() has seen every puller end (or, without close(), until they have all ended).
+        while not self._pullers_done.wait(every_s / 4) and not (self._stopping.is_set() and not self.running):
+            with self._held_lock:
+                pullers = list(self._held)
+            for client, held, held_lock in pullers:
+                with held_lock:
+                    extension = held.extension(time.monotonic(), every_s)
+                    if extension is None:
+                        continue
+                    try:
+                        client.submit(extension)
+                    except ProxyClientError as exc:
+                        log.warning("extending %d held messages on %s:%d failed: %s",
+                                    len(held), client.host, client.port, exc)
+                        continue
+                self._counters.add(extended=len(held))

@@ -14,11 +14,14 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from ddmq.client.thrift_client import ProxyClientError
 from ddmq.protocol.wire import DEFAULT_PORT, ConsumeResult, Context, FailDetail, PullRequest, PullResponse, link_results
 
 __all__ = [
+    "DEFAULT_MAX_BACKOFF_MS",
+    "DEFAULT_RETRY_SLEEP_MS",
     "Backoff",
     "ConsumedMessage",
     "ConsumerStats",
@@ -37,10 +40,10 @@ log = logging.getLogger("ddmq.client.consumer")
 
 
 class NotProcessed(Exception):
-    """Raised by a processor to leave a message neither acked nor failed: it is not reported, and the
-    proxy delivers it again once the group's ``timeout_ms`` has passed, as it does for the messages of a
-    consumer that went away (its timeout rule counts that as an attempt). ``ddmq consume`` does this
-    with messages it could not print."""
+    """Raised by a processor to give a message back, neither acked nor failed: it is released (the
+    proxy delivers it again at once, first in its key, and counts no attempt). ``ddmq consume`` does this
+    with messages it could not print. A proxy that predates releases ignores them and redelivers the
+    message after the group's ``timeout_ms``, counting an attempt."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,11 @@ class ConsumerStats:
     failed: int = 0
     errors: int = 0
     unreported: int = 0
-    """Left unreported: :class:`NotProcessed`, or the rest of an ordered run after its first failure."""
+    """Left unreported: the rest of an ordered run after its first failure."""
+    released: int = 0
+    """Given back unprocessed: :class:`NotProcessed`, or pulled but not handled when the consumer stopped."""
+    extended: int = 0
+    """Extensions sent for messages held past half of the group's ``timeout_ms`` (one per message)."""
 
 
 def parse_servers(servers: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -117,10 +124,13 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pulled = self._acked = self._failed = self._errors = self._unreported = self._answered = 0
+        self._released = self._extended = 0
 
     def add(self, *, pulled: int = 0, acked: int = 0, failed: int = 0, errors: int = 0, unreported: int = 0,
-            answered: int = 0) -> None:
+            answered: int = 0, released: int = 0, extended: int = 0) -> None:
         with self._lock:
+            self._released += released
+            self._extended += extended
             self._answered += answered
             self._pulled += pulled
             self._acked += acked
@@ -136,7 +146,8 @@ class Counters:
 
     def snapshot(self) -> ConsumerStats:
         with self._lock:
-            return ConsumerStats(self._pulled, self._acked, self._failed, self._errors, self._unreported)
+            return ConsumerStats(self._pulled, self._acked, self._failed, self._errors, self._unreported,
+                                 self._released, self._extended)
 
 
 class FatalError:
@@ -325,6 +336,10 @@ def consumed_messages(response: PullResponse) -> list[ConsumedMessage]:
             )
         )
     return messages
+
+
+DEFAULT_RETRY_SLEEP_MS: Final = 100
+DEFAULT_MAX_BACKOFF_MS: Final = 5000
 
 
 class PullerSettings:

@@ -8,12 +8,14 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -86,6 +88,69 @@ def test_consume_into_head_exits_at_once_and_dead_letters_nothing(proxy: ProxyPr
         consumer.stop()
     assert lag(redis_url) == 0 and consumer.stats.failed == 0 and delivered
     assert dead_letters(redis_url) == 0
+
+
+@pytest.fixture
+def proxy_3s(tmp_path: Path, redis_url: str) -> Iterator[ProxyProcess]:
+    """As ``proxy``, with a 3 s timeout_ms: room for a loaded machine, short enough that what a run
+    leaves unanswered times out during the next runs."""
+    group = {TOPIC: {"actions": ["Json", "Order", "PullServer"], "order_key": "$.k", "timeout_ms": 3000,
+                     "max_retry": 1, "retry_intervals_ms": [50]}}
+    process = ProxyProcess(tmp_path, redis_url, {GROUP: group}, {TOPIC: {"queues": 4}},
+                           http={"enabled": True, "host": "127.0.0.1", "port": free_port()}).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def test_consume_into_head_ten_times_releases_what_it_did_not_print(proxy_3s: ProxyProcess, redis_url: str) -> None:
+    """`ddmq consume | head -1`, again and again on the same backlog: what each run pulled but did not
+    print is released, so nothing wears out (the group's timeout_ms is 3 s and max_retry 1: without
+    releases, the messages of one run time out as failed attempts during the next runs, which
+    dead-letter them or find them counted)."""
+    proxy = proxy_3s
+    produce_keyed(redis_url, 300, {}, random.Random(2), keys=30, topic=TOPIC)
+    command = (f"{' '.join(DDMQ)} consume --servers {server(proxy)} --group {GROUP} --batch-size 16 "
+               "--group-timeout-ms 3000 | head -1")
+    printed = []
+    for _ in range(10):
+        run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30, check=True)
+        assert "Traceback" not in run.stderr, run.stderr
+        printed.append(json.loads(run.stdout))
+    assert len({(line["qid"], line["offset"]) for line in printed}) == 10  # each run printed a new message
+    # Every key's head (each key's next message) is back to waiting, with no attempt counted.
+    answer = _admin_json(proxy, f"/admin/groups/{GROUP}/blocked-keys?topic={TOPIC}&limit=100")
+    heads = {key["order_key"]: (key["state"], key["head"]["attempts"]) for key in answer["keys"]}
+    assert len(heads) == 30 and set(heads.values()) == {("waiting", 0)}, (heads, dead_letters(redis_url))
+    assert dead_letters(redis_url) == 0
+
+
+def test_consume_stopped_by_ctrl_c_releases_what_it_did_not_print(proxy: ProxyProcess, redis_url: str) -> None:
+    produce_keyed(redis_url, 100, {}, random.Random(3), keys=10, topic=TOPIC)
+    # A slow reader: the command blocks writing into a full pipe, holding a pulled batch meanwhile.
+    with subprocess.Popen([*DDMQ, "consume", "--servers", server(proxy), "--group", GROUP, "--batch-size", "16"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as consume:
+        assert consume.stdout is not None and consume.stderr is not None
+        first = json.loads(consume.stdout.readline())
+        consume.send_signal(signal.SIGINT)
+        rest = consume.stdout.read().decode().splitlines()
+        assert consume.wait(timeout=10) == 130
+        stderr = consume.stderr.read().decode()
+    assert "Traceback" not in stderr, stderr
+    printed = 1 + len(rest)
+    answer = _admin_json(proxy, f"/admin/groups/{GROUP}/blocked-keys?topic={TOPIC}&limit=100")
+    heads = {key["order_key"]: (key["state"], key["head"]["attempts"]) for key in answer["keys"]}
+    assert heads and set(heads.values()) == {("waiting", 0)}, (heads, stderr[-3000:])
+    assert sum(key["chain_length"] for key in answer["keys"]) == 100 - printed, (first, rest)
+
+
+def _admin_json(proxy: ProxyProcess, path: str) -> dict[str, Any]:
+    from urllib.request import urlopen
+
+    with urlopen(f"http://127.0.0.1:{http_port(proxy)}{path}", timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
 
 
 def test_consume_sees_a_closed_pipe_while_idle(proxy: ProxyProcess) -> None:

@@ -21,6 +21,7 @@ def test_public_names_are_pinned() -> None:
         "PullConsumer",
         "PullError",
         "RedisFullError",
+        "Retry",
         "SendResult",
         "queue_for_key",
     ]

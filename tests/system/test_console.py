@@ -378,3 +378,83 @@ async def test_console_shows_rates_dead_letters_clients_one_time_format_and_lag_
         page = await browser.new_page()
         await page.goto(f"http://127.0.0.1:{service.http_port}/")
         await expect(page.locator("#topics tr[data-topic=t] td.chart polyline.msgs")).to_have_count(1)
+
+
+async def test_console_keys_panel_retries_and_skips_a_parked_key(redis_url: str, browser: BrowserContext) -> None:
+    """A key parked on its failed head shows first with its reason and the counts per state; retry from
+    the page delivers the head again, skip (after a confirmation) dead-letters it and the key moves on."""
+    config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 0, "on_exhausted": "park"}
+    http = {"enabled": True, "port": 0, "admin_token": TOKEN}
+    async with (
+        running_proxy(redis_url, config, http=http) as service,
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": "r1", "value": f"r1 {event}", "qid": 0}
+                                            for event in ("call", "pickup", "pay")])
+            await producer.send_batch("t", [{"key": f"other-{i}", "value": "call", "qid": 1} for i in range(3)])
+        call = await _fail_head_of(api, "r1", "card declined")
+
+        async def parked() -> bool:
+            keys = await admin(api, "/admin/groups/g/topics/t/keys", state="parked")
+            return [k["key"] for k in keys["keys"]] == ["r1"]
+
+        await eventually(parked)
+        watched = Watched(await browser.new_page())
+        page = watched.page
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        await page.fill("#token", TOKEN)
+        await page.click("#auth button[type=submit]")
+        await expect(page.locator("#main")).to_be_visible()
+        first = page.locator("#keys tbody tr").first  # stuck keys first
+        await expect(first).to_have_attribute("data-key", "r1")
+        await expect(first.locator("td.state")).to_have_text("parked")
+        await expect(first.locator("td.reason")).to_have_text("card declined")
+        await expect(page.locator("#keys-counts")).to_contain_text("1 parked")
+        # Filters: by state, by key.
+        await page.select_option("#keys-state", "waiting")
+        await expect(page.locator("#keys tbody tr[data-key=r1]")).to_have_count(0)
+        await page.select_option("#keys-state", "")
+        await page.fill("#keys-key", "r1")
+        await page.press("#keys-key", "Enter")
+        await expect(page.locator("#keys tbody tr")).to_have_count(1)
+        await screenshot(page, "console-keys-parked")
+
+        # retry: the same head is delivered again.
+        await page.locator("#keys tr[data-key=r1] button.retry").click()
+        await expect(page.locator("#keys-result")).to_contain_text("retry r1")
+        again = await _fail_head_of(api, "r1", "declined again")
+        assert again == call
+        await expect(page.locator("#keys tr[data-key=r1] td.reason")).to_have_text("declined again", timeout=10_000)
+
+        # skip asks first; accepted, the head goes to the dead letters and pickup comes next.
+        await page.locator("#keys tr[data-key=r1] button.skip").click()
+        assert watched.dialogs and "Skip the head of key r1" in watched.dialogs[-1]
+        assert (await admin(api, "/admin/groups/g/topics/t/dead-letters"))["total"] == 0
+        watched.answer_dialogs.append(True)
+        await page.locator("#keys tr[data-key=r1] button.skip").click()
+        await expect(page.locator("#keys-result")).to_contain_text("skip r1")
+        letters = await admin(api, "/admin/groups/g/topics/t/dead-letters")
+        assert [(e["key"], e["offset"]) for e in letters["entries"]] == [("r1", call)]
+        batch = await pull(api, topic="t", max_batch=10)
+        assert [m["value_text"] for m in batch["messages"] if m["key"] == "r1"] == ["r1 pickup"]
+        await watched.assert_nothing_ran()
+        # The calls refused before the token was given show as console errors (401); nothing else may.
+        assert all("401" in error for error in watched.errors), watched.errors
+
+
+async def _fail_head_of(api: ApiClient, key: str, reason: str) -> int:
+    """Pull until ``key``'s head comes, ack everything else, fail the head with ``reason``; its offset."""
+    for _ in range(20):
+        batch = await pull(api, topic="t", max_batch=10, linger_ms=500)
+        mine = [m["offset"] for m in batch["messages"] if m["key"] == key]
+        others = [m["offset"] for m in batch["messages"] if m["key"] != key]
+        details = [{"offset": offset, "reason": reason} for offset in mine]
+        results = [{"topic": "t", "qid": batch["qid"], "success": others, "fail_details": details}]
+        if batch["messages"]:
+            status, answer = await api.call("POST", "/v1/ack", json={"group": "g", "results": results})
+            assert status == 200, answer
+        if mine:
+            return int(mine[0])
+    raise AssertionError(f"{key}'s head never came")

@@ -19,6 +19,11 @@
     blockedNext: null,
     deadPage: 0,
     deadNext: null,
+    keysTopic: null,
+    keysState: "",
+    keysKey: "",
+    keysOffsets: [0], // `offset` of each page seen, to step back
+    keysNext: null,
     refreshing: false,
   };
   const $ = (id) => document.getElementById(id);
@@ -340,6 +345,97 @@
     state.deadPage = 0;
   }
 
+  const KEY_STATES = ["parked", "failing", "in_flight", "waiting"];
+  // What an operator may do to a key in each state (the proxy refuses the rest anyway).
+  const KEY_ACTIONS = {
+    parked: ["retry", "skip", "resume"],
+    failing: ["retry", "skip", "park"],
+    in_flight: ["park"],
+    waiting: ["park"],
+  };
+
+  function stuckFirst(keys) {
+    const rank = (k) => (KEY_STATES.includes(k.state) ? KEY_STATES.indexOf(k.state) : KEY_STATES.length);
+    return keys.map((k, i) => [k, i]).sort((a, b) => rank(a[0]) - rank(b[0]) || a[1] - b[1]).map((p) => p[0]);
+  }
+
+  function renderKeys(answer) {
+    const counts = answer.counts || {};
+    $("keys-counts").textContent = KEY_STATES.map((s) => `${num(counts[s] || 0)} ${s.replace("_", " ")}`).join(" · ");
+    state.keysNext = answer.next_offset === undefined ? null : answer.next_offset;
+    const rows = stuckFirst(answer.keys).map((k) =>
+      el(
+        "tr",
+        { dataset: { key: k.key, qid: String(k.qid), state: k.state } },
+        cell(k.key, "mono key"),
+        cell(k.qid, "num"),
+        cell(k.state.replace("_", " "), "state state-" + k.state),
+        cell(num(k.head_offset), "num"),
+        cell(k.attempts, "num attempts"),
+        cell(num(k.waiting), "num"),
+        cell(k.parked_by ? `${k.parked_by} ${clock(k.parked_at_ms)}` : "", "parked-by"),
+        el("td", { className: "mono reason", title: k.reason || "" }, k.reason || ""),
+        el(
+          "td",
+          { className: "actions" },
+          ...(KEY_ACTIONS[k.state] || []).map((action) =>
+            el("button", { type: "button", className: action + (action === "skip" ? " danger" : ""),
+                           onclick: () => keyAction(action, k) }, action),
+          ),
+        ),
+      ),
+    );
+    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "9", className: "muted" }, "no keys")));
+    $("keys").tBodies[0].replaceChildren(...rows);
+    const pager = $("keys-pager");
+    pager.querySelector('[data-step="-1"]').disabled = state.keysOffsets.length < 2;
+    pager.querySelector('[data-step="1"]').disabled = state.keysNext === null;
+  }
+
+  function renderKeysTopics(detail) {
+    const topics = detail.topics.map((t) => t.topic);
+    if (!topics.includes(state.keysTopic)) {
+      state.keysTopic = topics.length ? topics[0] : null;
+      state.keysOffsets = [0];
+    }
+    const select = $("keys-topic");
+    if (select.options.length !== topics.length || topics.some((t, i) => select.options[i].value !== t)) {
+      select.replaceChildren(...topics.map((t) => el("option", { value: t }, t)));
+    }
+    select.value = state.keysTopic || "";
+  }
+
+  function keysPath() {
+    return `/admin/groups/${enc(state.group)}/topics/${enc(state.keysTopic)}/keys`;
+  }
+
+  function keysQuery() {
+    const params = new URLSearchParams();
+    if (state.keysState) params.set("state", state.keysState);
+    if (state.keysKey) params.set("key", state.keysKey);
+    const offset = state.keysOffsets[state.keysOffsets.length - 1];
+    if (offset) params.set("offset", String(offset));
+    const query = params.toString();
+    return query ? `?${query}` : "";
+  }
+
+  async function keyAction(action, key) {
+    if (action === "skip") {
+      const what = `Skip the head of key ${key.key} (offset ${key.head_offset}) of ${state.group}/${state.keysTopic}?`;
+      if (!window.confirm(`${what} It goes to the dead letters and the key moves on.`)) return;
+    }
+    try {
+      const result = await api(`${keysPath()}/${action}`, { key: key.key, qid: key.qid, by: "console" });
+      const applied = result.applied || [];
+      $("keys-result").textContent = applied.length
+        ? `${action} ${key.key}: ${applied.map((a) => `qid ${a.qid} ${String(a.state).replace("_", " ")}`).join(", ")}`
+        : `${action} ${key.key}: nothing to do`;
+    } catch (error) {
+      $("keys-result").textContent = `${action} failed: ${error.message}`;
+    }
+    await refresh();
+  }
+
   // --- actions ----------------------------------------------------------------------------------
 
   function lettersPath() {
@@ -394,6 +490,9 @@
         api(`/admin/groups/${g}/clients`),
       ]);
       renderDeadTopics(detail);
+      renderKeysTopics(detail);
+      let keys = null;
+      if (state.keysTopic !== null) keys = await api(keysPath() + keysQuery());
       let page = null;
       if (state.deadTopic !== null) {
         const after = state.deadCursors[state.deadPage];
@@ -405,6 +504,7 @@
       renderClients(clients);
       renderBlocked(blocked);
       if (page) renderDead(page);
+      if (keys) renderKeys(keys);
       $("main").hidden = false;
       showError(null);
       $("status").textContent = `updated ${clock(Date.now())}`;
@@ -444,6 +544,7 @@
       state.group = $("group").value;
       state.blockedOffset = 0;
       state.deadTopic = null;
+      state.keysTopic = null;
       refresh();
     });
     $("dead-topic").addEventListener("change", () => {
@@ -470,6 +571,34 @@
       } else {
         return;
       }
+      refresh();
+    });
+    $("keys-topic").addEventListener("change", () => {
+      state.keysTopic = $("keys-topic").value;
+      state.keysOffsets = [0];
+      refresh();
+    });
+    $("keys-state").addEventListener("change", () => {
+      state.keysState = $("keys-state").value;
+      state.keysOffsets = [0];
+      refresh();
+    });
+    $("keys-filter").addEventListener("submit", (event) => {
+      event.preventDefault();
+      state.keysKey = $("keys-key").value;
+      state.keysOffsets = [0];
+      refresh();
+    });
+    $("keys-key").addEventListener("search", () => {
+      state.keysKey = $("keys-key").value;
+      state.keysOffsets = [0];
+      refresh();
+    });
+    $("keys-pager").addEventListener("click", (event) => {
+      const step = Number(event.target.dataset && event.target.dataset.step);
+      if (step === 1 && state.keysNext !== null) state.keysOffsets.push(state.keysNext);
+      else if (step === -1 && state.keysOffsets.length > 1) state.keysOffsets.pop();
+      else return;
       refresh();
     });
     $("replay-all").addEventListener("click", () => act("replay", { all: true }));
