@@ -233,7 +233,7 @@ class ConsumeApi:
         )
         live = [(str(qid), holder) for qid, holder in enumerate(holders) if holder is not None]
         lost = [(str(qid), record) for qid, record in enumerate(
-            await expired_records(broker.redis, consumer.group, consumer.topic, consumer.queues)) if record.count]
+            await expired_records(broker.redis, consumer.group, consumer.topic, consumer.queues)) if record.entries]
         return ConsumeStatsRow(
             consumer.group,
             consumer.topic,
@@ -242,7 +242,7 @@ class ConsumeApi:
             owners={qid: holder.owner for qid, holder in live},
             lease_ttl_ms={qid: holder.expires_in_ms for qid, holder in live},
             lease_terms={qid: holder.term for qid, holder in live},
-            expired={qid: record.count for qid, record in lost},
+            expired={qid: record.entries for qid, record in lost},
             expired_last={qid: f"{record.first}..{record.last}" for qid, record in lost},
         )
 

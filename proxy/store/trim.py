@@ -125,7 +125,7 @@ async def record_expired(redis: AsyncRedis, group: str, topic: str, qid: int, fi
 class Expired(NamedTuple):
     """What a group lost of one queue: how many entries in all, and the latest range (0, 0 when none)."""
 
-    count: int
+    entries: int
     first: int
     last: int
 
