@@ -164,8 +164,12 @@ class QueueOwnership:
         """Start reading ``qid`` (just claimed under ``term``) from its committed offset."""
         consumer = self.consumer
         # the queue's parked keys before reading it (a parked key's message must not go out), in the
-        # same round trip as its offsets
-        tracker, _ = await asyncio.gather(consumer.commits.load(qid), consumer.parking.load(qid))
+        # same round trip as its offsets (a task, not gather: gather's list is no tuple to compiled code)
+        parked = asyncio.ensure_future(consumer.parking.load(qid))
+        try:
+            tracker = await consumer.commits.load(qid)
+        finally:
+            await parked
         reader = QueueReader(consumer, qid, tracker, term)
         self.owned.open(qid, tracker, reader)
         reader.start()

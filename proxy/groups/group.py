@@ -144,6 +144,8 @@ class TopicConsumer:
         self._tasks.append(asyncio.create_task(self.ownership.run(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(serve_key_commands(self), name=f"keys:{self.group}/{self.topic}"))
+        for task in self._tasks:
+            task.add_done_callback(_report_crash)
 
     async def stop_reading(self) -> None:
         if self._tasks:  # first the lease loop, so that no claim opens a reader behind our back
@@ -433,3 +435,11 @@ class ConsumerGroup:
     @property
     def unfinished(self) -> int:
         return sum(c.unfinished for c in self.consumers.values())
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    """These loops run for the consumer's whole life: one that ends by an error leaves its queues
+    unread (or its key commands unserved) while the process looks healthy, so it is logged loudly."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("%s stopped on an unexpected error; restart the proxy", task.get_name(),
+                     exc_info=task.exception())
