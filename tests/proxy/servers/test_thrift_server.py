@@ -47,6 +47,7 @@ from ddmq.protocol.wire import (
 from ddmq.proxy.core.errors import BrokerError, UnknownGroupError, UnknownTopicError
 from ddmq.proxy.core.types import (
     ConsumeStatsRow,
+    FailNote,
     FetchedQueue,
     PullBatch,
     PullLease,
@@ -657,7 +658,10 @@ class Recorder:
 def _expect_piggy_backed_results(service: FakeService, recorder: Recorder) -> None:
     assert [m.offset for m in recorder.seen] == [1, 2, 3, 4, 5]
     assert recorder.seen[0] == ConsumedMessage("t", "0", 1, "k1", b"v1", "tag", {"p": "1"}, 1_700_000_000_001)
-    assert [call.results for call in service.pulls] == [[], [QueueResult("g", "t", "0", [1], [2, 3])]]
+    # offset 2 failed by returning False (no reason); offset 3 raised, so its failure carries the text
+    reason = FailNote(3, None, "ValueError: cannot handle 3")
+    expected = QueueResult("g", "t", "0", [1], [2], fail_details=[reason])
+    assert [call.results for call in service.pulls] == [[], [expected]]
     assert all(call.max_batch == 3 and call.linger_ms == 200 and call.topic == "t" for call in service.pulls)
     assert service.submits == [[QueueResult("g", "t", "0", [4, 5], [])]]
 
