@@ -119,7 +119,12 @@ class QueueOwnership:
         if lease is None:
             return
         self.owned.claim(qid, lease, asked_at)
-        await self.open_queue(qid, lease.term)
+        try:
+            await self.open_queue(qid, lease.term)
+        except DdmqError as exc:
+            # Nothing read yet: free the lease so that the next round (here or elsewhere) opens it again.
+            log.warning("%s: cannot open the queue (%s); claiming it again later", self._name(qid), exc)
+            await self.drop_queue(qid, release=True)
 
     async def _renew(self, qid: int, lease: Lease) -> None:
         asked_at = asyncio.get_running_loop().time()
