@@ -106,8 +106,8 @@ async def test_consumed_retention_follows_the_slower_group_and_never_passes_it(
         watcher = asyncio.create_task(watch())
         try:
             await asyncio.gather(
-                consume(service, "fast", fast, count),
-                consume(service, "slow", slow, count, pause_s=0.01, max_batch=16),
+                consume(service, "fast", fast, count, deadline_s=max(60.0, count / 400)),
+                consume(service, "slow", slow, count, pause_s=0.01, max_batch=16, deadline_s=max(60.0, count / 400)),
             )
             await producing
         finally:
