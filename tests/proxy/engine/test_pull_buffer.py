@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -15,19 +15,6 @@ from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ..engine_fakes import Clock, Owner
 
 Q0 = QueueId("t", 0)
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def buffer(clock: Clock) -> AsyncIterator[PullBuffer]:
-    buffer = PullBuffer("g", clock)
-    buffer.start()
-    yield buffer
-    await buffer.close()
 
 
 @pytest.fixture

@@ -3,10 +3,6 @@ details; tests/system/test_failures.py runs them over both adapters against a re
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-
 from ddmq.proxy.core.types import FailNote, QueueId, QueueResult
 from ddmq.proxy.engine.job import JobState
 from ddmq.proxy.engine.pull_buffer import PullBuffer
@@ -15,19 +11,6 @@ from ddmq.proxy.engine.verbs import GENERIC_REASON, REASON_MAX_BYTES, apply_verb
 from ..engine_fakes import Clock, Owner
 
 Q = QueueId("t", 0)
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def buffer(clock: Clock) -> AsyncIterator[PullBuffer]:
-    buffer = PullBuffer("g", clock)
-    buffer.start()
-    yield buffer
-    await buffer.close()
 
 
 async def test_extensions_restart_the_deadline_up_to_max_extensions(buffer: PullBuffer, clock: Clock) -> None:
