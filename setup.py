@@ -1,41 +1,25 @@
-"""The package list, found from the folders, and the opt-in compiled build.
+"""The package list, found from the folders, and the compiled hot path.
 
 Every folder below the five product folders installs as ``ddmq.<folder>.<sub>...``: subpackages and
 data folders (the console's static files, the IDL, the config examples) alike, so adding a subpackage
 needs no edit here or in pyproject.toml (which maps the five folders to ``ddmq.*``).
 
-``DDMQ_COMPILE=1 pip install .`` compiles the per-message modules with mypyc. Without it the package
-installs as pure Python. With it, the modules below become C extensions (mypyc ships with mypy; a C
-compiler and the Python headers are needed); the .py files are installed next to them, the extensions
-take precedence. Same behaviour, less CPU per message (bench/README.md, "What is slow").
+A regular install (``pip install .``) compiles the modules listed in ``protocol/native.py`` (``COMPILED``)
+with mypyc when a C compiler works here, and installs pure Python otherwise; ``DDMQ_COMPILE=0`` forces
+pure, ``DDMQ_COMPILE=1`` requires compiling, editable installs are pure (``buildsys/ddmq_native.py``
+decides, and the build prints one line saying which). The .py files are installed next to the
+extensions, which take precedence. Same behaviour, less CPU per message (bench/README.md).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from setuptools import setup
-
-# The per-message path: reading, the chain, the key gate, the buffer, acks, the pull reply.
-COMPILED = [
-    "proxy/store/broker.py",
-    "proxy/api/fetch.py",
-    "proxy/groups/group.py",
-    "proxy/engine/job.py",
-    "proxy/engine/offsets.py",
-    "proxy/engine/ordering.py",
-    "proxy/cluster/ownership.py",
-    "proxy/engine/holds.py",
-    "proxy/engine/pull_buffer.py",
-    "proxy/engine/runs.py",
-    "proxy/engine/redelivery.py",
-    "proxy/core/types.py",
-    "actions/order.py",
-    "actions/pull_server.py",
-    "protocol/pull_codec.py",
-]
 
 HERE = Path(__file__).resolve().parent
 FOLDERS = ("proxy", "client", "config", "actions", "protocol")
@@ -52,10 +36,39 @@ def _packages() -> list[str]:
     return found
 
 
+def _compiled_modules() -> list[str]:
+    """``COMPILED`` of protocol/native.py as source paths, read without importing the package."""
+    spec = importlib.util.spec_from_file_location("_ddmq_native_list", HERE / "protocol" / "native.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [name.removeprefix("ddmq.").replace(".", "/") + ".py" for name in module.COMPILED]
+
+
+def _say(line: str) -> None:
+    print(f"ddmq-proxy: {line}", file=sys.stderr, flush=True)
+
+
 def _compiled() -> dict[str, Any]:
-    if os.environ.get("DDMQ_COMPILE", "") != "1":
+    # Only the wheel builds compile; metadata hooks run this file too and need no extensions.
+    if not {"bdist_wheel", "build_ext", "build"} & set(sys.argv[1:]):
         return {}
-    from mypyc.build import mypycify
+    sys.path.insert(0, str(HERE / "buildsys"))
+    from ddmq_native import plan
+
+    decided = plan()
+    if decided.compile:
+        try:
+            from mypyc.build import mypycify
+        except ImportError:
+            if os.environ.get("DDMQ_COMPILE", "").strip() == "1":
+                raise
+            decided = decided._replace(compile=False, reason="mypyc (mypy) is not installed in the build environment")
+    if not decided.compile:
+        _say(f"installing the pure-Python hot path: {decided.reason}")
+        return {}
+    compiled = _compiled_modules()
+    _say(f"compiling the hot path with mypyc ({len(compiled)} modules; DDMQ_COMPILE=0 installs pure Python)")
 
     # The sources live in proxy/, client/, ... but import as ddmq.*: mypyc names modules after their
     # paths, so give it that layout through symlinks (as .ci/run does for mypy).
@@ -67,7 +80,7 @@ def _compiled() -> dict[str, Any]:
             link.unlink()  # the checkout may have moved since the last compiled build
         link.symlink_to(HERE / part)
     os.environ["MYPYPATH"] = str(root)
-    paths = [os.path.relpath(root / "ddmq" / p, HERE) for p in COMPILED]
+    paths = [os.path.relpath(root / "ddmq" / p, HERE) for p in compiled]
     options = ["--config-file", str(HERE / "pyproject.toml"), "--explicit-package-bases"]
     return {
         # group_name: the shared runtime installs as the top-level module ddmq_proxy__mypyc.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -18,6 +19,8 @@ from typing import Any
 from bench.report import Row, cpu_available, format_table, load_average, meta
 from bench.scenarios import SCENARIOS, Settings
 from bench.scenarios.throughput import PROFILED_ROWS
+from bench.stack import LOOP_ENV
+from ddmq.protocol.native import LOOP_CHOICES, resolve_loop
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -38,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"profile the proxy of one throughput row ({', '.join(PROFILED_ROWS)}; default P1): py-spy flame graph "
         "(else pyinstrument HTML) in the results folder, named after the row",
     )
+    parser.add_argument(
+        "--loop", choices=LOOP_CHOICES, default="auto",
+        help="the event loop of the proxy and of the client process (default: uvloop where installed)",
+    )
     return parser
 
 
@@ -55,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     ids = _selected(parser, args.only)
+    try:
+        os.environ[LOOP_ENV] = resolve_loop(args.loop)  # the proxy and the client process inherit it
+    except ValueError as exc:
+        parser.error(str(exc))
     results_dir = args.json.resolve().parent
     settings = Settings(quick=args.quick, profile=args.profile, results_dir=results_dir)
     began = time.monotonic()

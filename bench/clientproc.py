@@ -2,8 +2,9 @@
 
 The proxy is one process on one core; on a 2-core machine the clients must not share that core with
 the harness, so every load (Thrift pull clients, raw Redis consumers, XREAD readers) runs in ONE
-spawned process, on asyncio, with several connections. The harness process stays mostly idle while
-it waits (it only samples ``/proc`` and, in P4, produces at a steady rate).
+spawned process, on the bench's event loop (``--loop``: uvloop where installed), with several
+connections. The harness process stays mostly idle while it waits (it only samples ``/proc`` and, in
+P4, produces at a steady rate).
 
 >>> with ClientProcess(clients.drain_raw, spec) as load:
 ...     load.wait_ready(30)
@@ -23,7 +24,8 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
-from bench.stack import HarnessError
+from bench.stack import HarnessError, loop_choice
+from ddmq.protocol.native import loop_factory
 
 __all__ = ["ClientProcess", "Load", "Ready"]
 
@@ -38,7 +40,8 @@ def _child(conn: Connection, load: Load, spec: Any) -> None:
         conn.send(("ready", None))
 
     try:
-        result: dict[str, Any] = asyncio.run(load(spec, ready))
+        with asyncio.Runner(loop_factory=loop_factory(loop_choice())) as runner:
+            result: dict[str, Any] = runner.run(load(spec, ready))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     else:

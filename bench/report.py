@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from bench.stack import LOOP_ENV
+from ddmq.protocol.native import hot_path
+
 __all__ = ["Row", "Target", "cpu_available", "format_table", "git_state", "load_average", "meta"]
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -146,4 +149,7 @@ def meta(quick: bool, elapsed_s: float, argv: list[str], machine: dict[str, Any]
         "argv": argv,
         "git": git_state(),
         "machine": machine,
+        # what the proxy ran: compiled or pure, and the event loop of the proxy and the client process
+        "hot_path": hot_path().kind,
+        "event_loop": os.environ.get(LOOP_ENV, "auto"),
     }

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ddmq.protocol.native import resolve_loop
 from ddmq.protocol.net import free_port
 from ddmq.protocol.proxy_process import ProxyChild, ProxyProcessError, write_config
 from ddmq.proxy.store.embedded import EmbeddedRedis
@@ -39,6 +40,16 @@ __all__ = [
     "free_port",
     "rss_mb",
 ]
+
+#: The event loop of the proxy and of the client process (``python bench/run.py --loop``), inherited
+#: through the environment by every process the bench starts.
+LOOP_ENV = "DDMQ_BENCH_LOOP"
+
+
+def loop_choice() -> str:
+    """``uvloop`` or ``asyncio``: what :data:`LOOP_ENV` asks for (auto: uvloop where installed)."""
+    return resolve_loop(os.environ.get(LOOP_ENV, "auto"))
+
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -314,7 +325,7 @@ class ProxyRun:
         }
         write_config(self.config_path, config)
         self._child = ProxyChild(
-            self.config_path, self.port, self.log_path, args=["--log-level", "WARNING"],
+            self.config_path, self.port, self.log_path, args=["--log-level", "WARNING", "--loop", loop_choice()],
             wrap=profiler.wrap if profiler is not None else None,
         )
         self._killed = False

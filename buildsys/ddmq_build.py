@@ -1,9 +1,10 @@
-"""Build backend: setuptools unchanged, plus what ``DDMQ_COMPILE=1`` needs in the build environment.
+"""Build backend: setuptools unchanged, plus what the compiled hot path needs in the build environment.
 
-A plain ``pip install .`` or ``pip install -e .`` goes straight to setuptools and stays pure Python.
-With ``DDMQ_COMPILE=1`` (see setup.py) the build needs mypy (mypyc ships with it) and the runtime
-dependencies (mypyc type-checks the code against them); pip installs those into its isolated build
-environment because this backend asks for them, without running setup.py first (setup.py imports mypyc).
+Whether a build compiles is :func:`ddmq_native.plan`'s answer (``DDMQ_COMPILE``, editable or not, a
+working C compiler). A compiling build needs mypy (mypyc ships with it) and the runtime dependencies
+(mypyc type-checks the code against them); pip installs those into its isolated build environment
+because this backend asks for them, without running setup.py first (setup.py imports mypyc). Editable
+installs stay pure: the editable hooks tell setup.py so, and refuse ``DDMQ_COMPILE=1``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from ddmq_native import EDITABLE_ENV, plan
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F403  (every other hook, unchanged)
 
@@ -26,12 +28,8 @@ _PYPROJECT = _ROOT / "pyproject.toml"
 _SPARK_ENTRY = "pyspark_ddmq.py"
 
 
-def _compiling() -> bool:
-    return os.environ.get("DDMQ_COMPILE", "") == "1"
-
-
 def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
-    if not _compiling():
+    if not plan(editable=False).compile:
         return list(_setuptools.get_requires_for_build_wheel(config_settings))
     project = tomllib.loads(_PYPROJECT.read_text())["project"]
     # types-PyYAML: config/loader.py subclasses yaml's SafeLoader, which mypy sees as Any without stubs
@@ -39,9 +37,8 @@ def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) 
 
 
 def _no_compiled_editable() -> None:
-    if _compiling():
-        # An editable install would leave compiled modules next to the sources, shadowing later edits.
-        raise RuntimeError("DDMQ_COMPILE=1 needs a regular install (pip install .), not an editable one")
+    plan(editable=True)  # raises for DDMQ_COMPILE=1
+    os.environ[EDITABLE_ENV] = "1"  # setup.py runs in this process
 
 
 def get_requires_for_build_editable(config_settings: dict[str, Any] | None = None) -> list[str]:

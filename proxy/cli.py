@@ -1,5 +1,7 @@
 """``ddmq-proxy --config FILE``: run the consume proxy until SIGTERM/SIGINT, then stop gracefully.
 SIGHUP reloads the config file (groups and topics change live; see ``ddmq.proxy.ops.reload``)."""
+# The event loop is uvloop when installed (--loop chooses); ``--version`` and the first log line say
+# which loop and which hot path (compiled or pure Python, ddmq.protocol.native) this process runs.
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 
 from ddmq.config import load
 from ddmq.protocol import clitools
+from ddmq.protocol.native import LOOP_CHOICES, describe, loop_factory, loop_name, resolve_loop
 from ddmq.proxy.core.errors import ConfigError, DdmqError
 from ddmq.proxy.ops.exports import export_lines
 from ddmq.proxy.ops.reload import ConfigReloader
@@ -21,9 +24,22 @@ from ddmq.proxy.service import ProxyService
 log = logging.getLogger("ddmq.proxy")
 
 
+class _Version(argparse.Action):
+    """``--version``: the version, the hot path and the event loop this process would run."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, *_: object) -> None:
+        try:
+            loop = resolve_loop(getattr(namespace, "loop", None) or "auto")
+        except ValueError as exc:
+            parser.error(str(exc))
+        parser.exit(message=f"{parser.prog} {clitools.version()}; {describe(loop)}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = clitools.Parser(prog="ddmq-proxy", description=__doc__)
-    clitools.add_version(parser)
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="print the version, the hot path and the event loop, and exit"
+    )
     parser.add_argument("--config", "-c", required=True, help="the proxy's YAML config file")
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO"
@@ -33,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--watch-interval-ms", type=int, default=0, metavar="MS",
         help="also reload the config when the file's content changes, checked every MS ms "
         "(default 0: off; SIGHUP always reloads)",
+    )
+    parser.add_argument(
+        "--loop", choices=LOOP_CHOICES, default="auto",
+        help="the event loop: uvloop, asyncio's own, or auto (default: uvloop where it is installed)",
     )
     return parser
 
@@ -47,6 +67,7 @@ def configure_logging(level: str) -> None:
 
 async def serve(service: ProxyService, config_path: str, watch_interval_ms: int = 0) -> None:
     loop = asyncio.get_running_loop()
+    log.info("ddmq-proxy %s; %s", clitools.version(), describe(loop_name(loop)))
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -94,6 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.watch_interval_ms < 0:
         print("ddmq-proxy: --watch-interval-ms must not be negative", file=sys.stderr)
         return 2
+    try:
+        new_loop = loop_factory(args.loop)
+    except ValueError as exc:
+        print(f"ddmq-proxy: {exc}", file=sys.stderr)
+        return 2
     if args.check:
         try:
             print(f"{args.config}: ok ({len(config.groups)} groups, {len(config.topics)} topics)", flush=True)
@@ -102,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     try:
-        asyncio.run(serve(ProxyService(config), args.config, args.watch_interval_ms))
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            runner.run(serve(ProxyService(config), args.config, args.watch_interval_ms))
     except DdmqError as exc:
         print(f"ddmq-proxy: {exc}", file=sys.stderr)
         return 1

@@ -37,6 +37,7 @@ from ddmq.proxy.cluster.retention import Retention
 from ddmq.proxy.core.errors import UnavailableError
 from ddmq.proxy.groups.changes import ConfigChange
 from ddmq.proxy.groups.registry import GroupRegistry, OverRegistry
+from ddmq.proxy.ops.build_info import BuildInfoCollector
 from ddmq.proxy.ops.memory import RetentionCollector
 from ddmq.proxy.ops.metrics import ProxyMetrics
 from ddmq.proxy.servers.clients import ClientTracker
@@ -71,6 +72,7 @@ class ProxyService(OverRegistry):
         #: The trimmer (docs/retention.md); its last figures feed /metrics.
         self.retention: Retention | None = None
         self.metrics.registry.register(RetentionCollector(self.registry, lambda: self.retention))
+        self.metrics.registry.register(BuildInfoCollector())
         #: The request surface; the servers hold views of it bound to their own limits.
         self.api = ConsumeApi(
             self.registry, RequestRules(config.thrift.max_linger_ms),

@@ -1,0 +1,140 @@
+"""Which hot path and which event loop this process runs: the compiled modules, uvloop, and how to tell.
+
+A regular install (``pip install .``) compiles :data:`COMPILED` with mypyc when a C compiler is there
+(setup.py reads the list from this file); the ``.py`` files install beside the extensions and stay the
+reference, and an install without a compiler, an editable one or ``DDMQ_COMPILE=0`` runs them alone.
+:func:`hot_path` says which runs, and why when it is the pure one; ``ddmq-proxy --version``, the proxy's
+start-up log and its ``ddmq_build_info`` metric all print it.
+
+The event loop is uvloop where it is installed (not on Windows), asyncio's own otherwise:
+:func:`loop_factory` turns a choice (``auto``, ``uvloop``, ``asyncio``) into a factory for
+``asyncio.Runner``. Only processes this project starts choose a loop (the proxy, the benchmarks); the
+SDK runs on whatever loop its user runs and never installs a policy.
+
+This module imports nothing of the project: setup.py loads it from its path before anything is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from collections.abc import Callable
+from importlib import machinery, metadata
+from typing import Final, NamedTuple
+
+__all__ = [
+    "COMPILED",
+    "LOOP_CHOICES",
+    "HotPath",
+    "describe",
+    "hot_path",
+    "loop_factory",
+    "loop_name",
+    "resolve_loop",
+    "uvloop_available",
+]
+
+#: The modules a regular install compiles, as they import. The per-message path of the proxy (reading,
+#: the chain, the key gate, the buffer, the timing wheel, offsets, acks, the pull reply) and the wire
+#: codec both sides run per message (request and reply decoding, the compact reader and its
+#: ``Message`` loop, the varints). Each earns its place in ``python bench/micro.py``. Left out on
+#: purpose: coroutines at the top of connection tasks (the Thrift server, the readers, the service),
+#: whose cancellation a compiled frame reports differently, and ``protocol/structs.py`` (thriftpy2
+#: builds its classes at run time).
+COMPILED: Final = (
+    "ddmq.proxy.store.broker",
+    "ddmq.proxy.api.fetch",
+    "ddmq.proxy.groups.group",
+    "ddmq.proxy.engine.job",
+    "ddmq.proxy.engine.offsets",
+    "ddmq.proxy.engine.ordering",
+    "ddmq.proxy.cluster.ownership",
+    "ddmq.proxy.engine.holds",
+    "ddmq.proxy.engine.pull_buffer",
+    "ddmq.proxy.engine.runs",
+    "ddmq.proxy.engine.redelivery",
+    "ddmq.proxy.core.types",
+    "ddmq.actions.order",
+    "ddmq.actions.pull_server",
+    "ddmq.protocol.pull_codec",
+)
+
+LOOP_CHOICES: Final = ("auto", "uvloop", "asyncio")
+_DIST: Final = "ddmq-proxy"
+
+
+class HotPath(NamedTuple):
+    """``kind`` is ``compiled``, ``pure`` or ``partial`` (some modules compiled, some not); ``reason``
+    says why a pure or partial one is (empty when compiled)."""
+
+    kind: str
+    reason: str
+
+
+def _compiled(module: str) -> bool:
+    try:
+        spec = importlib.util.find_spec(module)
+    except ImportError:
+        return False
+    origin = spec.origin if spec is not None else None
+    return origin is not None and origin.endswith(tuple(machinery.EXTENSION_SUFFIXES))
+
+
+def _why_pure() -> str:
+    # Every copy of the metadata: run from the checkout, its egg-info folder comes before site-packages.
+    found = list(metadata.distributions(name=_DIST))
+    if not found:
+        return "a source tree, never installed"
+    for dist in found:
+        direct_url = dist.read_text("direct_url.json")
+        if direct_url and json.loads(direct_url).get("dir_info", {}).get("editable"):
+            return "editable install: compiled modules would shadow the sources"
+    return "no compiled modules in this install: built without a C compiler, or with DDMQ_COMPILE=0"
+
+
+def hot_path() -> HotPath:
+    """Whether the modules of :data:`COMPILED` load from C extensions here, and why not if they do not."""
+    pure = [name for name in COMPILED if not _compiled(name)]
+    if not pure:
+        return HotPath("compiled", "")
+    if len(pure) == len(COMPILED):
+        return HotPath("pure", _why_pure())
+    return HotPath("partial", f"{len(pure)} of {len(COMPILED)} modules pure, {pure[0]} first")
+
+
+def uvloop_available() -> bool:
+    return importlib.util.find_spec("uvloop") is not None
+
+
+def resolve_loop(choice: str) -> str:
+    """``uvloop`` or ``asyncio`` for a choice of :data:`LOOP_CHOICES`; ValueError for ``uvloop`` when
+    it is not installed, or for a choice that is none of them."""
+    if choice not in LOOP_CHOICES:
+        raise ValueError(f"event loop {choice!r} is none of {', '.join(LOOP_CHOICES)}")
+    if choice == "auto":
+        return "uvloop" if uvloop_available() else "asyncio"
+    if choice == "uvloop" and not uvloop_available():
+        raise ValueError("event loop 'uvloop' is not installed (pip install uvloop; not on Windows)")
+    return choice
+
+
+def loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop]:
+    """A new-loop factory for ``asyncio.Runner(loop_factory=...)``: uvloop's or asyncio's, no policy set."""
+    if resolve_loop(choice) == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+def loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    """``uvloop`` or ``asyncio``: which implementation ``loop`` is."""
+    return "uvloop" if type(loop).__module__.partition(".")[0] == "uvloop" else "asyncio"
+
+
+def describe(loop: str) -> str:
+    """One line for logs and ``--version``: ``hot path: compiled; event loop: uvloop``."""
+    path = hot_path()
+    why = f" ({path.reason})" if path.reason else ""
+    return f"hot path: {path.kind}{why}; event loop: {loop}"
