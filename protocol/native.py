@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 from collections.abc import Callable
-from importlib import machinery, metadata
+from importlib import machinery
+from pathlib import Path
 from typing import Final, NamedTuple
 
 __all__ = [
@@ -61,7 +61,6 @@ COMPILED: Final = (
 )
 
 LOOP_CHOICES: Final = ("auto", "uvloop", "asyncio")
-_DIST: Final = "ddmq-proxy"
 
 
 class HotPath(NamedTuple):
@@ -82,14 +81,10 @@ def _compiled(module: str) -> bool:
 
 
 def _why_pure() -> str:
-    # Every copy of the metadata: run from the checkout, its egg-info folder comes before site-packages.
-    found = list(metadata.distributions(name=_DIST))
-    if not found:
-        return "a source tree, never installed"
-    for dist in found:
-        direct_url = dist.read_text("direct_url.json")
-        if direct_url and json.loads(direct_url).get("dir_info", {}).get("editable"):
-            return "editable install: compiled modules would shadow the sources"
+    # Installed, this file is .../ddmq/protocol/native.py; an editable install or a checkout on the path
+    # imports it from the sources' own protocol/ folder.
+    if Path(__file__).resolve().parent.parent.name != "ddmq":
+        return "editable install: compiled modules would shadow the sources"
     return "no compiled modules in this install: built without a C compiler, or with DDMQ_COMPILE=0"
 
 

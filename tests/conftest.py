@@ -1,19 +1,39 @@
 """Shared fixtures: one real redis-server for the whole session, emptied before each test, and a real
-Redis Cluster (3 masters, 1 replica each) started the first time a test asks for it."""
+Redis Cluster (3 masters, 1 replica each) started the first time a test asks for it.
+
+Async tests run on asyncio's loop; those marked ``both_loops`` (cancellation and shutdown) run once on
+it and once on uvloop, the proxy's default loop (``pytest_asyncio_loop_factories``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 import pytest
 import redis
 import redis.asyncio
 
+from ddmq.protocol.native import loop_factory
 from ddmq.proxy.store.embedded import EmbeddedRedis
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
 #: ``cluster-node-timeout``: a killed master's replica takes over about two of these later.
 CLUSTER_NODE_TIMEOUT_MS = 1000
+
+_ASYNCIO: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+#: The loops a ``both_loops`` test runs on; the project depends on uvloop wherever it installs.
+BOTH_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {**_ASYNCIO, "uvloop": loop_factory("uvloop")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_loops: run this async test on asyncio's event loop and on uvloop")
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return BOTH_LOOPS if item.get_closest_marker("both_loops") else _ASYNCIO
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The distribution installs everything under the ``ddmq`` namespace, editable and as a wheel."""
+"""The distribution installs everything under the ``ddmq`` namespace, editable and as a wheel; without a C
+compiler (``CC=false``) the wheel builds pure Python and says so, and ``DDMQ_COMPILE=1`` refuses to."""
 
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ print(json.dumps({{"found": found, "generic": generic}}))
 """
 
 
-def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+def _clean_env(**extra: str) -> dict[str, str]:
+    drop = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "DDMQ_COMPILE", "CC", "LDSHARED")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    return env
+    return {**env, **extra}
 
 
 def _probe(args: list[str], cwd: Path) -> dict[str, dict[str, object]]:
@@ -76,15 +78,21 @@ def _copy_sources(dest: Path) -> Path:
     return dest
 
 
-def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
+def test_without_a_c_compiler_the_wheel_is_pure_python_says_so_and_installs(tmp_path: Path) -> None:
     src = _copy_sources(tmp_path / "src")
     wheels = tmp_path / "wheels"
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels), str(src)],
-        cwd=tmp_path, env=_clean_env(), capture_output=True, timeout=120, check=True,
+    # DDMQ_COMPILE unset: compile where a compiler works. CC=false is a compiler that always fails.
+    built = subprocess.run(
+        [*pip, "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(src)],
+        cwd=tmp_path, env=_clean_env(CC="false"), capture_output=True, text=True, timeout=120, check=True,
     )
+    lines = (built.stdout + built.stderr).splitlines()
+    said = [line.strip() for line in lines if "ddmq-proxy: " in line and "hot path" in line]
+    assert said == ["ddmq-proxy: installing the pure-Python hot path: no working C compiler with the Python "
+                    "headers (false: command 'false' failed with exit code 1)"], said
     (wheel,) = wheels.glob("ddmq_proxy-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name  # pure: one wheel for every platform
 
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -98,7 +106,7 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
     assert files and all(n.startswith("ddmq/") for n in files), files
     assert "ddmq/client/spark/pull_mode.py" in files
     assert "ddmq/__init__.py" not in files  # ddmq stays a namespace others can share
-    assert not [n for n in files if n.endswith((".so", ".pyd", ".c"))]  # compiled only with DDMQ_COMPILE=1
+    assert not [n for n in files if n.endswith((".so", ".pyd", ".c"))]
     assert not any(n.split("/")[0] in GENERIC_NAMES for n in names)
     assert "ddmq/proxy/__init__.py" in files
     assert "ddmq/proxy/servers/http/openapi.yaml" in files  # served at /openapi.json
@@ -134,6 +142,15 @@ def test_wheel_installs_under_the_ddmq_namespace(tmp_path: Path) -> None:
         if where["file"] is not None:
             assert _under(where["file"], target), (name, where)
     assert probe["generic"] == dict.fromkeys(GENERIC_NAMES, False)
+    # The installed copy runs its pure modules, and says why.
+    says = subprocess.run(
+        [sys.executable, "-S", "-c", bootstrap + "from ddmq.protocol.native import hot_path; print(hot_path())"],
+        cwd=neutral, env=_clean_env(), capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert says.stdout.strip() == (
+        "HotPath(kind='pure', reason='no compiled modules in this install: built without a C compiler, "
+        "or with DDMQ_COMPILE=0')"
+    ), says
     # What Spark's data source lookup does: iterate top-level modules named pyspark_* (no import of pyspark here).
     probe_spark = "import pkgutil; print([m.name for m in pkgutil.iter_modules() if m.name.startswith('pyspark_')])"
     found = subprocess.run(
@@ -148,10 +165,12 @@ def test_wheel_and_sdist_carry_the_license_and_type_markers_and_build_without_wa
     out = tmp_path / "out"
     pip = [sys.executable, "-m", "pip"]
     # -v shows what setuptools prints while building: deprecations and "absent from packages" warnings.
+    # DDMQ_COMPILE=0: pure, the build of every machine without a compiler (and a quick one).
     built = subprocess.run(
         [*pip, "wheel", "-v", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(out), str(src)],
-        cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=180, check=True,
+        cwd=tmp_path, env=_clean_env(DDMQ_COMPILE="0"), capture_output=True, text=True, timeout=180, check=True,
     )
+    assert "ddmq-proxy: installing the pure-Python hot path: DDMQ_COMPILE=0" in built.stderr + built.stdout
     noise = [
         line for line in built.stdout.splitlines() + built.stderr.splitlines()
         if ("Warning" in line or "deprecated" in line.lower()) and "byte-compiling" not in line
@@ -177,3 +196,26 @@ def test_wheel_and_sdist_carry_the_license_and_type_markers_and_build_without_wa
     with tarfile.open(sdist) as archive:
         members = {m.name.split("/", 1)[1] for m in archive.getmembers() if "/" in m.name}
     assert "LICENSE" in members and "config/py.typed" in members
+
+
+def test_compiling_on_demand_without_a_compiler_fails_clearly(tmp_path: Path) -> None:
+    src = _copy_sources(tmp_path / "src")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w",
+         str(tmp_path / "wheels"), str(src)],
+        cwd=tmp_path, env=_clean_env(CC="false", DDMQ_COMPILE="1"), capture_output=True, text=True, timeout=120,
+    )
+    assert built.returncode != 0
+    assert "DDMQ_COMPILE=1, but no working C compiler with the Python headers" in built.stdout + built.stderr
+    assert not list(tmp_path.glob("wheels/*.whl"))
+
+
+def test_an_editable_install_refuses_to_compile(tmp_path: Path) -> None:
+    src = _copy_sources(tmp_path / "src")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w",
+         str(tmp_path / "wheels"), "-e", str(src)],
+        cwd=tmp_path, env=_clean_env(DDMQ_COMPILE="1"), capture_output=True, text=True, timeout=120,
+    )
+    assert built.returncode != 0
+    assert "DDMQ_COMPILE=1 needs a regular install (pip install .), not an editable one" in built.stdout + built.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
@@ -57,6 +58,7 @@ async def test_push_keeps_order_and_loses_nothing_when_queues_move(
     assert checker.missing({key: seqs for key in all_keys}) == {}
 
 
+@pytest.mark.both_loops
 async def test_pushes_cut_off_by_shutdown_are_pushed_again_after_restart(
     redis_url: str, redis_client: aioredis.Redis, upstream_factory: Callable[[Behaviour, int], Awaitable[Upstream]]
 ) -> None:

@@ -225,13 +225,16 @@ async def test_async_pull_consumer_raises_the_fatal_error(proxy: ProxyProcess) -
     assert seen and consumer.error is seen[0] and not consumer.running
 
 
+@pytest.mark.both_loops
 async def test_async_pull_consumer_wait_returns_after_stop(proxy: ProxyProcess, redis_url: str) -> None:
     produce_keyed(redis_url, 20, {}, random.Random(2), keys=5, topic=TOPIC)
     got: list[int] = []
+    policy = asyncio.get_event_loop_policy()
     consumer = AsyncPullConsumer(server(proxy), GROUP, lambda m: _record(got, m, consumer))
     async with asyncio.timeout(20):
         await consumer.run()
     assert len(got) >= 20 and consumer.error is None
+    assert asyncio.get_event_loop_policy() is policy  # the SDK runs on the user's loop and sets no policy
 
 
 async def _record(got: list[int], message: ConsumedMessage, consumer: AsyncPullConsumer) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ddmq.protocol.native import describe
 from ddmq.protocol.net import free_port
 from ddmq.protocol.proxy_process import ProxyChild, ProxyProcessError, port_open, write_config
 
@@ -21,9 +22,10 @@ def _config(tmp_path: Path, redis_url: str, port: int) -> Path:
     })
 
 
-def test_start_waits_until_listening_and_stop_drains(tmp_path: Path, redis_url: str) -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_start_waits_until_listening_and_stop_drains(tmp_path: Path, redis_url: str, loop: str) -> None:
     port = free_port()
-    child = ProxyChild(_config(tmp_path, redis_url, port), port, tmp_path / "proxy.log")
+    child = ProxyChild(_config(tmp_path, redis_url, port), port, tmp_path / "proxy.log", args=["--loop", loop])
     child.start(timeout_s=30)
     try:
         assert child.running() and port_open(port)
@@ -31,6 +33,8 @@ def test_start_waits_until_listening_and_stop_drains(tmp_path: Path, redis_url: 
         code = child.stop(timeout_s=30)
     assert code == 0, child.log_tail()
     assert not child.running() and not port_open(port)
+    # its first line says which loop and hot path it ran: the hot path of this very install
+    assert f"{describe(loop)}\n" in child.log_tail(), child.log_tail()
 
 
 def test_a_proxy_that_exits_at_start_raises_with_its_log(tmp_path: Path) -> None:

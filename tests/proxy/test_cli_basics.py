@@ -12,16 +12,22 @@ from pathlib import Path
 
 import yaml
 
+from ddmq.protocol.native import describe
+
 from ..support import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[2]
 PROXY = [sys.executable, "-m", "ddmq.proxy"]
 
 
-def test_version() -> None:
+def test_version_says_the_hot_path_and_the_event_loop() -> None:
     result = subprocess.run([*PROXY, "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    assert result.stdout.strip() == f"ddmq-proxy {metadata.version('ddmq-proxy')}"
+    # auto: uvloop, a dependency wherever it installs; the hot path of this very install (pure when editable)
+    assert result.stdout.strip() == f"ddmq-proxy {metadata.version('ddmq-proxy')}; {describe('uvloop')}"
+    assert re.fullmatch(r"hot path: (compiled|pure \(.+\)); event loop: uvloop", describe("uvloop"))
+    chosen = subprocess.run([*PROXY, "--loop", "asyncio", "--version"], capture_output=True, text=True, timeout=60)
+    assert chosen.stdout.strip().endswith("; event loop: asyncio"), chosen.stdout
 
 
 def test_a_port_in_use_is_one_line(tmp_path: Path, redis_url: str) -> None:

@@ -48,6 +48,7 @@ async def test_waiters_are_served_first_come_first_served() -> None:
     assert budget.used == 0
 
 
+@pytest.mark.both_loops
 async def test_a_cancelled_waiter_lets_those_behind_it_in_and_leaks_nothing() -> None:
     budget = ByteBudget(100)
     order: list[int] = []

@@ -387,6 +387,7 @@ async def test_without_a_token_admin_answers_loopback_peers_only(redis_url: str)
         assert (await remote.call("POST", "/v1/pull", json={"group": "g", "linger_ms": 0}))[0] == 200
 
 
+@pytest.mark.both_loops
 async def test_readyz_turns_503_when_shutdown_begins_and_healthz_stays_200(redis_url: str) -> None:
     async with http_proxy(redis_url, {"timeout_ms": 60_000}, shutdown_grace_ms=10_000) as (service, api):
         status, body = await api.call("GET", "/readyz")

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
 import redis.asyncio as aioredis
 
 
+@pytest.mark.both_loops
 async def test_a_cancel_during_a_command_always_stops_the_task(redis_client: aioredis.Redis) -> None:
     rng = random.Random(3)
 
