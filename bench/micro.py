@@ -6,7 +6,7 @@
   thriftpy2 server spends), with ``wire.encode`` from thriftpy2 structs, and with
   :mod:`ddmq.protocol.pull_codec`; the client's decoding of that reply; a pull request carrying 64 acks,
   encoded and decoded; one carrying a single ack, decoded (QID ordering's request: its whole cost
-  falls on one message);
+  falls on one message); a stream entry as XREAD returns it, decoded into the engine's message;
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
   ``Order, PullServer`` by KEY, drained through ``ProxyService.api.pull`` by 8 pullers acking on their next
   pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks;
@@ -40,6 +40,7 @@ from ddmq.protocol.wire import ConsumeResult, ConsumerService, Context, PullRequ
 from ddmq.proxy.core.types import PullBatch, QueueId, StoredMessage
 from ddmq.proxy.servers.thrift.handler import pull_response
 from ddmq.proxy.service import ProxyService
+from ddmq.proxy.store.broker import decode_fields
 from ddmq.proxy.store.embedded import EmbeddedRedis
 
 BATCH = 64
@@ -89,6 +90,11 @@ def codec(repeat: int = 300) -> dict[str, float]:
         )
     )
     one_ack_frame = encode("pull", TMessageType.CALL, 7, one_ack)
+    # what XREAD hands the reader: entry id and the producer's flat field list (no properties)
+    entries = [
+        (f"0-{m.offset}".encode(), [b"v", m.value, b"k", m.key.encode(), b"t", b"", b"ts", b"1763776220123"])
+        for m in messages
+    ]
 
     def structs_reply() -> bytes:
         frame: bytes = encode(
@@ -118,6 +124,7 @@ def codec(repeat: int = 300) -> dict[str, float]:
         "request_with_1_ack_decode_us": _cpu_us(
             lambda: decode(one_ack_frame[4:], lambda name, mtype: ConsumerService.pull_args()), repeat * 20, 1
         ),
+        "stream_entry_decode_us": _cpu_us(lambda: [decode_fields(i, f) for i, f in entries], repeat, BATCH),
     }
 
 
@@ -144,8 +151,9 @@ def engine(messages: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python bench/micro.py", description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000, help="messages for the engine run")
+    parser.add_argument("--codec-only", action="store_true", help="only the codec figures (no Redis, seconds)")
     args = parser.parse_args()
-    for name, value in {**codec(), **engine(args.messages)}.items():
+    for name, value in {**codec(), **({} if args.codec_only else engine(args.messages))}.items():
         print(f"{name:38s} {value:7.2f} us per message")
     return 0
 
