@@ -16,6 +16,7 @@ COPY actions ./actions
 COPY client ./client
 COPY config ./config
 COPY protocol ./protocol
+# The slim base has no C compiler, so this installs the pure-Python hot path (docs/running.md, "Installing").
 RUN pip install --no-cache-dir .
 # 9713: Thrift pull API; 9714: HTTP API, /metrics, /healthz, /readyz
 EXPOSE 9713 9714

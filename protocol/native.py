@@ -58,6 +58,13 @@ COMPILED: Final = (
     "ddmq.actions.order",
     "ddmq.actions.pull_server",
     "ddmq.protocol.pull_codec",
+    # the wire codec, both sides: varints and the Message layout, the compact reader (requests on the
+    # proxy, replies on the clients) and its Message loop, the frame decoder, the writer (acks)
+    "ddmq.protocol.layout",
+    "ddmq.protocol.reader",
+    "ddmq.protocol.message_reader",
+    "ddmq.protocol.frames",
+    "ddmq.protocol.writer",
 )
 
 LOOP_CHOICES: Final = ("auto", "uvloop", "asyncio")
