@@ -47,21 +47,22 @@ VARINT_MAX_BYTES: Final = 10  # enough for 64 bits
 
 
 class CompactType:
-    """Type ids of the compact protocol (they differ from the TType numbers in ``thrift_spec``)."""
+    """Type ids of the compact protocol (they differ from the TType numbers in ``thrift_spec``); Final,
+    so that compiled code reads them as constants."""
 
-    STOP = 0
-    TRUE = 1
-    FALSE = 2
-    BYTE = 3
-    I16 = 4
-    I32 = 5
-    I64 = 6
-    DOUBLE = 7
-    BINARY = 8
-    LIST = 9
-    SET = 10
-    MAP = 11
-    STRUCT = 12
+    STOP: Final = 0
+    TRUE: Final = 1
+    FALSE: Final = 2
+    BYTE: Final = 3
+    I16: Final = 4
+    I32: Final = 5
+    I64: Final = 6
+    DOUBLE: Final = 7
+    BINARY: Final = 8
+    LIST: Final = 9
+    SET: Final = 10
+    MAP: Final = 11
+    STRUCT: Final = 12
 
 
 COMPACT_OF_TTYPE: Final[dict[int, int]] = {
