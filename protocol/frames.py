@@ -74,13 +74,14 @@ def decode(
         else:
             reader.read_struct(body)
         reader.expect_end()
-    except _TooManyElements as exc:
+    # One name per handler: compiled (mypyc), a name keeps the type of its first handler.
+    except _TooManyElements as too_many:
         assert max_elements is not None
-        raise FrameTooLargeError(name, mtype, seqid, max_elements) from exc
-    except _OutOfRange as exc:
-        raise FieldRangeError(str(exc), name, mtype, seqid) from None
-    except UnicodeDecodeError as exc:
-        raise FrameDecodeError(f"a string field is not valid UTF-8: {exc}") from exc
-    except RecursionError as exc:  # a guard behind MAX_NESTING, in case the caller's stack is deep
-        raise FrameDecodeError("payload nests too deeply") from exc
+        raise FrameTooLargeError(name, mtype, seqid, max_elements) from too_many
+    except _OutOfRange as out_of_range:
+        raise FieldRangeError(str(out_of_range), name, mtype, seqid) from None
+    except UnicodeDecodeError as not_utf8:
+        raise FrameDecodeError(f"a string field is not valid UTF-8: {not_utf8}") from not_utf8
+    except RecursionError as too_deep:  # a guard behind MAX_NESTING, in case the caller's stack is deep
+        raise FrameDecodeError("payload nests too deeply") from too_deep
     return Envelope(name, mtype, seqid, body)
