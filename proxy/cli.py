@@ -32,7 +32,8 @@ class _Version(argparse.Action):
             loop = resolve_loop(getattr(namespace, "loop", None) or "auto")
         except ValueError as exc:
             parser.error(str(exc))
-        parser.exit(message=f"{parser.prog} {clitools.version()}; {describe(loop)}\n")
+        print(f"{parser.prog} {clitools.version()}; {describe(loop)}", flush=True)
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -212,10 +212,15 @@ def test_compiling_on_demand_without_a_compiler_fails_clearly(tmp_path: Path) ->
 
 def test_an_editable_install_refuses_to_compile(tmp_path: Path) -> None:
     src = _copy_sources(tmp_path / "src")
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w",
-         str(tmp_path / "wheels"), "-e", str(src)],
-        cwd=tmp_path, env=_clean_env(DDMQ_COMPILE="1"), capture_output=True, text=True, timeout=120,
+    # the backend's editable hook, as pip calls it for ``pip install -e .``
+    hook = "import sys; sys.path.insert(0, 'buildsys'); import ddmq_build; ddmq_build.get_requires_for_build_editable()"
+    refused = subprocess.run(
+        [sys.executable, "-c", hook], cwd=src, env=_clean_env(DDMQ_COMPILE="1"), capture_output=True, text=True,
+        timeout=60,
     )
-    assert built.returncode != 0
-    assert "DDMQ_COMPILE=1 needs a regular install (pip install .), not an editable one" in built.stdout + built.stderr
+    assert refused.returncode != 0
+    assert "DDMQ_COMPILE=1 needs a regular install (pip install .), not an editable one" in refused.stderr
+    allowed = subprocess.run(
+        [sys.executable, "-c", hook], cwd=src, env=_clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert allowed.returncode == 0, allowed.stderr
