@@ -27,7 +27,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 from aiohttp import web
 
@@ -68,8 +68,9 @@ class _GuardedProtocol(asyncio.Protocol):
         self.evicted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream socket's transport; not an isinstance check: uvloop's transports have every method
+        # of asyncio.Transport without being registered as its subclasses.
+        self.transport = cast(asyncio.Transport, transport)
         self.owner.opened(self)
         self.inner.connection_made(transport)
 
