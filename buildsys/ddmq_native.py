@@ -47,16 +47,15 @@ def compiler_problem() -> str | None:
 
     compiler = new_compiler()
     customize_compiler(compiler)
-    name = " ".join(getattr(compiler, "compiler_so", None) or ["cc"])[:60]
+    program = (getattr(compiler, "compiler_so", None) or ["cc"])[0]
     with tempfile.TemporaryDirectory(prefix="ddmq-cc-probe-") as tmp:
         source = Path(tmp, "probe.c")
         source.write_text("#include <Python.h>\nint ddmq_probe(void) { return Py_IsInitialized(); }\n")
         try:
             objects = compiler.compile([str(source)], output_dir=tmp, include_dirs=[sysconfig.get_path("include")])
             compiler.link_shared_object(objects, str(Path(tmp, "probe.so")))
-        except (CCompilerError, DistutilsError, OSError) as exc:
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return f"no working C compiler with the Python headers ({name}: {detail})"
+        except (CCompilerError, DistutilsError, OSError):
+            return f"no working C compiler with the Python headers ({program!r} could not build a test extension)"
     return None
 
 

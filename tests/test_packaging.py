@@ -90,7 +90,7 @@ def test_without_a_c_compiler_the_wheel_is_pure_python_says_so_and_installs(tmp_
     lines = (built.stdout + built.stderr).splitlines()
     said = [line.strip() for line in lines if "ddmq-proxy: " in line and "hot path" in line]
     assert said == ["ddmq-proxy: installing the pure-Python hot path: no working C compiler with the Python "
-                    "headers (false: command 'false' failed with exit code 1)"], said
+                    "headers ('false' could not build a test extension)"], said
     (wheel,) = wheels.glob("ddmq_proxy-*.whl")
     assert wheel.name.endswith("-py3-none-any.whl"), wheel.name  # pure: one wheel for every platform
 
