@@ -104,7 +104,6 @@ class TopicConsumer:
         self.parking = KeyParking(buffer, ParkStore(broker.redis, group, topic), self.blocking_queue,
                                   pull_chain=config.actions[-1] == "PullServer")
         self.key_records = self.parking.records
-        self._key_commands = command_handler(self)
 
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
@@ -150,9 +149,10 @@ class TopicConsumer:
         start_chain(self.chain)
         self._tasks.append(asyncio.create_task(self.ownership.run(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
+        self._tasks.append(asyncio.create_task(self.key_watcher.serve(self.group, self.topic, command_handler(self)),
+                                               name=f"keys:{self.group}/{self.topic}"))
         for task in self._tasks:
             task.add_done_callback(_report_crash)
-        self.key_watcher.add(self.group, self.topic, self._key_commands)
 
     async def stop_reading(self) -> None:
         if self._tasks:  # first ownership (it leaves the upkeep), so that no claim opens a reader behind our back
@@ -167,7 +167,9 @@ class TopicConsumer:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        await self._stop_tasks()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.parking.close()
         await close_chain(self.chain)
 
@@ -181,16 +183,12 @@ class TopicConsumer:
         self.serving = False
         await self.stop_reading()
         left = await self.ownership.give_up(drain_ms)
-        await self._stop_tasks()
-        await close_chain(self.chain)  # push workers and their connection pools
-        log.info("%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
-                 self.group, self.topic, left)
-
-    async def _stop_tasks(self) -> None:
-        self.key_watcher.remove(self.group, self.topic, self._key_commands)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await close_chain(self.chain)  # push workers and their connection pools
+        log.info("%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
+                 self.group, self.topic, left)
 
     def reconfigure(self, config: TopicGroupConfig) -> None:
         """Apply settings the engine reads as it goes (see ``ddmq.proxy.groups.changes.IN_PLACE_FIELDS``)."""

@@ -215,6 +215,14 @@ class KeyCommandWatcher:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="key-commands")
 
+    async def serve(self, group: str, topic: str, handler: CommandHandler) -> None:
+        """Hand the commands of (``group``, ``topic``) to ``handler`` until cancelled."""
+        self.add(group, topic, handler)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.remove(group, topic, handler)
+
     def remove(self, group: str, topic: str, handler: CommandHandler) -> None:
         handlers = self._handlers.get((group, topic), [])
         if handler in handlers:
