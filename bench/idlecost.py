@@ -196,7 +196,12 @@ def measure_idle(shape: Shape, seconds: float, settle_s: float, start_timeout_s:
             row.update(metrics=scrape(http_port))
             row.update(queues=shape.leases, shape=str(shape), listening_s=round(listening_s, 2),
                        startup_s=round(held_s, 2))
+            stopping = time.monotonic()
+            # SIGTERM: the proxy commits and releases every lease before it exits (the harness's
+            # default patience is 30 s; a large proxy may need longer, which is worth knowing).
+            row.update(exit_code=proxy.stop(timeout_s=600), shutdown_s=round(time.monotonic() - stopping, 2))
             client.close()
+    log(f"{shape.leases}: {json.dumps({k: v for k, v in row.items() if k != 'commands'})}")
     return row
 
 
@@ -255,14 +260,15 @@ def p1_with_idle_groups(idle_groups: int, quick: bool) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = ("queues", "GxTxQ", "start s", "proxy CPU", "redis CPU", "cmds/s", "RSS MB", "clients",
+    header = ("queues", "GxTxQ", "start s", "stop s", "proxy CPU", "redis CPU", "cmds/s", "RSS MB", "clients",
               "/metrics ms/KB/series", "top commands /s")
     lines = [header]
     for row in rows:
         metrics = row["metrics"]
         top = ", ".join(f"{c['command']} {c['per_s']:g}" for c in row["commands"][:5])
         lines.append((
-            f"{row['queues']:,}", row["shape"], f"{row['startup_s']:.1f}", f"{row['proxy_cpu_pct']:.1f}%",
+            f"{row['queues']:,}", row["shape"], f"{row['startup_s']:.1f}", f"{row['shutdown_s']:.1f}",
+            f"{row['proxy_cpu_pct']:.1f}%",
             f"{row['redis_cpu_pct']:.1f}%", f"{row['redis_commands_per_s']:,.0f}",
             f"{row['rss_mb']:.0f} (max {row['rss_max_mb']:.0f})", str(row["redis_clients"]),
             f"{metrics['scrape_ms']:.0f} / {metrics['bytes'] / 1024:.0f} / {metrics['series']:,}", top,
@@ -304,7 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for count in wanted:
         shape = SHAPES[count]
         print(f"idle {count} ({shape}): starting", file=sys.stderr, flush=True)
-        rows.append(measure_idle(shape, seconds, args.settle, args.start_timeout))
+        try:
+            rows.append(measure_idle(shape, seconds, args.settle, args.start_timeout))
+        except HarnessError as exc:
+            print(f"idle {count}: the harness broke: {exc}", file=sys.stderr, flush=True)
     busy = p1_with_idle_groups(args.idle_groups, args.quick) if args.busy else None
     machine.update(load_after=load_average(), cores_available_after=cpu_available())
     print(format_table(rows))
