@@ -17,7 +17,7 @@ The bench's own readings (``INFO``, ``MGET`` while waiting) fall outside the win
 ``INFO`` calls. ``--busy`` runs P1 (order key KEY, ``bench/scenarios/throughput.py``'s drain and
 baseline) twice on the same backlog: alone, and with ``--idle-groups`` idle groups (each consuming
 one 8-queue topic of its own that never sees a message) beside the busy group, waiting until the idle
-groups hold their queues before the drain starts.
+groups hold their queues (and twice ``--settle`` more) before the drain starts.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def measure_idle(shape: Shape, seconds: float, settle_s: float, start_timeout_s:
 # P1 beside idle groups ---------------------------------------------------------------------------
 
 
-def p1_with_idle_groups(idle_groups: int, quick: bool) -> dict[str, Any]:
+def p1_with_idle_groups(idle_groups: int, quick: bool, settle_s: float = 10.0) -> dict[str, Any]:
     """P1 (order key KEY) alone and with ``idle_groups`` idle groups beside it, on one backlog."""
     from bench.clients import ProxyDrain, drain_proxy
     from bench.dataset import produce_backlog
@@ -235,6 +235,7 @@ def p1_with_idle_groups(idle_groups: int, quick: bool) -> dict[str, Any]:
                 if extra is not None:
                     wait_held(client, extra.lease_keys(prefix="idle-"), proxy, 600)
                     log(f"P1 {label}: {extra.leases} idle queues held after {time.monotonic() - began:.1f}s")
+                    time.sleep(settle_s)  # the queues' opens (offsets, parked keys) come after their leases
                 marks: dict[str, float] = {}
 
                 def on_ready(proxy: ProxyRun = proxy, marks: dict[str, float] = marks) -> None:
@@ -314,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(measure_idle(shape, seconds, args.settle, args.start_timeout))
         except HarnessError as exc:
             print(f"idle {count}: the harness broke: {exc}", file=sys.stderr, flush=True)
-    busy = p1_with_idle_groups(args.idle_groups, args.quick) if args.busy else None
+    busy = p1_with_idle_groups(args.idle_groups, args.quick, 2 * args.settle) if args.busy else None
     machine.update(load_after=load_average(), cores_available_after=cpu_available())
     print(format_table(rows))
     if busy is not None:
