@@ -15,7 +15,13 @@ from types import TracebackType
 from ddmq.client.handling import ACK, FAIL, Outcome, outcome_of_exception
 from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS
 from ddmq.client.puller import PullConsumerBase, Puller
-from ddmq.client.pulling import DEFAULT_MAX_BACKOFF_MS, DEFAULT_RETRY_SLEEP_MS, ConsumedMessage, split_runs
+from ddmq.client.pulling import (
+    DEFAULT_MAX_BACKOFF_MS,
+    DEFAULT_RETRY_SLEEP_MS,
+    ConsumedMessage,
+    PullerSettings,
+    split_runs,
+)
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 
 __all__ = ["AsyncPullConsumer"]
@@ -51,10 +57,11 @@ class AsyncPullConsumer(PullConsumerBase):
         max_per_key: int = 1,
         group_timeout_ms: int | None = DEFAULT_GROUP_TIMEOUT_MS,
     ) -> None:
-        super().__init__(
+        settings = PullerSettings(
             servers, group, topic, concurrency, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
-            on_error, max_per_key, group_timeout_ms,
+            max_per_key,
         )
+        super().__init__(settings, on_error, group_timeout_ms)
         self._processor = processor
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []

@@ -57,6 +57,7 @@ from ddmq.client.pulling import (
     ConsumedMessage,
     ConsumerStats,
     NotProcessed,
+    PullerSettings,
     parse_servers,
     split_runs,
 )
@@ -115,10 +116,11 @@ class PullConsumer(PullConsumerBase):
         max_per_key: int = 1,
         group_timeout_ms: int | None = DEFAULT_GROUP_TIMEOUT_MS,
     ) -> None:
-        super().__init__(
+        settings = PullerSettings(
             servers, group, topic, threads, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
-            on_error, max_per_key, group_timeout_ms,
+            max_per_key,
         )
+        super().__init__(settings, on_error, group_timeout_ms)
         self._processor = processor
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from ddmq.client.handling import Outcome, count_outcome, release_unhandled, report
 from ddmq.client.keepalive import Held, extend_every_s
@@ -41,23 +41,11 @@ class PullConsumerBase:
 
     def __init__(
         self,
-        servers: str | Sequence[str],
-        group: str,
-        topic: str | None,
-        pullers: int,
-        batch_size: int,
-        linger_ms: int,
-        retry_sleep_ms: int,
-        max_backoff_ms: int,
-        timeout_s: float,
+        settings: PullerSettings,
         on_error: Callable[[ProxyClientError], None] | None,
-        max_per_key: int,
         group_timeout_ms: int | None,
     ) -> None:
-        self._settings = PullerSettings(
-            servers, group, topic, pullers, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
-            max_per_key,
-        )
+        self._settings = settings
         self._counters = Counters()
         self._fatal = FatalError(on_error)
         self._extend_every_s = extend_every_s(group_timeout_ms)
