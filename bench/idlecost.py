@@ -4,7 +4,7 @@ Each row is G groups x T topics x Q queues (8 = 1x1x8, 800 = 10x10x8, 8,000 = 10
 ``idle0..idle<T-1>`` of Q queues each, and G groups ``cg000..`` each consuming every topic with the
 default settings, so the proxy holds G x T x Q queue leases. For each row, on a fresh Redis:
 
-1. one proxy process starts (``bench/stack.py``'s ``ProxyRun``, HTTP on for ``/metrics``); the start-up
+1. one proxy process starts (``tests/harness/stack.py``'s ``ProxyRun``, HTTP on for ``/metrics``); the start-up
    time runs from the spawn until every lease key in Redis names this proxy (polled with ``MGET``);
 2. after ``--settle`` seconds, for ``--seconds`` with no message produced at all: the proxy's CPU share
    (``/proc/<pid>/stat``, user + system over wall time), Redis's CPU share the same way, Redis commands
@@ -35,9 +35,9 @@ from typing import Any
 
 import redis
 
-from bench.report import cpu_available, load_average, meta
-from bench.stack import HarnessError, ProxyRun, RedisServer, cpu_seconds, free_port
 from ddmq.protocol import keys as redis_keys
+from tests.harness.machine import cpu_available, load_average, meta
+from tests.harness.stack import HarnessError, ProxyRun, RedisServer, cpu_seconds, free_port
 
 __all__ = ["SHAPES", "Shape", "main", "measure_idle"]
 
