@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import Row, cpu_available, format_table, load_average, meta
+from bench.report import Row, format_table
 from bench.scenarios import SCENARIOS, Settings
 from bench.scenarios.throughput import PROFILED_ROWS
-from bench.stack import LOOP_ENV
 from ddmq.protocol.native import LOOP_CHOICES, resolve_loop
+from tests.harness.machine import cpu_available, load_average, meta
+from tests.harness.stack import LOOP_ENV
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

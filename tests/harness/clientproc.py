@@ -2,9 +2,8 @@
 
 The proxy is one process on one core; on a 2-core machine the clients must not share that core with
 the harness, so every load (Thrift pull clients, raw Redis consumers, XREAD readers) runs in ONE
-spawned process, on the bench's event loop (``--loop``: uvloop where installed), with several
-connections. The harness process stays mostly idle while it waits (it only samples ``/proc`` and, in
-P4, produces at a steady rate).
+spawned process, on asyncio, with several connections. The harness process stays mostly idle while
+it waits (it only samples ``/proc`` and, in P4, produces at a steady rate).
 
 >>> with ClientProcess(clients.drain_raw, spec) as load:
 ...     load.wait_ready(30)
@@ -24,8 +23,8 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
-from bench.stack import HarnessError, loop_choice
 from ddmq.protocol.native import loop_factory
+from tests.harness.stack import HarnessError, loop_choice
 
 __all__ = ["ClientProcess", "Load", "Ready"]
 
