@@ -238,6 +238,8 @@ class ProxyService(OverRegistry):
             await asyncio.gather(self._committer, return_exceptions=True)
         if self.registry.read_audit is not None:
             self.registry.read_audit.close()
+        if self.registry.broker is not None:
+            await self.registry.broker.close()  # the idle watcher's connections, before the client's
         if self._redis is not None:
             await self._redis.aclose()
         if self._embedded is not None:
