@@ -40,9 +40,20 @@ def log(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def proxy_sections(group: str, **topic_config: Any) -> dict[str, Any]:
-    """The ``topics`` and ``groups`` config sections for one group consuming the bench topic."""
-    return {"topics": {TOPIC: {"queues": QUEUES}}, "groups": {group: {TOPIC: topic_config}}}
+#: Retention for scenarios that drain one backlog many times (a fresh group each, beside raw consumer
+#: groups the proxy does not know): the default (``consumed``) would trim what the first group consumed.
+KEEP_BACKLOG: dict[str, Any] = {"consumed": False}
+
+
+def proxy_sections(
+    group: str, *, retention: dict[str, Any] | None = KEEP_BACKLOG, **topic_config: Any
+) -> dict[str, Any]:
+    """The ``topics`` and ``groups`` config sections for one group consuming the bench topic;
+    ``retention`` None leaves the topic's retention at the proxy's default."""
+    topic: dict[str, Any] = {"queues": QUEUES}
+    if retention is not None:
+        topic["retention"] = retention
+    return {"topics": {TOPIC: topic}, "groups": {group: {TOPIC: topic_config}}}
 
 
 def run_load(

@@ -116,7 +116,7 @@ def retention_memory(settings: Settings) -> list[Row]:
     errors: list[str] = []
     produced = threading.Event()
     with RedisServer() as redis_server:
-        with ProxyRun(redis_server.url, **proxy_sections(group, order_key="KEY",
+        with ProxyRun(redis_server.url, **proxy_sections(group, retention=None, order_key="KEY",
                                                           actions=["Order", "PullServer"])) as proxy:
             with Producer(redis_server.url) as producer:
                 producer.ensure_topic(TOPIC, QUEUES)
