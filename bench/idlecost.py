@@ -4,7 +4,7 @@ Each row is G groups x T topics x Q queues (8 = 1x1x8, 800 = 10x10x8, 8,000 = 10
 ``idle0..idle<T-1>`` of Q queues each, and G groups ``cg000..`` each consuming every topic with the
 default settings, so the proxy holds G x T x Q queue leases. For each row, on a fresh Redis:
 
-1. one proxy process starts (``bench/stack.py``'s ``ProxyRun``, HTTP on for ``/metrics``); the start-up
+1. one proxy process starts (``tests/harness/stack.py``'s ``ProxyRun``, HTTP on for ``/metrics``); the start-up
    time runs from the spawn until every lease key in Redis names this proxy (polled with ``MGET``);
 2. after ``--settle`` seconds, for ``--seconds`` with no message produced at all: the proxy's CPU share
    (``/proc/<pid>/stat``, user + system over wall time), Redis's CPU share the same way, Redis commands
@@ -17,7 +17,7 @@ The bench's own readings (``INFO``, ``MGET`` while waiting) fall outside the win
 ``INFO`` calls. ``--busy`` runs P1 (order key KEY, ``bench/scenarios/throughput.py``'s drain and
 baseline) twice on the same backlog: alone, and with ``--idle-groups`` idle groups (each consuming
 one 8-queue topic of its own that never sees a message) beside the busy group, waiting until the idle
-groups hold their queues before the drain starts.
+groups hold their queues (and twice ``--settle`` more) before the drain starts.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from typing import Any
 
 import redis
 
-from bench.report import cpu_available, load_average, meta
-from bench.stack import HarnessError, ProxyRun, RedisServer, cpu_seconds, free_port
 from ddmq.protocol import keys as redis_keys
+from tests.harness.machine import cpu_available, load_average, meta
+from tests.harness.stack import HarnessError, ProxyRun, RedisServer, cpu_seconds, free_port
 
 __all__ = ["SHAPES", "Shape", "main", "measure_idle"]
 
@@ -196,14 +196,19 @@ def measure_idle(shape: Shape, seconds: float, settle_s: float, start_timeout_s:
             row.update(metrics=scrape(http_port))
             row.update(queues=shape.leases, shape=str(shape), listening_s=round(listening_s, 2),
                        startup_s=round(held_s, 2))
+            stopping = time.monotonic()
+            # SIGTERM: the proxy commits and releases every lease before it exits (the harness's
+            # default patience is 30 s; a large proxy may need longer, which is worth knowing).
+            row.update(exit_code=proxy.stop(timeout_s=600), shutdown_s=round(time.monotonic() - stopping, 2))
             client.close()
+    log(f"{shape.leases}: {json.dumps({k: v for k, v in row.items() if k != 'commands'})}")
     return row
 
 
 # P1 beside idle groups ---------------------------------------------------------------------------
 
 
-def p1_with_idle_groups(idle_groups: int, quick: bool) -> dict[str, Any]:
+def p1_with_idle_groups(idle_groups: int, quick: bool, settle_s: float = 10.0) -> dict[str, Any]:
     """P1 (order key KEY) alone and with ``idle_groups`` idle groups beside it, on one backlog."""
     from bench.clients import ProxyDrain, drain_proxy
     from bench.dataset import produce_backlog
@@ -230,6 +235,7 @@ def p1_with_idle_groups(idle_groups: int, quick: bool) -> dict[str, Any]:
                 if extra is not None:
                     wait_held(client, extra.lease_keys(prefix="idle-"), proxy, 600)
                     log(f"P1 {label}: {extra.leases} idle queues held after {time.monotonic() - began:.1f}s")
+                    time.sleep(settle_s)  # the queues' opens (offsets, parked keys) come after their leases
                 marks: dict[str, float] = {}
 
                 def on_ready(proxy: ProxyRun = proxy, marks: dict[str, float] = marks) -> None:
@@ -255,14 +261,15 @@ def p1_with_idle_groups(idle_groups: int, quick: bool) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = ("queues", "GxTxQ", "start s", "proxy CPU", "redis CPU", "cmds/s", "RSS MB", "clients",
+    header = ("queues", "GxTxQ", "start s", "stop s", "proxy CPU", "redis CPU", "cmds/s", "RSS MB", "clients",
               "/metrics ms/KB/series", "top commands /s")
     lines = [header]
     for row in rows:
         metrics = row["metrics"]
         top = ", ".join(f"{c['command']} {c['per_s']:g}" for c in row["commands"][:5])
         lines.append((
-            f"{row['queues']:,}", row["shape"], f"{row['startup_s']:.1f}", f"{row['proxy_cpu_pct']:.1f}%",
+            f"{row['queues']:,}", row["shape"], f"{row['startup_s']:.1f}", f"{row['shutdown_s']:.1f}",
+            f"{row['proxy_cpu_pct']:.1f}%",
             f"{row['redis_cpu_pct']:.1f}%", f"{row['redis_commands_per_s']:,.0f}",
             f"{row['rss_mb']:.0f} (max {row['rss_max_mb']:.0f})", str(row["redis_clients"]),
             f"{metrics['scrape_ms']:.0f} / {metrics['bytes'] / 1024:.0f} / {metrics['series']:,}", top,
@@ -304,8 +311,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for count in wanted:
         shape = SHAPES[count]
         print(f"idle {count} ({shape}): starting", file=sys.stderr, flush=True)
-        rows.append(measure_idle(shape, seconds, args.settle, args.start_timeout))
-    busy = p1_with_idle_groups(args.idle_groups, args.quick) if args.busy else None
+        try:
+            rows.append(measure_idle(shape, seconds, args.settle, args.start_timeout))
+        except HarnessError as exc:
+            print(f"idle {count}: the harness broke: {exc}", file=sys.stderr, flush=True)
+    busy = p1_with_idle_groups(args.idle_groups, args.quick, 2 * args.settle) if args.busy else None
     machine.update(load_after=load_average(), cores_available_after=cpu_available())
     print(format_table(rows))
     if busy is not None:
