@@ -102,6 +102,8 @@ class QueueReader:
         self._stopping = False
         #: The connection count when this reader last checked its stream (see ``_stream_intact``).
         self._checked = 0
+        #: A rollback's gap taken from the consumer before the first read (see ``_take_gap``).
+        self._first_gap: int | None = None
 
     def start(self) -> None:
         if self._task is not None:
@@ -153,13 +155,18 @@ class QueueReader:
             log.info("%s/%s#%d: starts at offset %d (%d..%d trimmed as the group started)", consumer.group,
                      consumer.topic, self.qid, last + 1, first, last)
             return
-        skipped = consumer.take_gap(self.qid)
+        skipped = self._take_gap()
         if skipped is not None and skipped >= first:
             if skipped >= last:
                 return
             first = skipped + 1
         await count_expired(consumer.broker.redis, consumer.group, consumer.topic, self.qid, first, last,
                             consumer.expired)
+
+    def _take_gap(self) -> int | None:
+        """The offsets a rollback's raised sequence skipped (they never existed), once."""
+        gap, self._first_gap = self._first_gap, None
+        return gap if gap is not None else self.consumer.take_gap(self.qid)
 
     async def _wait_for_entries(self, tracker: OffsetTracker) -> bool:
         """Wait with the other idle queues (the broker's idle watcher) until this one holds an entry
@@ -197,10 +204,12 @@ class QueueReader:
         queue = self.queue
         self._checked = broker.connections.count
         backoff = 0.1
-        idle = False  # the last read found nothing
-        # The first read does not block: a queue with nothing to read goes to the idle watcher at once,
-        # so a proxy opening thousands of idle queues never holds a connection per queue.
-        block: int | None = None if broker.idle is not None else READ_BLOCK_MS
+        # A new reader starts in the idle watcher, which tells it whether its queue holds anything (a
+        # proxy opening thousands of queues sends no read per queue), unless it has a rollback's gap
+        # to step over: that takes a read finding nothing past its position.
+        self._first_gap = consumer.take_gap(self.qid)
+        idle = broker.idle is not None and self._first_gap is None  # the last read found nothing
+        block: int | None = READ_BLOCK_MS
         while not self._stopping:
             if idle and broker.idle is not None:
                 # Nothing came for a whole block: stop blocking on this stream alone and wait with the
@@ -235,7 +244,7 @@ class QueueReader:
             if messages is None or self._stopping:
                 return  # rolled back, or stopping: not tracked, so never committed (read again later)
             if not messages:
-                gap = consumer.take_gap(self.qid)
+                gap = self._take_gap()
                 if gap is not None:
                     # Nothing past what was read, and producers write past ``gap`` (the sequence was
                     # raised there after a rollback): the offsets up to it will never exist.
