@@ -1,9 +1,10 @@
 """QueueReader: reads one queue strictly in offset order, as fast as its consumer has room.
 
-A reader blocks on its own stream while messages come; once a whole block passed without one, it waits
-in the broker's idle watcher (:mod:`ddmq.proxy.store.idle_watch`: one blocking read over every idle
-queue of the process) and reads again, without blocking, when the watcher saw an entry past its
-position. On a Redis Cluster there is no watcher and a reader always blocks on its own stream."""
+A reader blocks on its own stream while messages come; once a whole block passed without one (and
+when it starts), it waits in the broker's idle watcher (:mod:`ddmq.proxy.store.idle_watch`: one
+blocking read over every idle queue of the process) and reads again, without blocking, when the
+watcher saw an entry past its position. On a Redis Cluster there is no watcher and a reader always
+blocks on its own stream."""
 
 from __future__ import annotations
 
