@@ -24,7 +24,7 @@ from ddmq.protocol.wire import ConsumeResult
 
 __all__ = ["DEFAULT_GROUP_TIMEOUT_MS", "Held", "extend_every_s"]
 
-#: The proxy's default ``timeout_ms`` of a group (``config/schema.py``; a test holds the two equal).
+#: The proxy's default ``timeout_ms`` of a group (``config/schema/groups.py``; a test holds the two equal).
 DEFAULT_GROUP_TIMEOUT_MS: Final = 30_000
 
 

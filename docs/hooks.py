@@ -122,7 +122,7 @@ def config_reference() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from the config schema (`config/schema.py`) when the docs are built. The file is YAML;",
+        "Generated from the config schema (`config/schema/`) when the docs are built. The file is YAML;",
         "unknown fields are errors, units are in the names, and `${VAR}` takes a value from the environment",
         "(see [Running the proxy](../running.md)). Sections are listed from the top of the file down.",
         "",

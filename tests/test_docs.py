@@ -49,7 +49,7 @@ def test_the_config_reference_has_every_section_and_field_with_its_meaning() -> 
             meaning = re.split(r"(?<!\\)\|", row.strip().strip("|"))[-1].strip()
             if not meaning:
                 undocumented.append(f"{model.__name__}.{name}")
-    # every field says what it is for: a `#:` comment above it in config/schema.py
+    # every field says what it is for: a `#:` comment above it in config/schema/
     assert not undocumented, undocumented
 
 

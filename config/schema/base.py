@@ -1,0 +1,27 @@
+"""What every section shares: the strict base model, action names, order keys, start points."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+#: Names an action chain may use; each is implemented in ``ddmq.actions``.
+ACTION_NAMES: frozenset[str] = frozenset({"Json", "Transit", "Filter", "Order", "PullServer", "AsyncHttp", "Redis"})
+#: Actions that end a chain by taking the message somewhere: exactly one, last.
+SINK_ACTIONS: tuple[str, ...] = ("PullServer", "AsyncHttp", "Redis")
+
+#: Order keys that are not JSONPaths.
+ORDER_KEY_QID = "QID"
+ORDER_KEY_KEY = "KEY"
+ORDER_KEY_NONE = "NONE"
+
+
+class Model(BaseModel):
+    # strict: a boolean is never a number (YAML 1.1 reads `yes` as true) and "on" is no boolean.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class StartFrom(StrEnum):
+    EARLIEST = "earliest"
+    LATEST = "latest"

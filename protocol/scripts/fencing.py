@@ -1,0 +1,106 @@
+"""The proxy's bookkeeping under fencing: leases, commits, heartbeats, the group registry, pull-lease
+records and ``ddmq offsets reset`` (DESIGN.md, "Leases and fencing"). Each starts with
+:data:`OOM_PASS_LUA` where it must run while Redis is full."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ddmq.protocol.scripts.streams import STREAM_INTACT_LUA
+
+# With ``maxmemory`` reached (policy noeviction) Redis refuses "deny-oom" commands (SET, INCR, HSET,
+# ZADD, SADD, XADD...) and runs the rest (GET, DEL, PEXPIRE, XTRIM, XDEL...). A script is refused only
+# at its *first* write, when that write is deny-oom: once a script has written, Redis cannot stop it
+# half-way, so the rest of its writes run (Redis 6.2, and Redis 7 for scripts without a shebang). The
+# proxy's bookkeeping (leases, commits, heartbeats, the trimmer lease, expired counters) overwrites
+# values of a few bytes in place, so it may run under OOM: each of those scripts starts with this DEL
+# of a key that never exists, which is such a first write. The suffix keeps ``KEYS[1]``'s first
+# ``{...}``, so the key is in the script's slot on a Cluster. The producer's scripts start with a
+# deny-oom write and stay refused as a whole: producers get a retriable error until trims make room.
+OOM_PASS_LUA: Final = "redis.call('DEL', KEYS[1] .. ':oom-pass')\n"
+
+
+# KEYS: lease, term.  ARGV: owner, ttl_ms.  Returns the new term, or 0 when another owner holds it.
+LEASE_ACQUIRE_LUA: Final = OOM_PASS_LUA + """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local owner = string.match(current, '^(.*) %d+$')
+  if owner ~= ARGV[1] then return 0 end
+end
+local term = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. term, 'PX', ARGV[2])
+return term
+"""
+
+# Shared check: does ARGV[1] (the token "<owner> <term>") still hold the lease?
+_HOLDS: Final = """
+local function holds()
+  local current = redis.call('GET', KEYS[1])
+  if current then return current == ARGV[1] end
+  local term = string.match(ARGV[1], ' (%d+)$')
+  return redis.call('GET', KEYS[2]) == term
+end
+"""
+
+# KEYS: lease, term.  ARGV: token, ttl_ms.  1 = renewed, 0 = lost.
+LEASE_RENEW_LUA: Final = OOM_PASS_LUA + _HOLDS + """
+if not holds() then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: lease, term.  ARGV: token.  1 = released, 0 = it was not ours any more.
+LEASE_RELEASE_LUA: Final = OOM_PASS_LUA + _HOLDS + """
+if not holds() then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+# KEYS: lease, term, committed, finished, stream, sequence.  ARGV: token, offset, finished ranges
+# ("" = none), then the reader's mark (n, ts, sha: see STREAM_INTACT_LUA).
+# 1 = written, 0 = fenced off, 2 = not written: the queue no longer holds what was read (a rollback),
+# so a commit point taken from what was read could skip messages written after the rollback.
+LEASE_COMMIT_LUA: Final = OOM_PASS_LUA + _HOLDS + STREAM_INTACT_LUA + """
+if not holds() then return 0 end
+if not stream_intact(KEYS[5], KEYS[6], tonumber(ARGV[4]), ARGV[5], ARGV[6]) then return 2 end
+redis.call('SET', KEYS[3], ARGV[2])
+if ARGV[3] == '' then redis.call('DEL', KEYS[4]) else redis.call('SET', KEYS[4], ARGV[3]) end
+return 1
+"""
+
+
+# KEYS: members, group topics.  ARGV: instance id, now (ms), oldest live heartbeat (ms), topic ('' =
+# none). Returns the live members. One slot (the group's hash tag); runs while Redis is full, so a full
+# Redis never makes the others think this proxy left.
+HEARTBEAT_LUA: Final = OOM_PASS_LUA + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[4], ARGV[2]) end
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+
+# KEYS: the group registry.  ARGV: group.  SADD only when missing: a full Redis refuses SADD even of a
+# member that is there, and the registry must not cost a heartbeat.
+REGISTER_GROUP_LUA: Final = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then redis.call('SADD', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+# KEYS: the lease's record.  ARGV: field, value, ttl_ms.  One key, so one slot on a Cluster, and the
+# expiry is set in the same step (a death between two commands would leave a record that never expires).
+LEASE_RECORD_LUA: Final = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# KEYS: lease, term, committed, finished.  ARGV: new committed offset.
+# 1 = reset; 0 = a proxy holds the lease (nothing written).
+OFFSETS_RESET_LUA: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[3], ARGV[1])
+redis.call('DEL', KEYS[4])
+redis.call('INCR', KEYS[2])
+return 1
+"""
