@@ -2,6 +2,9 @@
 
 The engine keeps its own plain counters (:class:`~ddmq.proxy.engine.redelivery.BufferStats` per queue,
 ``TopicConsumer.counters``, the offset trackers, the key chains); nothing is copied on the hot path.
+The families are :class:`~ddmq.proxy.ops.exposition.Family` objects, which ``/metrics`` writes
+directly (:func:`~ddmq.proxy.ops.exposition.render`); :meth:`EngineCollector.collect` gives the same
+families to prometheus-client for anything else that reads the registry.
 
 Series are per (group, topic) by default: the queue-level figures are summed over the queues this
 proxy holds (the age of the oldest unfinished message is their max), so a scrape's size follows the
@@ -20,18 +23,13 @@ from dataclasses import fields
 from itertools import accumulate
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeHistogramMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.job import JobState
 from ddmq.proxy.engine.pull_buffer import BufferStats
+from ddmq.proxy.ops.exposition import COUNTER, GAUGE, GAUGE_HISTOGRAM, HISTOGRAM, Family
 from ddmq.proxy.ops.lag import now_ms
 
 if TYPE_CHECKING:
@@ -75,8 +73,7 @@ class LatencyHistogram:
 
     An observation is a bisect and two additions (about 0.2 µs here, against about 1 µs for a
     prometheus-client ``Histogram`` child, which takes a lock and scans its buckets); it runs once per
-    action per message. Used from the event loop only. :class:`EngineCollector` exposes it through
-    prometheus-client's ``HistogramMetricFamily``.
+    action per message. Used from the event loop only. :class:`EngineCollector` exports it.
     """
 
     __slots__ = ("bounds", "counts", "total")
@@ -131,8 +128,8 @@ class QueueFamilies:
         labels = QUEUE_LABELS if per_queue else TOPIC_LABELS
         where = "per held queue" if per_queue else "over the queues this proxy holds"
 
-        def gauge(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=labels)
+        def gauge(name: str, doc: str) -> Family:
+            return Family(name, GAUGE, doc, labels)
 
         self.in_flight = gauge("ddmq_messages_in_flight", "Pulled messages awaiting ack/fail.")
         self.ready = gauge("ddmq_messages_ready", "Messages ready to be pulled.")
@@ -151,21 +148,20 @@ class QueueFamilies:
             "ddmq_lag_seconds",
             f"Age of the oldest unfinished message {where} (now minus its produce time); 0 when caught up.",
         )
-        self.rollbacks = CounterMetricFamily(
-            "ddmq_queue_rollbacks",
-            "Times this proxy found Redis had lost writes it had read under a queue (a rollback).",
-            labels=labels,
+        self.rollbacks = Family(
+            "ddmq_queue_rollbacks", COUNTER,
+            "Times this proxy found Redis had lost writes it had read under a queue (a rollback).", labels,
         )
 
     def add(self, group: str, topic: str, queues: list[tuple[int, QueueFigures]], rollbacks: Counter[int]) -> None:
         if self.per_queue:
             for qid, figures in queues:
-                self._add_queue([group, topic, str(qid)], figures)
+                self._add_queue((group, topic, str(qid)), figures)
             # Every opened queue has the series (0 until a rollback), so increase() sees the first one.
             for qid in sorted(rollbacks.keys() | {qid for qid, _ in queues}):
-                self.rollbacks.add_metric([group, topic, str(qid)], rollbacks[qid])
+                self.rollbacks.add_metric((group, topic, str(qid)), rollbacks[qid])
             return
-        labels = [group, topic]
+        labels = (group, topic)
         self.in_flight.add_metric(labels, sum(f.in_flight for _, f in queues))
         self.ready.add_metric(labels, sum(f.ready for _, f in queues))
         self.retry_wait.add_metric(labels, sum(f.retry_wait for _, f in queues))
@@ -178,7 +174,7 @@ class QueueFamilies:
         # Per (group, topic) the series exists from the consumer's start: increase() sees the first rollback.
         self.rollbacks.add_metric(labels, sum(rollbacks.values()))
 
-    def _add_queue(self, labels: list[str], figures: QueueFigures) -> None:
+    def _add_queue(self, labels: tuple[str, ...], figures: QueueFigures) -> None:
         self.in_flight.add_metric(labels, figures.in_flight)
         self.ready.add_metric(labels, figures.ready)
         self.retry_wait.add_metric(labels, figures.retry_wait)
@@ -190,7 +186,7 @@ class QueueFamilies:
             self.lag.add_metric(labels, figures.lag)
             self.age.add_metric(labels, figures.age_s)
 
-    def families(self) -> list[Metric]:
+    def families(self) -> list[Family]:
         offsets = [self.committed, self.produce] if self.per_queue else []
         return [self.in_flight, self.ready, self.retry_wait, self.unfinished, self.owned, *offsets,
                 self.lag, self.age, self.rollbacks]
@@ -201,52 +197,51 @@ class TopicFamilies:
 
     def __init__(self) -> None:
         labels = TOPIC_LABELS
-        self.keys = GaugeMetricFamily("ddmq_order_keys", "Order keys with an unfinished message.", labels=labels)
-        self.waiting = GaugeMetricFamily(
-            "ddmq_order_waiting_messages", "Messages waiting behind an unfinished one of the same key.", labels=labels
+        self.keys = Family("ddmq_order_keys", GAUGE, "Order keys with an unfinished message.", labels)
+        self.waiting = Family(
+            "ddmq_order_waiting_messages", GAUGE, "Messages waiting behind an unfinished one of the same key.", labels
         )
-        self.longest = GaugeMetricFamily(
-            "ddmq_order_chain_length_max", "Unfinished messages of the busiest key.", labels=labels
+        self.longest = Family("ddmq_order_chain_length_max", GAUGE, "Unfinished messages of the busiest key.", labels)
+        self.chains = Family(
+            "ddmq_order_chain_length", GAUGE_HISTOGRAM, "Order keys by their number of unfinished messages.", labels
         )
-        self.chains = GaugeHistogramMetricFamily(
-            "ddmq_order_chain_length", "Order keys by their number of unfinished messages.", labels=labels
+        self.unfinished = Family(
+            "ddmq_topic_unfinished_messages", GAUGE,
+            "Unfinished messages per group and topic (capped by concurrency).", labels,
         )
-        self.unfinished = GaugeMetricFamily(
-            "ddmq_topic_unfinished_messages",
-            "Unfinished messages per group and topic (capped by concurrency).",
-            labels=labels,
+        self.concurrency = Family(
+            "ddmq_topic_concurrency_limit", GAUGE, "The configured concurrency (most unfinished messages).", labels
         )
-        self.concurrency = GaugeMetricFamily(
-            "ddmq_topic_concurrency_limit", "The configured concurrency (most unfinished messages).", labels=labels
+        self.events = Family(
+            "ddmq_consumer_events", COUNTER, "Engine events per group and topic (read, filtered, json_invalid, ...).",
+            (*labels, "event"),
         )
-        self.events = CounterMetricFamily(
-            "ddmq_consumer_events",
-            "Engine events per group and topic (read, filtered, json_invalid, ...).",
-            labels=[*labels, "event"],
-        )
-        self.key_states = GaugeMetricFamily(
-            "ddmq_keys", "Order keys with an unfinished message here, by state (parked, failing, in_flight, waiting).",
-            labels=[*labels, "state"],
+        self.key_states = Family(
+            "ddmq_keys", GAUGE,
+            "Order keys with an unfinished message here, by state (parked, failing, in_flight, waiting).",
+            (*labels, "state"),
         )
 
     def add(self, group: str, topic: str, consumer: TopicConsumer) -> None:
-        labels = [group, topic]
+        labels = (group, topic)
         queue = consumer.blocking_queue
         lengths = [queue.chain_length(key) for key, _ in queue.heads()]
         self.keys.add_metric(labels, len(lengths))
         self.waiting.add_metric(labels, sum(lengths) - len(lengths))
         self.longest.add_metric(labels, max(lengths, default=0))
-        buckets = [(str(float(bound)), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS]
+        buckets: list[tuple[str, float]] = [
+            (str(float(bound)), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS
+        ]
         buckets.append(("+Inf", len(lengths)))
-        self.chains.add_metric(labels, buckets, sum(lengths))
+        self.chains.add_histogram(labels, buckets, sum(lengths))
         self.unfinished.add_metric(labels, consumer.unfinished)
         for state, count in consumer.parking.counts().items():
-            self.key_states.add_metric([group, topic, state], count)
+            self.key_states.add_metric((group, topic, state), count)
         self.concurrency.add_metric(labels, consumer.config.concurrency)
         for event, count in sorted(consumer.counters.items()):
-            self.events.add_metric([group, topic, event], count)
+            self.events.add_metric((group, topic, event), count)
 
-    def families(self) -> list[Metric]:
+    def families(self) -> list[Family]:
         return [self.keys, self.waiting, self.longest, self.chains, self.unfinished, self.concurrency, self.events,
                 self.key_states]
 
@@ -276,31 +271,31 @@ class EngineCollector(Collector):
         return self._groups.config.metrics.per_queue
 
     def collect(self) -> Iterator[Metric]:
+        for family in self.families():
+            yield family.metric()
+
+    def families(self) -> list[Family]:
+        """Every family, read from the engine now."""
         per_queue = self.per_queue
         groups = self._groups.groups
-        yield from _buffer_counters(groups, per_queue)
         queues, topics = QueueFamilies(per_queue), TopicFamilies()
-        parked = GaugeMetricFamily("ddmq_parked_pulls", "Long-poll pulls waiting for messages.", labels=["group"])
+        parked = Family("ddmq_parked_pulls", GAUGE, "Long-poll pulls waiting for messages.", ["group"])
         now = now_ms()
         for name, group in groups.items():
-            parked.add_metric([name], group.buffer.parked)
+            parked.add_metric((name,), group.buffer.parked)
             states: Counter[tuple[QueueId, JobState]] = Counter((job.queue, job.state) for job in group.buffer.jobs())
             for topic, consumer in group.consumers.items():
                 queues.add(name, topic, self._queue_figures(name, consumer, states, now), consumer.rollbacks)
                 topics.add(name, topic, consumer)
-        yield from queues.families()
-        yield from self._redis_figures()
-        yield from topics.families()
-        yield parked
-        proxy_events = CounterMetricFamily(
-            "ddmq_proxy_events", "Proxy-wide events (unknown_results: acks for unknown group/topic/qid).",
-            labels=["event"],
+        proxy_events = Family(
+            "ddmq_proxy_events", COUNTER, "Proxy-wide events (unknown_results: acks for unknown group/topic/qid).",
+            ["event"],
         )
         for event, count in sorted(self._counters.items()):
-            proxy_events.add_metric([event], count)
-        yield proxy_events
-        yield self._action_histograms()
-        yield from _server_metrics(self._server_stats())
+            proxy_events.add_metric((event,), count)
+        return [*_buffer_counters(groups, per_queue), *queues.families(), *self._redis_figures(),
+                *topics.families(), parked, proxy_events, self._action_histograms(),
+                *_server_metrics(self._server_stats())]
 
     def _queue_figures(
         self, group: str, consumer: TopicConsumer, states: Counter[tuple[QueueId, JobState]], now: int
@@ -324,44 +319,42 @@ class EngineCollector(Collector):
             )))
         return rows
 
-    def _redis_figures(self) -> Iterator[Metric]:
-        dead_letters = GaugeMetricFamily(
-            "ddmq_dead_letters", "Entries in the group's dead-letter stream for the topic now.", labels=TOPIC_LABELS
+    def _redis_figures(self) -> list[Family]:
+        dead_letters = Family(
+            "ddmq_dead_letters", GAUGE, "Entries in the group's dead-letter stream for the topic now.", TOPIC_LABELS
         )
-        unowned = GaugeMetricFamily(
-            "ddmq_queues_without_owner",
+        unowned = Family(
+            "ddmq_queues_without_owner", GAUGE,
             "Queues of the topic whose lease nobody holds for the group (read from Redis by every proxy).",
-            labels=TOPIC_LABELS,
+            TOPIC_LABELS,
         )
         for (name, topic), figures in sorted(self.topics.items()):
-            dead_letters.add_metric([name, topic], figures.dead_letters)
-            unowned.add_metric([name, topic], figures.unowned_queues)
-        yield from (dead_letters, unowned)
+            dead_letters.add_metric((name, topic), figures.dead_letters)
+            unowned.add_metric((name, topic), figures.unowned_queues)
+        return [dead_letters, unowned]
 
-    def _action_histograms(self) -> Metric:
-        actions = HistogramMetricFamily(
-            "ddmq_action_duration_seconds",
+    def _action_histograms(self) -> Family:
+        actions = Family(
+            "ddmq_action_duration_seconds", HISTOGRAM,
             "Duration of one action call of the chain (an action answering ASYNC: until it took the job over).",
-            labels=[*TOPIC_LABELS, "action"],
+            (*TOPIC_LABELS, "action"),
         )
         for (group, topic, action), histogram in sorted(self._actions.items()):
-            actions.add_metric([group, topic, action], histogram.buckets(), histogram.total)
+            actions.add_histogram((group, topic, action), histogram.buckets(), histogram.total)
         return actions
 
 
-def _buffer_counters(groups: dict[str, ConsumerGroup], per_queue: bool) -> list[Metric]:
+def _buffer_counters(groups: dict[str, ConsumerGroup], per_queue: bool) -> list[Family]:
     """The pull buffers' counters, per queue or summed per (group, topic); a queue has them from its
     first delivery, ack or fail (a series per queue that ever saw one)."""
-    families = [
-        CounterMetricFamily(metric, doc, labels=QUEUE_LABELS if per_queue else TOPIC_LABELS)
-        for metric, doc in BUFFER_COUNTERS.values()
-    ]
+    labels = QUEUE_LABELS if per_queue else TOPIC_LABELS
+    families = [Family(metric, COUNTER, doc, labels) for metric, doc in BUFFER_COUNTERS.values()]
     for name, group in groups.items():
         if per_queue:
             for queue, stats in group.buffer.queue_stats.items():
-                labels = [name, queue.topic, str(queue.qid)]
+                values = (name, queue.topic, str(queue.qid))
                 for family, field in zip(families, _STATS_FIELDS, strict=True):
-                    family.add_metric(labels, getattr(stats, field))
+                    family.add_metric(values, getattr(stats, field))
             continue
         sums: dict[str, list[int]] = {}
         for queue, stats in group.buffer.queue_stats.items():
@@ -372,7 +365,7 @@ def _buffer_counters(groups: dict[str, ConsumerGroup], per_queue: bool) -> list[
                 total[index] += getattr(stats, field)
         for topic, total in sums.items():
             for family, count in zip(families, total, strict=True):
-                family.add_metric([name, topic], count)
+                family.add_metric((name, topic), count)
     return families
 
 
@@ -383,20 +376,19 @@ _SERVER_GAUGES: Final = {
 }
 
 
-def _server_metrics(stats: dict[str, dict[str, int]]) -> Iterator[Metric]:
-    events = CounterMetricFamily(
-        "ddmq_server_events",
+def _server_metrics(stats: dict[str, dict[str, int]]) -> list[Family]:
+    events = Family(
+        "ddmq_server_events", COUNTER,
         "Connection events per server: accepted, refused (max_connections, every connection busy), evicted "
         "(closed to admit a new one at max_connections), not_allowed (allowed_clients), accept_errors (e.g. EMFILE), "
         "timeouts (idle or request), frames_rejected, decode_errors, too_large (early 413).",
-        labels=["server", "event"],
+        ["server", "event"],
     )
-    gauges = {key: GaugeMetricFamily(name, doc, labels=["server"]) for key, (name, doc) in _SERVER_GAUGES.items()}
+    gauges = {key: Family(name, GAUGE, doc, ["server"]) for key, (name, doc) in _SERVER_GAUGES.items()}
     for server, values in sorted(stats.items()):
         for key, value in sorted(values.items()):
             if key in gauges:
-                gauges[key].add_metric([server], value)
+                gauges[key].add_metric((server,), value)
             else:
-                events.add_metric([server, key], value)
-    yield events
-    yield from gauges.values()
+                events.add_metric((server, key), value)
+    return [events, *gauges.values()]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client.registry import Collector
 from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol import keys as key_names
@@ -27,6 +28,7 @@ from ddmq.protocol.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import PullBatch
 from ddmq.proxy.ops.collector import EngineCollector, LatencyHistogram, TopicFigures
+from ddmq.proxy.ops.exposition import render
 from ddmq.proxy.ops.lag import produce_times
 from ddmq.proxy.store.broker import map_redis_errors
 
@@ -61,28 +63,41 @@ ACTION_BUCKETS: Final = (
 
 
 class ProxyMetrics:
-    """The registry a service's ``/metrics`` renders: the engine collector plus two histograms."""
+    """The registry a service's ``/metrics`` renders: the engine collector, two histograms, and the
+    process collectors.
+
+    :attr:`registry` holds everything, for whatever reads a prometheus-client registry. :meth:`render`
+    writes the engine's families itself (:func:`~ddmq.proxy.ops.exposition.render`: they are nearly all
+    of a big proxy's series) and the others (:attr:`others`, which :meth:`register` adds to) through
+    prometheus-client."""
 
     def __init__(
         self, groups: GroupRegistry, counters: Counter[str], server_stats: Callable[[], dict[str, dict[str, int]]]
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
+        #: Every collector but the engine's.
+        self.others = CollectorRegistry(auto_describe=False)
         self.pull_seconds = Histogram(
             "ddmq_pull_duration_seconds",
             "Duration of pull calls (Thrift and HTTP), from the call to its answer, long-poll wait included.",
             ["group", "result"],
             buckets=PULL_BUCKETS,
-            registry=self.registry,
+            registry=self.others,
         )
         #: (group, topic, action) -> durations; kept across consumer rebuilds so the counts only grow.
         self.action_seconds: dict[tuple[str, str, str], LatencyHistogram] = {}
         self.collector = EngineCollector(groups, counters, server_stats, self.action_seconds)
-        self.registry.register(self.collector)
         # process_* (CPU, memory, open fds, start time) and python_info, as a default registry would have.
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
+        ProcessCollector(registry=self.others)
+        PlatformCollector(registry=self.others)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self.registry.register(self.others)
         self._groups = groups
         self._pull_children: dict[tuple[str, bool], Callable[[float], None]] = {}
+
+    def register(self, collector: Collector) -> None:
+        """Add ``collector``'s series to ``/metrics``."""
+        self.others.register(collector)
 
     def instrument(self, groups: Iterable[ConsumerGroup]) -> None:
         """Give every consumer that has none yet its action timers (idempotent; new consumers too)."""
@@ -170,8 +185,9 @@ class ProxyMetrics:
         return figures
 
     def render(self) -> bytes:
-        """The registry in Prometheus' text format (runs in the event loop: reads engine state)."""
-        return generate_latest(self.registry)
+        """The registry in Prometheus' text format (runs in the event loop: reads engine state), what
+        ``generate_latest(self.registry)`` writes."""
+        return render(self.collector.families()).encode() + generate_latest(self.others)
 
 
 def _action_names(consumer: TopicConsumer) -> list[str]:
