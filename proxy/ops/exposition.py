@@ -19,6 +19,7 @@ ddmq_lag_messages{group="g",topic="t"} 3.0
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -29,7 +30,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.utils import floatToGoString
 
 COUNTER: Final = "counter"
 GAUGE: Final = "gauge"
@@ -82,6 +82,24 @@ class Family:
         return gauge_histogram
 
 
+def _number(value: float) -> str:
+    """``value`` as prometheus-client's ``floatToGoString`` writes it (Go's formatting); counts, the
+    common case, without going through a float's repr."""
+    if type(value) is int and -10**15 < value < 1_000_000:
+        return f"{value}.0"
+    number = float(value)
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    if math.isnan(number):
+        return "NaN"
+    text = repr(number)
+    dot = text.find(".")
+    if number > 0 and dot > 6:  # Go switches to an exponent from 1e6 on
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
+
+
 def _escape(value: str) -> str:
     if "\\" in value or "\n" in value or '"' in value:
         return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
@@ -118,7 +136,7 @@ def render(families: Iterable[Family]) -> str:
         doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
         for values, value in family.rows:
-            out.append(f"{name}{labels.braces(family.labels, values)} {floatToGoString(value)}\n")
+            out.append(f"{name}{labels.braces(family.labels, values)} {_number(value)}\n")
         if family.histograms:
             _histograms(family, labels, out, doc)
     return "".join(out)
@@ -135,10 +153,10 @@ def _histograms(family: Family, labels: _LabelStrings, out: list[str], doc: str)
         head = "".join(f"{pair}," for pair in pairs[:at])
         tail = "".join(f",{pair}" for pair in pairs[at:])
         for le, count in buckets:
-            out.append(f'{name}_bucket{{{head}le="{_escape(le)}"{tail}}} {floatToGoString(count)}\n')
+            out.append(f'{name}_bucket{{{head}le="{_escape(le)}"{tail}}} {_number(count)}\n')
         braces = labels.braces(names, values)
-        count_line = f"{name}_{'gcount' if gauge else 'count'}{braces} {floatToGoString(buckets[-1][1])}\n"
-        sum_line = f"{name}_{'gsum' if gauge else 'sum'}{braces} {floatToGoString(total)}\n"
+        count_line = f"{name}_{'gcount' if gauge else 'count'}{braces} {_number(buckets[-1][1])}\n"
+        sum_line = f"{name}_{'gsum' if gauge else 'sum'}{braces} {_number(total)}\n"
         if gauge:  # prometheus-client writes a gauge histogram's count and sum as two gauges after it
             counts.append(count_line)
             sums.append(sum_line)

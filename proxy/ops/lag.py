@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from redis.exceptions import ResponseError
@@ -53,20 +53,31 @@ def now_ms() -> int:
 async def produce_times(redis: AsyncRedis, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
     """qid -> produce time (ms) of the entry at ``offsets[qid]``, or of the first one after it when
     that offset is gone; qids whose stream has nothing from there are left out."""
-    if not offsets:
+    times = await produce_times_at(redis, [(topic, qid, offset) for qid, offset in offsets.items()])
+    return {qid: ms for (_, qid, _), ms in times.items()}
+
+
+Position = tuple[str, int, int]
+
+
+async def produce_times_at(redis: AsyncRedis, positions: Iterable[Position]) -> dict[Position, int]:
+    """Position (topic, qid, offset) -> produce time (ms) of the entry at that offset of the queue's stream, or
+    of the first one after it when that offset is gone; positions with nothing from there are left
+    out. One pipeline for them all (one round trip; on a cluster, one per master)."""
+    wanted = sorted(set(positions))
+    if not wanted:
         return {}
-    qids = sorted(offsets)
-    with map_redis_errors(f"reading produce times of {topic}"):
+    with map_redis_errors(f"reading produce times of {len(wanted)} queues"):
         async with redis.pipeline(transaction=False) as pipe:
-            for qid in qids:
-                pipe.xrange(keys.stream(topic, qid), f"0-{offsets[qid]}", "+", count=1)
+            for topic, qid, offset in wanted:
+                pipe.xrange(keys.stream(topic, qid), f"0-{offset}", "+", count=1)
             replies = await pipe.execute()
-    times: dict[int, int] = {}
-    for qid, entries in zip(qids, replies, strict=True):
+    times: dict[Position, int] = {}
+    for position, entries in zip(wanted, replies, strict=True):
         if entries:
             raw = entries[0][1].get(b"ts")
             if raw is not None and raw.isdigit():
-                times[qid] = int(raw)
+                times[position] = int(raw)
     return times
 
 

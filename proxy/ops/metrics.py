@@ -29,7 +29,7 @@ from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import PullBatch
 from ddmq.proxy.ops.collector import EngineCollector, LatencyHistogram, TopicFigures
 from ddmq.proxy.ops.exposition import render
-from ddmq.proxy.ops.lag import produce_times
+from ddmq.proxy.ops.lag import produce_times_at
 from ddmq.proxy.store.broker import map_redis_errors
 
 if TYPE_CHECKING:
@@ -125,33 +125,35 @@ class ProxyMetrics:
     async def refresh(self) -> None:
         """Read what the collector cannot read synchronously from Redis: produce offsets and the
         produce time of each held queue's first unfinished message (lag), dead-letter stream lengths
-        and lease holders."""
+        and lease holders. A few round trips whatever the number of queues: one per topic for the
+        offsets, one pipeline for every produce time, one for the dead letters and leases."""
         self.instrument(self._groups.groups.values())
         broker, redis = self._groups.broker, self._groups.redis
         if broker is None or redis is None:
             return
+        consumers = [(group.name, consumer) for group in self._groups.groups.values()
+                     for consumer in group.consumers.values() if consumer.queues]
+        topics = {(group, consumer.topic): consumer.queues for group, consumer in consumers}
         produced: dict[str, list[int]] = {}
         oldest: dict[tuple[str, str, int], int] = {}
-        topics: dict[tuple[str, str], int] = {}
-        for group in self._groups.groups.values():
-            for consumer in group.consumers.values():
-                if not consumer.queues:
-                    continue
-                topics[group.name, consumer.topic] = consumer.queues
-                try:
-                    if consumer.topic not in produced:
-                        produced[consumer.topic] = await broker.produce_offsets(consumer.topic, consumer.queues)
-                    offsets = produced[consumer.topic]
-                    behind = {
-                        qid: tracker.commit_point
-                        for qid, tracker in list(consumer.trackers.items())
-                        if qid < len(offsets) and offsets[qid] > tracker.commit_point
-                    }
-                    times = await produce_times(redis, consumer.topic, behind)
-                except DdmqError as exc:
-                    log.warning("metrics: %s (lag gauges left out of this scrape)", exc)
-                    continue
-                oldest.update(((group.name, consumer.topic, qid), ms) for qid, ms in times.items())
+        try:
+            for topic, queues in {consumer.topic: consumer.queues for _, consumer in consumers}.items():
+                produced[topic] = await broker.produce_offsets(topic, queues)
+            behind = {
+                (group, consumer.topic, qid): tracker.commit_point
+                for group, consumer in consumers
+                for qid, tracker in list(consumer.trackers.items())
+                if qid < len(produced[consumer.topic]) and produced[consumer.topic][qid] > tracker.commit_point
+            }
+            times = await produce_times_at(redis, [(topic, qid, at) for (_, topic, qid), at in behind.items()])
+        except DdmqError as exc:
+            log.warning("metrics: %s (lag gauges left out of this scrape)", exc)
+            produced = {}
+        else:
+            for (group, topic, qid), at in behind.items():
+                ms = times.get((topic, qid, at))
+                if ms is not None:
+                    oldest[group, topic, qid] = ms
         self.collector.produced = produced
         self.collector.oldest_ms = oldest
         try:

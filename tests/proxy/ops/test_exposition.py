@@ -38,7 +38,8 @@ def test_every_kind_and_awkward_label_values_render_as_prometheus_client_does() 
     for index, value in enumerate(odd):
         counter.add_metric([value, "e", "g"], index)
     gauge = Family("x_level", GAUGE, "Levels.", ["qid"])
-    for number in (0, 1, 2.5, 1_234_567, 10**7, 1e-7, float("inf"), -3):
+    for number in (0, 1, 2.5, 999_999, 1_000_000, 1_234_567, 10**7, 10**17, 1e-7, 3e20, float("inf"),
+                   float("-inf"), float("nan"), -3, -(10**16), -0.5):
         gauge.add_metric([str(number)], number)
     unlabelled = Family("x_one", GAUGE, "One.")
     unlabelled.add_metric([], 42)
