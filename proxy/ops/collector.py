@@ -76,23 +76,28 @@ class LatencyHistogram:
     action per message. Used from the event loop only. :class:`EngineCollector` exports it.
     """
 
-    __slots__ = ("bounds", "counts", "total")
+    __slots__ = ("_les", "bounds", "counts", "total")
 
     def __init__(self, bounds: Iterable[float]) -> None:
         self.bounds = tuple(sorted(bounds))
         self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound (+Inf)
         self.total = 0.0
+        self._les = [str(float(bound)) for bound in self.bounds] + ["+Inf"]
 
     def observe(self, seconds: float) -> None:
         self.counts[bisect_left(self.bounds, seconds)] += 1
         self.total += seconds
 
+    def add(self, other: LatencyHistogram) -> None:
+        """Count ``other``'s observations here too (same bounds)."""
+        if other.bounds != self.bounds:
+            raise ValueError("histograms with different buckets cannot be added")
+        self.counts = [mine + theirs for mine, theirs in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
+
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative ``(le, count)`` pairs, ending with ``+Inf``."""
-        cumulative = list(accumulate(self.counts))
-        pairs = [(str(float(bound)), float(count)) for bound, count in zip(self.bounds, cumulative, strict=False)]
-        pairs.append(("+Inf", float(cumulative[-1])))
-        return pairs
+        return list(zip(self._les, accumulate(self.counts), strict=True))
 
 
 class TopicFigures(NamedTuple):
@@ -294,7 +299,7 @@ class EngineCollector(Collector):
         for event, count in sorted(self._counters.items()):
             proxy_events.add_metric((event,), count)
         return [*_buffer_counters(groups, per_queue), *queues.families(), *self._redis_figures(),
-                *topics.families(), parked, proxy_events, self._action_histograms(),
+                *topics.families(), parked, proxy_events, self._action_histograms(per_queue),
                 *_server_metrics(self._server_stats())]
 
     def _queue_figures(
@@ -333,14 +338,28 @@ class EngineCollector(Collector):
             unowned.add_metric((name, topic), figures.unowned_queues)
         return [dead_letters, unowned]
 
-    def _action_histograms(self) -> Family:
+    def _action_histograms(self, per_queue: bool) -> Family:
+        """Per (group, action) by default, summed over the group's topics (an action's code is the same
+        for every topic); per (group, topic, action) with ``per_queue``. An action has its series from
+        its first call: an idle consumer costs no 18 series per action."""
         actions = Family(
             "ddmq_action_duration_seconds", HISTOGRAM,
             "Duration of one action call of the chain (an action answering ASYNC: until it took the job over).",
-            (*TOPIC_LABELS, "action"),
+            (*TOPIC_LABELS, "action") if per_queue else ("group", "action"),
         )
+        rows: dict[tuple[str, ...], LatencyHistogram] = {}
         for (group, topic, action), histogram in sorted(self._actions.items()):
-            actions.add_histogram((group, topic, action), histogram.buckets(), histogram.total)
+            if not any(histogram.counts):
+                continue
+            if per_queue:
+                rows[group, topic, action] = histogram
+                continue
+            merged = rows.get((group, action))
+            if merged is None:
+                merged = rows[group, action] = LatencyHistogram(histogram.bounds)
+            merged.add(histogram)
+        for values, histogram in rows.items():
+            actions.add_histogram(values, histogram.buckets(), histogram.total)
         return actions
 
 

@@ -146,14 +146,18 @@ def _histograms(family: Family, labels: _LabelStrings, out: list[str], doc: str)
     name, names = family.name, family.labels
     at = sum(1 for label in names if label < "le")  # where ``le`` goes among the sorted label names
     gauge = family.kind == GAUGE_HISTOGRAM
+    les: dict[str, str] = {}
     counts: list[str] = []
     sums: list[str] = []
     for values, buckets, total in family.histograms:
         pairs = labels.pairs(names, values)
-        head = "".join(f"{pair}," for pair in pairs[:at])
-        tail = "".join(f",{pair}" for pair in pairs[at:])
+        head = f"{name}_bucket{{" + "".join(f"{pair}," for pair in pairs[:at])
+        tail = "".join(f",{pair}" for pair in pairs[at:]) + "} "
         for le, count in buckets:
-            out.append(f'{name}_bucket{{{head}le="{_escape(le)}"{tail}}} {_number(count)}\n')
+            le_pair = les.get(le)
+            if le_pair is None:
+                le_pair = les[le] = f'le="{_escape(le)}"'
+            out.append(f"{head}{le_pair}{tail}{_number(count)}\n")
         braces = labels.braces(names, values)
         count_line = f"{name}_{'gcount' if gauge else 'count'}{braces} {_number(buckets[-1][1])}\n"
         sum_line = f"{name}_{'gsum' if gauge else 'sum'}{braces} {_number(total)}\n"
