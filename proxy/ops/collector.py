@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from itertools import accumulate
+from operator import attrgetter
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from prometheus_client.core import Metric
@@ -62,6 +63,8 @@ BUFFER_COUNTERS: Final = {
     ),
 }
 _STATS_FIELDS: Final = tuple(f.name for f in fields(BufferStats))
+#: A queue's BufferStats as a tuple, in ``_STATS_FIELDS`` order.
+_read_stats: Final = attrgetter(*_STATS_FIELDS)
 assert set(BUFFER_COUNTERS) == set(_STATS_FIELDS), "every BufferStats field is exported"
 
 QUEUE_LABELS: Final = ("group", "topic", "qid")
@@ -109,7 +112,7 @@ class TopicFigures(NamedTuple):
 
 
 class QueueFigures(NamedTuple):
-    """One opened queue's gauges at scrape time."""
+    """One opened queue's gauges at scrape time, or the sums over a (group, topic)'s opened queues."""
 
     in_flight: int
     ready: int
@@ -125,8 +128,8 @@ class QueueFigures(NamedTuple):
 
 
 class QueueFamilies:
-    """The queue-level gauges and the rollback counter: per queue with ``per_queue``, else one series
-    per (group, topic) holding the sum over its queues (the max for the age of the oldest message)."""
+    """The queue-level gauges and the rollback counter, per queue with ``per_queue``, else per
+    (group, topic) (:meth:`EngineCollector._summed_figures`: sums over the queues, the max age)."""
 
     def __init__(self, per_queue: bool) -> None:
         self.per_queue = per_queue
@@ -158,28 +161,8 @@ class QueueFamilies:
             "Times this proxy found Redis had lost writes it had read under a queue (a rollback).", labels,
         )
 
-    def add(self, group: str, topic: str, queues: list[tuple[int, QueueFigures]], rollbacks: Counter[int]) -> None:
-        if self.per_queue:
-            for qid, figures in queues:
-                self._add_queue((group, topic, str(qid)), figures)
-            # Every opened queue has the series (0 until a rollback), so increase() sees the first one.
-            for qid in sorted(rollbacks.keys() | {qid for qid, _ in queues}):
-                self.rollbacks.add_metric((group, topic, str(qid)), rollbacks[qid])
-            return
-        labels = (group, topic)
-        self.in_flight.add_metric(labels, sum(f.in_flight for _, f in queues))
-        self.ready.add_metric(labels, sum(f.ready for _, f in queues))
-        self.retry_wait.add_metric(labels, sum(f.retry_wait for _, f in queues))
-        self.unfinished.add_metric(labels, sum(f.unfinished for _, f in queues))
-        self.owned.add_metric(labels, sum(f.owned for _, f in queues))
-        known = [f for _, f in queues if f.produced is not None]
-        if known:
-            self.lag.add_metric(labels, sum(f.lag for f in known))
-            self.age.add_metric(labels, max(f.age_s for f in known))
-        # Per (group, topic) the series exists from the consumer's start: increase() sees the first rollback.
-        self.rollbacks.add_metric(labels, sum(rollbacks.values()))
-
-    def _add_queue(self, labels: tuple[str, ...], figures: QueueFigures) -> None:
+    def add(self, labels: tuple[str, ...], figures: QueueFigures) -> None:
+        """One queue's figures (per queue), or a (group, topic)'s summed ones."""
         self.in_flight.add_metric(labels, figures.in_flight)
         self.ready.add_metric(labels, figures.ready)
         self.retry_wait.add_metric(labels, figures.retry_wait)
@@ -192,6 +175,7 @@ class QueueFamilies:
             self.age.add_metric(labels, figures.age_s)
 
     def families(self) -> list[Family]:
+        # An offset has no meaningful sum: the offsets are exported per queue only.
         offsets = [self.committed, self.produce] if self.per_queue else []
         return [self.in_flight, self.ready, self.retry_wait, self.unfinished, self.owned, *offsets,
                 self.lag, self.age, self.rollbacks]
@@ -288,9 +272,12 @@ class EngineCollector(Collector):
         now = now_ms()
         for name, group in groups.items():
             parked.add_metric((name,), group.buffer.parked)
-            states: Counter[tuple[QueueId, JobState]] = Counter((job.queue, job.state) for job in group.buffer.jobs())
+            # Jobs by queue (per queue) or by topic, and state: one pass over what the buffer holds.
+            states: Counter[tuple[QueueId | str, JobState]] = Counter(
+                (job.queue if per_queue else job.queue.topic, job.state) for job in group.buffer.jobs()
+            )
             for topic, consumer in group.consumers.items():
-                queues.add(name, topic, self._queue_figures(name, consumer, states, now), consumer.rollbacks)
+                self._add_queues(queues, name, consumer, states, now)
                 topics.add(name, topic, consumer)
         proxy_events = Family(
             "ddmq_proxy_events", COUNTER, "Proxy-wide events (unknown_results: acks for unknown group/topic/qid).",
@@ -302,8 +289,25 @@ class EngineCollector(Collector):
                 *topics.families(), parked, proxy_events, self._action_histograms(per_queue),
                 *_server_metrics(self._server_stats())]
 
+    def _add_queues(
+        self, queues: QueueFamilies, group: str, consumer: TopicConsumer,
+        states: Counter[tuple[QueueId | str, JobState]], now: int,
+    ) -> None:
+        topic, rollbacks = consumer.topic, consumer.rollbacks
+        if not queues.per_queue:
+            queues.add((group, topic), self._summed_figures(group, consumer, states, now))
+            # The series exists from the consumer's start (0 until a rollback): increase() sees the first.
+            queues.rollbacks.add_metric((group, topic), sum(rollbacks.values()))
+            return
+        opened = self._queue_figures(group, consumer, states, now)
+        for qid, figures in opened:
+            queues.add((group, topic, str(qid)), figures)
+        # Every opened queue has the series (0 until a rollback), so increase() sees the first one.
+        for qid in sorted(rollbacks.keys() | {qid for qid, _ in opened}):
+            queues.rollbacks.add_metric((group, topic, str(qid)), rollbacks[qid])
+
     def _queue_figures(
-        self, group: str, consumer: TopicConsumer, states: Counter[tuple[QueueId, JobState]], now: int
+        self, group: str, consumer: TopicConsumer, states: Counter[tuple[QueueId | str, JobState]], now: int
     ) -> list[tuple[int, QueueFigures]]:
         """Each opened queue's figures (those with an offset tracker), by qid."""
         topic, held = consumer.topic, consumer.held
@@ -323,6 +327,33 @@ class EngineCollector(Collector):
                 tracker.unfinished, 1 if qid in held else 0, commit_point, produced, lag, age,
             )))
         return rows
+
+    def _summed_figures(
+        self, group: str, consumer: TopicConsumer, states: Counter[tuple[QueueId | str, JobState]], now: int
+    ) -> QueueFigures:
+        """The opened queues' figures together: sums (offsets too, which are not exported), and the age
+        of the oldest message among them. One pass, no object per queue: this runs for every queue."""
+        topic, held = consumer.topic, consumer.held
+        offsets = self.produced.get(topic)
+        oldest_ms = self.oldest_ms
+        unfinished = owned = committed = produced = lag = 0
+        first: int | None = None
+        for qid, tracker in consumer.trackers.items():
+            commit_point = tracker.commit_point
+            unfinished += tracker.unfinished
+            owned += qid in held
+            committed += commit_point
+            if offsets is not None and qid < len(offsets):
+                produced += offsets[qid]
+                lag += max(0, offsets[qid] - commit_point)
+                ms = oldest_ms.get((group, topic, qid))
+                if ms is not None and (first is None or ms < first):
+                    first = ms
+        return QueueFigures(
+            states[topic, JobState.IN_FLIGHT], states[topic, JobState.READY], states[topic, JobState.RETRY_WAIT],
+            unfinished, owned, committed, produced if offsets is not None else None, lag,
+            max(0, now - first) / 1000 if first is not None else 0.0,
+        )
 
     def _redis_figures(self) -> list[Family]:
         dead_letters = Family(
@@ -375,16 +406,12 @@ def _buffer_counters(groups: dict[str, ConsumerGroup], per_queue: bool) -> list[
                 for family, field in zip(families, _STATS_FIELDS, strict=True):
                     family.add_metric(values, getattr(stats, field))
             continue
-        sums: dict[str, list[int]] = {}
+        rows: dict[str, list[tuple[int, ...]]] = {}
         for queue, stats in group.buffer.queue_stats.items():
-            total = sums.get(queue.topic)
-            if total is None:
-                total = sums[queue.topic] = [0] * len(_STATS_FIELDS)
-            for index, field in enumerate(_STATS_FIELDS):
-                total[index] += getattr(stats, field)
-        for topic, total in sums.items():
-            for family, count in zip(families, total, strict=True):
-                family.add_metric((name, topic), count)
+            rows.setdefault(queue.topic, []).append(_read_stats(stats))
+        for topic, counts in rows.items():
+            for family, column in zip(families, zip(*counts, strict=True), strict=True):
+                family.add_metric((name, topic), sum(column))
     return families
 
 
