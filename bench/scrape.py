@@ -35,6 +35,7 @@ if __package__ in (None, ""):
     sys.path.append(str(here.parent))
 
 import aiohttp
+import redis
 
 from ddmq.config import parse
 from ddmq.protocol.producer import AsyncProducer
@@ -167,11 +168,16 @@ def main() -> int:
     parser.add_argument("--scrapes", type=int, default=5)
     parser.add_argument("--idle", action="store_true", help="no message at all (no counters, no histograms)")
     parser.add_argument("--start-timeout-s", type=float, default=900, help="to open every queue")
+    parser.add_argument("--maxclients", type=int, default=18000, help="Redis maxclients (capped by ulimit -n)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         redis_server = EmbeddedRedis(data_dir).start()
         try:
+            # Each queue's reader blocks on a connection of its own: past 8,000 queues the proxy holds
+            # more than Redis's default 10,000 clients.
+            with redis.Redis.from_url(redis_server.url) as client:
+                client.config_set("maxclients", args.maxclients)
             rows = asyncio.run(run(redis_server.url, args.groups, args.topics, args.queues, args.scrapes, args.idle,
                                    args.start_timeout_s))
         finally:
