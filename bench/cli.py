@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import Row, cpu_available, format_table, load_average, meta
+from bench.report import Row, format_table
 from bench.scenarios import SCENARIOS, Settings
 from bench.scenarios.throughput import PROFILED_ROWS
+from tests.harness.machine import cpu_available, load_average, meta
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

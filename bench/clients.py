@@ -1,4 +1,4 @@
-"""The client-side loads, each run in the client process (:mod:`bench.clientproc`).
+"""The client-side loads, each run in the client process (:mod:`tests.harness.clientproc`).
 
 Proxy side: :class:`~ddmq.client.thrift_client.AsyncProxyClient` connections pulling with DDMQ's
 protocol; the acks of a batch ride on the same connection's next pull (a final ``submit`` when it
@@ -19,11 +19,11 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.clientproc import Ready
 from bench.dataset import TOPIC
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol.connection import AsyncRedis, async_redis
 from ddmq.protocol.wire import ConsumeResult, ConsumeStatsRequest, Context, PullRequest, PullResponse, link_results
+from tests.harness.clientproc import Ready
 
 __all__ = [
     "KeyedWork",

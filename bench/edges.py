@@ -41,10 +41,10 @@ if __name__ == "__main__":  # run from a checkout: the repository root on the pa
         del sys.path[0]
     sys.path.append(str(here.parent))
 
-from bench.stack import ProxyRun, RedisServer, rss_mb
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import wire
 from ddmq.protocol.producer import Producer
+from tests.harness.stack import ProxyRun, RedisServer, rss_mb
 
 FRAME_BYTES = 16 * 1024 * 1024
 MESSAGES = 20_000

@@ -15,11 +15,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from bench.clientproc import Ready
 from ddmq.protocol import wire
 from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.protocol.wire import ConsumerService, TMessageType
 from ddmq.proxy.core.types import StoredMessage
+from tests.harness.clientproc import Ready
 
 
 @dataclass(frozen=True)

@@ -12,27 +12,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 
-from ddmq.client.handling import (
-    ACK,
-    FAIL,
-    Outcome,
-    count_outcome,
-    outcome_of_exception,
-    release_unhandled,
-    report,
-)
-from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS, Held, extend_every_s
+from ddmq.client.handling import ACK, FAIL, Outcome, outcome_of_exception
+from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS
+from ddmq.client.puller import PullConsumerBase, Puller
 from ddmq.client.pulling import (
     DEFAULT_MAX_BACKOFF_MS,
     DEFAULT_RETRY_SLEEP_MS,
-    Backoff,
     ConsumedMessage,
-    ConsumerStats,
-    Counters,
-    FatalError,
-    PendingResults,
     PullerSettings,
-    consumed_messages,
     split_runs,
 )
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
@@ -42,7 +29,7 @@ __all__ = ["AsyncPullConsumer"]
 log = logging.getLogger("ddmq.client.consumer")
 
 
-class AsyncPullConsumer:
+class AsyncPullConsumer(PullConsumerBase):
     """The asyncio twin of :class:`PullConsumer`: ``concurrency`` puller tasks (rounded up to the same
     number per server, at least one each, like ``threads``), an async processor.
 
@@ -70,28 +57,16 @@ class AsyncPullConsumer:
         max_per_key: int = 1,
         group_timeout_ms: int | None = DEFAULT_GROUP_TIMEOUT_MS,
     ) -> None:
-        self._settings = PullerSettings(
+        settings = PullerSettings(
             servers, group, topic, concurrency, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
             max_per_key,
         )
+        super().__init__(settings, on_error, group_timeout_ms)
         self._processor = processor
-        self._counters = Counters()
-        self._fatal = FatalError(on_error)
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._started = False
-        self._extend_every_s = extend_every_s(group_timeout_ms)
-        self._held: list[tuple[AsyncProxyClient, Held, asyncio.Lock]] = []
+        self._held: list[tuple[AsyncProxyClient, Puller, asyncio.Lock]] = []
         self._keeper: asyncio.Task[None] | None = None
-
-    @property
-    def stats(self) -> ConsumerStats:
-        return self._counters.snapshot()
-
-    @property
-    def error(self) -> ProxyClientError | None:
-        """The non-retriable error that stopped the consumer, if one did."""
-        return self._fatal.error
 
     @property
     def running(self) -> bool:
@@ -99,9 +74,7 @@ class AsyncPullConsumer:
         return any(not task.done() for task in self._tasks)
 
     async def start(self) -> None:
-        if self._started:
-            raise RuntimeError("AsyncPullConsumer.start() called twice")
-        self._started = True
+        self._start_once()
         for index in range(self._settings.pullers):
             host, port = self._settings.server_for(index)
             self._tasks.append(asyncio.create_task(self._run_puller(host, port), name=f"ddmq-puller-{index}"))
@@ -154,6 +127,8 @@ class AsyncPullConsumer:
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, waking early when the consumer stops."""
+        if seconds <= 0:
+            return
         try:
             async with asyncio.timeout(seconds):
                 await self._stopping.wait()
@@ -161,87 +136,75 @@ class AsyncPullConsumer:
             pass
 
     async def _run_puller(self, host: str, port: int) -> None:
-        settings = self._settings
-        pending = PendingResults(settings.group)
-        backoff = Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
-        held, held_lock = Held(settings.group), asyncio.Lock()
+        puller, held_lock = self._new_puller(host, port), asyncio.Lock()
         batch: list[ConsumedMessage] = []
         done: set[int] = set()  # ids of the batch's messages already answered
-        async with AsyncProxyClient(host, port, settings.timeout_s) as client:
-            self._held.append((client, held, held_lock))
+        async with AsyncProxyClient(host, port, self._settings.timeout_s) as client:
+            self._held.append((client, puller, held_lock))
             try:
                 while not self._stopping.is_set():
                     started = time.monotonic()
                     async with held_lock:
-                        held.let_go()  # this pull carries their results: nothing left to extend
+                        puller.held.let_go()  # this pull carries their results: nothing left to extend
                     batch, done = [], set()
                     try:
-                        response = await client.pull(settings.request(pending))
+                        response = await client.pull(puller.request())
                     except ProxyClientError as exc:
-                        self._counters.add(errors=1)
-                        if not exc.retriable:
-                            self._fatal.record(exc, host, port)
+                        delay_s = puller.failed(exc)
+                        if delay_s is None:
                             self.stop()
                             break
-                        delay_s = backoff.next_s()
-                        log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
                         await self._pause(delay_s)
                         continue
-                    pending.clear()
-                    backoff.reset()
-                    self._counters.add(answered=1)
-                    batch = consumed_messages(response)
+                    batch, pause_s = puller.answered(response, started)
                     if not batch:
-                        if settings.returned_early(time.monotonic() - started):
-                            await self._pause(settings.retry_sleep_ms / 1000)
+                        await self._pause(pause_s)
                         continue
-                    self._counters.add(pulled=len(batch))
                     async with held_lock:
-                        held.hold(batch, time.monotonic())
-                    runs = split_runs(response, batch)
-                    if len(runs) == len(batch):  # one message per key: no task per run needed
-                        for message in batch:
-                            if self._stopping.is_set():
-                                break
-                            await self._process_run([message], pending, done)
-                    else:
-                        await asyncio.gather(*(self._process_run(run, pending, done) for run in runs))
+                        puller.held.hold(batch, time.monotonic())
+                    await self._process_batch(split_runs(response, batch), puller, done)
                     # What stopping left unhandled is given back; the rest of a run that failed is not.
-                    release_unhandled([m for m in batch if id(m) not in done and self._stopping.is_set()], pending,
-                             self._counters)
+                    puller.release([m for m in batch if id(m) not in done and self._stopping.is_set()])
             except asyncio.CancelledError:
                 # close() ran out of patience: give back what was not handled, report what was, and go.
-                release_unhandled([m for m in batch if id(m) not in done], pending, self._counters)
-                await asyncio.shield(self._final_submit(client, held, held_lock, pending, 1.0))
+                puller.release([m for m in batch if id(m) not in done])
+                await asyncio.shield(self._final_submit(client, puller, held_lock, 1.0))
                 raise
-            await self._final_submit(client, held, held_lock, pending, None)
+            await self._final_submit(client, puller, held_lock, None)
 
-    async def _final_submit(self, client: AsyncProxyClient, held: Held, held_lock: asyncio.Lock,
-                            pending: PendingResults, timeout_s: float | None) -> None:
+    async def _final_submit(
+        self, client: AsyncProxyClient, puller: Puller, held_lock: asyncio.Lock, timeout_s: float | None
+    ) -> None:
         async with held_lock:
-            held.let_go()
-        if not pending:
+            final = puller.final()
+        if final is None:
             return
         try:
             async with asyncio.timeout(timeout_s):
-                await client.submit(pending.to_wire())
+                await client.submit(final)
         except (ProxyClientError, TimeoutError) as exc:
-            self._counters.add(errors=1)
-            log.warning("final submit of %d results to %s:%d failed: %s (they will be redelivered)",
-                        len(pending), client.host, client.port, exc)
+            puller.final_failed(exc)
 
-    async def _process_run(self, run: list[ConsumedMessage], pending: PendingResults, done: set[int]) -> None:
+    async def _process_batch(self, runs: list[list[ConsumedMessage]], puller: Puller, done: set[int]) -> None:
+        """The batch's runs: one after another when each is one message (no task per run needed), else
+        concurrently (different runs are different keys)."""
+        if all(len(run) == 1 for run in runs):
+            for run in runs:
+                if self._stopping.is_set():
+                    break
+                await self._process_run(run, puller, done)
+        else:
+            await asyncio.gather(*(self._process_run(run, puller, done) for run in runs))
+
+    async def _process_run(self, run: list[ConsumedMessage], puller: Puller, done: set[int]) -> None:
         """A key's run, in order, up to its first message not acked (the rest is left unreported)."""
         for index, message in enumerate(run):
             if self._stopping.is_set():
                 return  # the puller releases what is left
             outcome = await self._process(message)
             done.add(id(message))
-            count_outcome(outcome, self._counters)
-            report(pending, message, outcome)
-            if not outcome.acked:
+            if not puller.settle(run, index, outcome):
                 done.update(id(rest) for rest in run[index + 1:])
-                self._counters.add(unreported=len(run) - index - 1)
                 return
 
     async def _process(self, message: ConsumedMessage) -> Outcome:
@@ -256,15 +219,14 @@ class AsyncPullConsumer:
         assert every_s is not None
         while True:
             await asyncio.sleep(every_s / 4)
-            for client, held, held_lock in list(self._held):
+            for client, puller, held_lock in list(self._held):
                 async with held_lock:
-                    extension = held.extension(time.monotonic(), every_s)
+                    extension = puller.extension(every_s)
                     if extension is None:
                         continue
                     try:
                         await client.submit(extension)
                     except ProxyClientError as exc:
-                        log.warning("extending %d held messages on %s:%d failed: %s",
-                                    len(held), client.host, client.port, exc)
-                        continue
-                self._counters.add(extended=len(held))
+                        puller.extended(exc)
+                    else:
+                        puller.extended(None)

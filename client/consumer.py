@@ -31,7 +31,8 @@ unreported; the proxy delivers it again, in order, once the failed message is fi
 are different keys: :class:`AsyncPullConsumer` processes the runs of one pull concurrently,
 :class:`PullConsumer` one after another in the puller thread (other pullers serve other keys).
 
-The parts both consumers are built from live in :mod:`ddmq.client.pulling`, what a processor's answer
+Both consumers drive one puller logic, :mod:`ddmq.client.puller` (each adds only its threads or tasks
+and its calls); the parts it is built from live in :mod:`ddmq.client.pulling`, what a processor's answer
 means in :mod:`ddmq.client.handling`, the extensions of held messages in :mod:`ddmq.client.keepalive`;
 :class:`AsyncPullConsumer` is in :mod:`ddmq.client.async_consumer`; ``ddmq consume`` is
 :mod:`ddmq.client.consume_cli`.
@@ -47,20 +48,16 @@ from functools import partial
 from types import TracebackType
 
 from ddmq.client.async_consumer import AsyncPullConsumer
-from ddmq.client.handling import Retry, count_outcome, outcome_of, release_unhandled, report
-from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS, Held, extend_every_s
+from ddmq.client.handling import Retry, outcome_of
+from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS
+from ddmq.client.puller import PullConsumerBase, Puller
 from ddmq.client.pulling import (
     DEFAULT_MAX_BACKOFF_MS,
     DEFAULT_RETRY_SLEEP_MS,
-    Backoff,
     ConsumedMessage,
     ConsumerStats,
-    Counters,
-    FatalError,
     NotProcessed,
-    PendingResults,
     PullerSettings,
-    consumed_messages,
     parse_servers,
     split_runs,
 )
@@ -79,7 +76,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class PullConsumer:
+class PullConsumer(PullConsumerBase):
     """Consume a group with puller threads over ``servers``: ``threads`` in all, rounded up so that every
     server has the same number and at least one (``threads=1`` with three servers runs three threads).
 
@@ -119,34 +116,22 @@ class PullConsumer:
         max_per_key: int = 1,
         group_timeout_ms: int | None = DEFAULT_GROUP_TIMEOUT_MS,
     ) -> None:
-        self._settings = PullerSettings(
+        settings = PullerSettings(
             servers, group, topic, threads, batch_size, linger_ms, retry_sleep_ms, max_backoff_ms, timeout_s,
             max_per_key,
         )
+        super().__init__(settings, on_error, group_timeout_ms)
         self._processor = processor
-        self._counters = Counters()
-        self._fatal = FatalError(on_error)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         # One per puller, set when it has ended. Liveness is read from these, not Thread.is_alive():
         # on Python < 3.13 a join() interrupted by Ctrl-C can mark a live thread as stopped, and the
         # process would then exit before the pullers release their messages.
         self._ended: list[threading.Event] = []
-        self._started = False
-        self._extend_every_s = extend_every_s(group_timeout_ms)
-        self._held: list[tuple[ProxyClient, Held, threading.Lock]] = []
+        self._held: list[tuple[ProxyClient, Puller, threading.Lock]] = []
         self._held_lock = threading.Lock()
         self._keeper: threading.Thread | None = None
         self._pullers_done = threading.Event()
-
-    @property
-    def stats(self) -> ConsumerStats:
-        return self._counters.snapshot()
-
-    @property
-    def error(self) -> ProxyClientError | None:
-        """The non-retriable error that stopped the consumer, if one did."""
-        return self._fatal.error
 
     @property
     def answered(self) -> int:
@@ -159,9 +144,7 @@ class PullConsumer:
         return not all(ended.is_set() for ended in self._ended)
 
     def start(self) -> None:
-        if self._started:
-            raise RuntimeError("PullConsumer.start() called twice")
-        self._started = True
+        self._start_once()
         for index in range(self._settings.pullers):
             host, port = self._settings.server_for(index)
             ended = threading.Event()
@@ -235,69 +218,47 @@ class PullConsumer:
             ended.set()
 
     def _run_puller(self, host: str, port: int) -> None:
-        settings = self._settings
-        pending = PendingResults(settings.group)
-        backoff = Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
-        held, held_lock = Held(settings.group), threading.Lock()
-        with ProxyClient(host, port, settings.timeout_s) as client:
+        puller, held_lock = self._new_puller(host, port), threading.Lock()
+        with ProxyClient(host, port, self._settings.timeout_s) as client:
             with self._held_lock:
-                self._held.append((client, held, held_lock))
+                self._held.append((client, puller, held_lock))
             while not self._stopping.is_set():
                 started = time.monotonic()
                 with held_lock:
-                    held.let_go()  # this pull carries their results: nothing left to extend
+                    puller.held.let_go()  # this pull carries their results: nothing left to extend
                 try:
-                    response = client.pull(settings.request(pending))
+                    response = client.pull(puller.request())
                 except ProxyClientError as exc:
-                    self._counters.add(errors=1)
-                    if not exc.retriable:
-                        self._fatal.record(exc, host, port)
+                    delay_s = puller.failed(exc)
+                    if delay_s is None:
                         self.stop()
                         break
-                    delay_s = backoff.next_s()
-                    log.warning("pull from %s:%d failed: %s; retrying in %.1f s", host, port, exc, delay_s)
                     self._stopping.wait(delay_s)
                     continue
-                pending.clear()
-                backoff.reset()
-                self._counters.add(answered=1)
-                messages = consumed_messages(response)
+                messages, pause_s = puller.answered(response, started)
                 if not messages:
-                    if settings.returned_early(time.monotonic() - started):
-                        self._stopping.wait(settings.retry_sleep_ms / 1000)
+                    self._stopping.wait(pause_s)
                     continue
-                self._counters.add(pulled=len(messages))
                 with held_lock:
-                    held.hold(messages, time.monotonic())
+                    puller.held.hold(messages, time.monotonic())
                 for run in split_runs(response, messages):
-                    self._process_run(run, pending)
+                    self._process_run(run, puller)
             with held_lock:
-                held.let_go()
-            if pending:
+                final = puller.final()
+            if final is not None:
                 try:
-                    client.submit(pending.to_wire())
+                    client.submit(final)
                 except ProxyClientError as exc:
-                    self._counters.add(errors=1)
-                    log.warning(
-                        "final submit of %d results to %s:%d failed: %s (they will be redelivered)",
-                        len(pending),
-                        host,
-                        port,
-                        exc,
-                    )
+                    puller.final_failed(exc)
 
-    def _process_run(self, run: list[ConsumedMessage], pending: PendingResults) -> None:
+    def _process_run(self, run: list[ConsumedMessage], puller: Puller) -> None:
         """A key's run, in order, up to its first message not acked (the rest is left unreported). Once
         the consumer is stopping, what is not handled yet is released: given back without an attempt."""
         for index, message in enumerate(run):
             if self._stopping.is_set():
-                release_unhandled(run[index:], pending, self._counters)
+                puller.release(run[index:])
                 return
-            outcome = outcome_of(partial(self._processor, message), message)
-            count_outcome(outcome, self._counters)
-            report(pending, message, outcome)
-            if not outcome.acked:
-                self._counters.add(unreported=len(run) - index - 1)
+            if not puller.settle(run, index, outcome_of(partial(self._processor, message), message)):
                 return
 
     def _keep_alive(self) -> None:
@@ -308,15 +269,14 @@ class PullConsumer:
         while not self._pullers_done.wait(every_s / 4) and not (self._stopping.is_set() and not self.running):
             with self._held_lock:
                 pullers = list(self._held)
-            for client, held, held_lock in pullers:
+            for client, puller, held_lock in pullers:
                 with held_lock:
-                    extension = held.extension(time.monotonic(), every_s)
+                    extension = puller.extension(every_s)
                     if extension is None:
                         continue
                     try:
                         client.submit(extension)
                     except ProxyClientError as exc:
-                        log.warning("extending %d held messages on %s:%d failed: %s",
-                                    len(held), client.host, client.port, exc)
-                        continue
-                self._counters.add(extended=len(held))
+                        puller.extended(exc)
+                    else:
+                        puller.extended(None)

@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -39,6 +40,7 @@ __all__ = [
     "async_redis",
     "check_url",
     "eval_script",
+    "eval_scripts",
     "is_cluster_url",
     "quiet_dropped_cluster_nodes",
     "redact_url",
@@ -146,6 +148,8 @@ def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
 
 
 _SHAS: dict[str, str] = {}
+#: Script calls in flight at once on a Cluster (see :func:`eval_scripts`).
+_CLUSTER_CONCURRENCY = 64
 
 
 async def eval_script(client: AsyncRedis, script: str, keys: list[str], args: list[Any]) -> Any:
@@ -154,13 +158,50 @@ async def eval_script(client: AsyncRedis, script: str, keys: list[str], args: li
     A restarted server, or a replica just promoted to master, has an empty script cache; redis-py's
     ``register_script`` would then ``SCRIPT LOAD`` to the masters it knew before the failover. EVAL
     sends the script to the node that owns the keys (and caches it there)."""
-    sha = _SHAS.get(script)
-    if sha is None:
-        sha = _SHAS[script] = hashlib.sha1(script.encode()).hexdigest()
+    sha = _sha(script)
     try:
         return await client.evalsha(sha, len(keys), *keys, *args)
     except NoScriptError:
         return await client.eval(script, len(keys), *keys, *args)
+
+
+async def eval_scripts(client: AsyncRedis, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+    """Run many script calls (script, keys, args) at once: in one pipeline (one round trip) on a single
+    Redis; on a Cluster, where each call's keys must share a slot as usual, concurrently, 64 at a time
+    (redis-py's cluster pipeline takes no scripts).
+    Calls whose node did not know their script are sent again with its text (see :func:`eval_script`).
+    Each answer is the script's reply or the exception it raised; a failure of the whole pipeline (no
+    connection) raises."""
+    if not calls:
+        return []
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        # redis-py's cluster pipeline refuses scripts: the calls go out concurrently instead (each to
+        # its slot's master), a bounded number at a time.
+        replies_: list[Any] = []
+        for start in range(0, len(calls), _CLUSTER_CONCURRENCY):
+            chunk = calls[start:start + _CLUSTER_CONCURRENCY]
+            replies_ += await asyncio.gather(*(eval_script(client, *call) for call in chunk), return_exceptions=True)
+        return replies_
+    async with client.pipeline(transaction=False) as pipe:
+        for script, keys, args in calls:
+            pipe.evalsha(_sha(script), len(keys), *keys, *args)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+    unknown = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if unknown:
+        async with client.pipeline(transaction=False) as pipe:
+            for index in unknown:
+                script, keys, args = calls[index]
+                pipe.eval(script, len(keys), *keys, *args)
+            for index, reply in zip(unknown, await pipe.execute(raise_on_error=False), strict=True):
+                replies[index] = reply
+    return replies
+
+
+def _sha(script: str) -> str:
+    sha = _SHAS.get(script)
+    if sha is None:
+        sha = _SHAS[script] = hashlib.sha1(script.encode()).hexdigest()
+    return sha
 
 
 def _streams_keys(args: tuple[Any, ...]) -> list[Any] | None:

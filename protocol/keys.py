@@ -187,6 +187,12 @@ def key_commands(group: str, topic: str) -> str:
     return f"{PREFIX}:keycmd:{{{group}:{topic}}}"
 
 
+def key_command_bell() -> str:
+    """One stream for every group and topic: each key command is posted here too (with its group and
+    topic), so a proxy watches one stream, blocking, instead of polling one per (group, topic)."""
+    return f"{PREFIX}:keycmd:bell"
+
+
 def key_command_replies(group: str, topic: str, command_id: str) -> str:
     return f"{key_commands(group, topic)}:r:{command_id}"
 

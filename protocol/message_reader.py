@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 __all__ = ["read_message", "read_messages"]
 
 
+#: An empty properties map and produceTime's field header: what follows a message's offset.
+_EMPTY_PROPERTIES_THEN_TIME = bytes((PROPERTIES_HEADER, 0, PRODUCE_TIME_HEADER))
+
+
 class _OtherLayout(Exception):
     """A struct is not in the layout a fast path expects (read it the generic way)."""
 
@@ -80,33 +84,39 @@ def read_message(reader: CompactReader) -> Message:
 
 
 def read_messages(reader: CompactReader, count: int) -> list[Message]:
-    """``count`` Messages laid out as the proxy writes them, in one loop without the generic field reader.
-
-    Every read index is checked by Python (``IndexError``) and every slice ends before the next
-    index read, so a message that runs past the payload or is laid out any other way (a key or tag
-    of 128 bytes or more, properties, a missing field) is read again by :func:`read_message`,
-    which also reports what is wrong with it.
+    """``count`` Messages laid out as the proxy writes them, in one loop without the generic field reader
+    (:func:`_read_run`). A message that runs past the payload or is laid out any other way (a key or tag
+    of 128 bytes or more, properties, a missing field) is read again by :func:`read_message`, which
+    also reports what is wrong with it, and the loop goes on behind it.
     """
-    data = reader._data
-    pos = reader._pos
-    new = object.__new__
-    # the layout's field headers as locals: this loop runs for every message of a reply
-    key_header, value_header, tag_header = KEY_HEADER, VALUE_HEADER, TAG_HEADER
-    offset_header, properties_header, produce_time_header = OFFSET_HEADER, PROPERTIES_HEADER, PRODUCE_TIME_HEADER
-    stop, max_shift = CompactType.STOP, 7 * VARINT_MAX_BYTES
     messages: list[Message] = []
-    append = messages.append
+    data = reader._data
+    pos = _read_run(data, reader._pos, count, messages)
+    while len(messages) < count:
+        reader._pos = pos
+        messages.append(read_message(reader))
+        pos = _read_run(data, reader._pos, count - len(messages), messages)
+    reader._pos = pos
+    return messages
+
+
+def _read_run(data: bytes, pos: int, count: int, messages: list[Message]) -> int:
+    """Up to ``count`` Messages in the proxy's layout from ``data`` at ``pos``, appended to ``messages``;
+    returns where they end: where the first one in another layout starts, if one does. Every index read
+    is checked by Python (``IndexError``), every slice ends before the next index read, and a length read
+    from the payload moves the reading on only until its field's check rejects it."""
+    new, append = object.__new__, messages.append
+    # the layout's field headers as locals: this loop runs for every message of a reply
+    key_header, value_header, tag_header, offset_header = KEY_HEADER, VALUE_HEADER, TAG_HEADER, OFFSET_HEADER
+    empty_tail, stop, max_shift = _EMPTY_PROPERTIES_THEN_TIME, CompactType.STOP, 7 * VARINT_MAX_BYTES
     for _ in range(count):
         start = pos
         try:
-            # key: a length under 128
-            if data[pos] != key_header or data[pos + 1] & 0x80:
-                raise _OtherLayout
+            # key and tag: a length under 128; value: any length (bodies are often 128 bytes or more)
             end = pos + 2 + data[pos + 1]
-            key = data[pos + 2 : end]
-            # value: any length (bodies are often 128 bytes or more)
-            if data[end] != value_header:
+            if data[pos] != key_header or data[pos + 1] & 0x80 or data[end] != value_header:
                 raise _OtherLayout
+            key = data[pos + 2 : end]
             size = data[end + 1]
             if size & 0x80:
                 size, pos = read_varint(data, end + 1)
@@ -114,55 +124,39 @@ def read_messages(reader: CompactReader, count: int) -> list[Message]:
                 pos = end + 2
             end = pos + size
             value = data[pos:end]
-            # tag, as the key
-            if data[end] != tag_header or data[end + 1] & 0x80:
-                raise _OtherLayout
             pos = end + 2 + data[end + 1]
+            if data[end] != tag_header or data[end + 1] & 0x80 or data[pos] != offset_header:
+                raise _OtherLayout
             tag = data[end + 2 : pos]
             # offset and, after an empty properties map, produceTime: zigzag varints. read_varint's
             # loop is written out here (twice) because a call per varint costs a tenth of this loop.
-            if data[pos] != offset_header:
-                raise _OtherLayout
             pos += 1
-            number = shift = 0
-            while True:
-                byte = data[pos]
-                pos += 1
-                number |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
+            offset = shift = 0
+            while (byte := data[pos]) & 0x80:
+                offset |= (byte & 0x7F) << shift
                 shift += 7
-                if shift >= max_shift:
-                    raise _OtherLayout
-            offset = (number >> 1) ^ -(number & 1)
-            if data[pos] != properties_header or data[pos + 1] != 0 or data[pos + 2] != produce_time_header:
-                raise _OtherLayout
-            pos += 3
-            number = shift = 0
-            while True:
-                byte = data[pos]
                 pos += 1
-                number |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
-                shift += 7
-                if shift >= max_shift:
-                    raise _OtherLayout
-            if data[pos] != stop:  # also proves no slice above ran past the payload
+            offset |= byte << shift
+            if shift >= max_shift or data[pos + 1 : pos + 4] != empty_tail:
                 raise _OtherLayout
-            pos += 1
+            pos += 4
+            number = shift = 0
+            while (byte := data[pos]) & 0x80:
+                number |= (byte & 0x7F) << shift
+                shift += 7
+                pos += 1
+            number |= byte << shift
+            if shift >= max_shift or data[pos + 1] != stop:  # also proves no slice above ran past the payload
+                raise _OtherLayout
+            pos += 2
         except (_OtherLayout, IndexError, VarintTooLongError):
-            reader._pos = start
-            append(read_message(reader))
-            pos = reader._pos
-            continue
+            return start
         message = new(Message)
         message.key = key.decode("utf-8")
         message.value = value
         message.tag = tag.decode("utf-8")
-        message.offset = offset
+        message.offset = (offset >> 1) ^ -(offset & 1)
         message.properties = {}
         message.produceTime = (number >> 1) ^ -(number & 1)
         append(message)
-    reader._pos = pos
-    return messages
+    return pos

@@ -33,14 +33,13 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
-from ddmq.protocol import keys
 from ddmq.protocol.connection import (
     REDIS_ERRORS,
     AsyncRedis,
@@ -63,18 +62,14 @@ from ddmq.protocol.produce_calls import (
     MESSAGE_FIELDS,
     OutgoingMessage,
     Planner,
-    Send,
     SendResult,
-    Sequences,
     as_message,
 )
+from ddmq.protocol.produce_steps import Execute, ProducerCore, Stepper, Steps
 from ddmq.protocol.queues import (
     ProduceError,
     TopicMismatchError,
-    check_declared,
-    check_queue_count,
     ensure_topic,
-    parse_queues,
     repair_queue,
 )
 from ddmq.protocol.scripts import IDEMPOTENT_PRODUCE_LUA
@@ -94,6 +89,9 @@ __all__ = [
     "ensure_topic",
     "repair_queue",
 ]
+
+T = TypeVar("T")
+
 
 def _client_options(url: str, request_timeout_ms: int, asynchronous: bool) -> dict[str, Any]:
     """Socket timeouts for a client the producer builds, and no retries inside redis-py on one server:
@@ -165,10 +163,7 @@ class Producer:
             default_queues, maxlen, delivery_timeout_ms, request_timeout_ms, retry_backoff_ms,
             retry_backoff_max_ms, dedup_window_s, max_message_bytes,
         )
-        self._planner = settings.planner()
-        self._policy = settings.policy()
-        #: retries made by every send so far (``ddmq produce`` reports it)
-        self.retries = 0
+        planner = settings.planner()  # checks the settings before a client is built
         self._lock = threading.Lock()
         if isinstance(url_or_client, str):
             try:
@@ -181,7 +176,13 @@ class Producer:
         else:
             self._redis = url_or_client
             self._owned = False
-        self._script: Script = self._redis.register_script(IDEMPOTENT_PRODUCE_LUA)
+        script: Script = self._redis.register_script(IDEMPOTENT_PRODUCE_LUA)
+        self._core = ProducerCore(planner, settings.policy(), self._redis, script.sha)
+
+    @property
+    def retries(self) -> int:
+        """Retries made by every send so far (``ddmq produce`` reports it)."""
+        return self._core.retries
 
     def __enter__(self) -> Producer:
         return self
@@ -195,44 +196,32 @@ class Producer:
         if self._owned:
             self._redis.close()
 
+    def _run(self, steps: Steps[T]) -> T:
+        stepper = Stepper(steps)
+        while (step := stepper.next()) is not None:
+            if not isinstance(step, Execute):
+                time.sleep(step)
+                continue
+            try:
+                stepper.value = step.pipe.execute(raise_on_error=step.raise_on_error)
+            except REDIS_ERRORS as exc:
+                stepper.error = exc
+        return stepper.result
+
     def queue_count(self, topic: str) -> int:
         """The topic's number of queues; creates the topic with ``default_queues`` if it is missing."""
-        keys.check_name("topic", topic)
-        cached = self._planner.queues.get(topic)
-        if cached is None:
-            cached = self._topic_queues(topic, self._planner.default_queues)
-            self._planner.queues[topic] = cached
-        return cached
+        return self._run(self._core.queue_count(topic))
 
     def ensure_topic(self, topic: str, queues: int) -> int:
         """Create the topic with ``queues`` queues, or check that it has that many.
 
         Raises :class:`TopicMismatchError` when it exists with a different number.
         """
-        keys.check_name("topic", topic)
-        check_queue_count(queues)
-        stored = check_declared(topic, self._topic_queues(topic, queues), queues)
-        self._planner.queues[topic] = stored
-        return stored
+        return self._run(self._core.ensure_topic(topic, queues))
 
     def check_message(self, message: OutgoingMessage) -> None:
         """What ``send_batch`` would refuse this message for (TypeError, ValueError, MessageTooLargeError)."""
-        self._planner.encode(message, 0)
-
-    def _topic_queues(self, topic: str, queues: int) -> int:
-        send = Send(topic, [], 0, Sequences(), self._policy)  # no produce call: no sequence to give up
-        while True:
-            try:
-                pipe = self._redis.pipeline(transaction=False)
-                pipe.hsetnx(keys.topic_meta(topic), "queues", queues)
-                pipe.hget(keys.topic_meta(topic), "queues")
-                pipe.sadd(keys.topics(), topic)
-                _, raw, _ = pipe.execute()
-                return parse_queues(topic, raw)
-            except REDIS_ERRORS as exc:
-                send.lost([], exc)
-            time.sleep(send.before_retry())
-            self.retries += 1
+        self._core.planner.encode(message, 0)
 
     def send(
         self,
@@ -256,26 +245,7 @@ class Producer:
             return []
         queues = self.queue_count(topic)
         with self._lock:
-            calls = self._planner.plan(topic, batch, queues)
-            send = Send(topic, calls, len(batch), self._planner.sequences, self._policy)
-            try:
-                while send.pending:
-                    chosen = send.round()
-                    backoff = False
-                    try:
-                        pipe = self._redis.pipeline(transaction=False)
-                        for index in chosen:
-                            # the raw command: redis-py's cluster pipelines refuse evalsha(), yet route this by its keys
-                            pipe.execute_command(*send.command(index, self._script.sha))
-                        backoff = send.absorb(chosen, pipe.execute(raise_on_error=False))
-                    except REDIS_ERRORS as exc:
-                        send.lost(chosen, exc)
-                        backoff = True
-                    if backoff and send.pending:
-                        time.sleep(send.before_retry())
-            finally:
-                self.retries += send.retries
-            return send.results()
+            return self._run(self._core.send_batch(topic, batch, queues))
 
 
 class AsyncProducer:
@@ -303,9 +273,7 @@ class AsyncProducer:
             default_queues, maxlen, delivery_timeout_ms, request_timeout_ms, retry_backoff_ms,
             retry_backoff_max_ms, dedup_window_s, max_message_bytes,
         )
-        self._planner = settings.planner()
-        self._policy = settings.policy()
-        self.retries = 0
+        planner = settings.planner()  # checks the settings before a client is built
         self._lock = asyncio.Lock()
         if isinstance(url_or_client, str):
             self._redis: AsyncRedis = async_redis(
@@ -315,7 +283,13 @@ class AsyncProducer:
         else:
             self._redis = url_or_client
             self._owned = False
-        self._script: AsyncScript = self._redis.register_script(IDEMPOTENT_PRODUCE_LUA)
+        script: AsyncScript = self._redis.register_script(IDEMPOTENT_PRODUCE_LUA)
+        self._core = ProducerCore(planner, settings.policy(), self._redis, script.sha)
+
+    @property
+    def retries(self) -> int:
+        """Retries made by every send so far."""
+        return self._core.retries
 
     async def __aenter__(self) -> AsyncProducer:
         return self
@@ -329,41 +303,29 @@ class AsyncProducer:
         if self._owned:
             await self._redis.aclose()
 
+    async def _run(self, steps: Steps[T]) -> T:
+        stepper = Stepper(steps)
+        while (step := stepper.next()) is not None:
+            if not isinstance(step, Execute):
+                await asyncio.sleep(step)
+                continue
+            try:
+                stepper.value = await step.pipe.execute(raise_on_error=step.raise_on_error)
+            except REDIS_ERRORS as exc:
+                stepper.error = exc
+        return stepper.result
+
     async def queue_count(self, topic: str) -> int:
         """The topic's number of queues; creates the topic with ``default_queues`` if it is missing."""
-        keys.check_name("topic", topic)
-        cached = self._planner.queues.get(topic)
-        if cached is None:
-            cached = await self._topic_queues(topic, self._planner.default_queues)
-            self._planner.queues[topic] = cached
-        return cached
+        return await self._run(self._core.queue_count(topic))
 
     async def ensure_topic(self, topic: str, queues: int) -> int:
         """See :func:`ensure_topic`."""
-        keys.check_name("topic", topic)
-        check_queue_count(queues)
-        stored = check_declared(topic, await self._topic_queues(topic, queues), queues)
-        self._planner.queues[topic] = stored
-        return stored
+        return await self._run(self._core.ensure_topic(topic, queues))
 
     def check_message(self, message: OutgoingMessage) -> None:
         """What ``send_batch`` would refuse this message for (TypeError, ValueError, MessageTooLargeError)."""
-        self._planner.encode(message, 0)
-
-    async def _topic_queues(self, topic: str, queues: int) -> int:
-        send = Send(topic, [], 0, Sequences(), self._policy)  # no produce call: no sequence to give up
-        while True:
-            try:
-                pipe = self._redis.pipeline(transaction=False)
-                pipe.hsetnx(keys.topic_meta(topic), "queues", queues)
-                pipe.hget(keys.topic_meta(topic), "queues")
-                pipe.sadd(keys.topics(), topic)
-                _, raw, _ = await pipe.execute()
-                return parse_queues(topic, raw)
-            except REDIS_ERRORS as exc:
-                send.lost([], exc)
-            await asyncio.sleep(send.before_retry())
-            self.retries += 1
+        self._core.planner.encode(message, 0)
 
     async def send(
         self,
@@ -385,23 +347,4 @@ class AsyncProducer:
             return []
         queues = await self.queue_count(topic)
         async with self._lock:
-            calls = self._planner.plan(topic, batch, queues)
-            send = Send(topic, calls, len(batch), self._planner.sequences, self._policy)
-            try:
-                while send.pending:
-                    chosen = send.round()
-                    backoff = False
-                    try:
-                        pipe = self._redis.pipeline(transaction=False)
-                        for index in chosen:
-                            # the raw command: redis-py's cluster pipelines refuse evalsha(), yet route this by its keys
-                            pipe.execute_command(*send.command(index, self._script.sha))
-                        backoff = send.absorb(chosen, await pipe.execute(raise_on_error=False))
-                    except REDIS_ERRORS as exc:
-                        send.lost(chosen, exc)
-                        backoff = True
-                    if backoff and send.pending:
-                        await asyncio.sleep(send.before_retry())
-            finally:
-                self.retries += send.retries
-            return send.results()
+            return await self._run(self._core.send_batch(topic, batch, queues))

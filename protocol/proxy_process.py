@@ -1,8 +1,9 @@
 """A ``ddmq-proxy`` child process on this host: ``python -m ddmq.proxy --config FILE``, started, waited
 for until it listens, stopped with SIGTERM (it drains and flushes offsets) or killed as a crash would.
 
-The demo (``ddmq demo``), the tests' harness and the benchmarks' stack all launch the proxy this way;
-each writes its own config and keeps its own bookkeeping around this one launcher.
+The demo (``ddmq demo``) and the one harness of the tests, the soak and the benchmarks
+(``tests/harness/stack.py``) launch the proxy this way; each writes its own config and keeps its own
+bookkeeping around this one launcher.
 """
 
 from __future__ import annotations

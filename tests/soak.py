@@ -2,7 +2,7 @@
 
 ``python bench/soak.py [--messages N] [--quick] [--json PATH]`` runs it (everything on 127.0.0.1, bounded
 in time, stops by itself); ``tests/system/test_soak.py`` runs a small one. It lives in ``tests/`` because it
-checks correctness, with the harness of the benchmarks (``bench/stack.py``, ``bench/clientproc.py``). What runs:
+checks correctness, with the harness the benchmarks use too (``tests/harness/``). What runs:
 
 - a private redis-server with ``appendfsync always`` (``EmbeddedRedis``), so a kill -9 of Redis loses
   nothing it acknowledged: whatever the run loses, the proxies lost;
@@ -69,15 +69,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bench.clientproc import ClientProcess, Ready
-from bench.report import cpu_available, load_average, meta
-from bench.scenarios.base import log
-from bench.stack import HarnessError, ProxyRun, RedisServer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import keys, wire
 from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.producer import Producer
 from ddmq.protocol.queues import ProduceError
+from tests.harness.clientproc import ClientProcess, Ready
+from tests.harness.machine import cpu_available, load_average, log, meta
+from tests.harness.stack import HarnessError, ProxyRun, RedisServer
 from tests.support import Delivery, OrderChecker, body, check_single_reader, term_of
 
 __all__ = ["SoakConfig", "SoakResult", "main", "run_soak"]

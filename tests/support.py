@@ -1,4 +1,5 @@
-"""Test support: a real ``ddmq-proxy`` process, and the per-key order/no-loss checker."""
+"""Test support: the tests' proxy process (the harness's, :mod:`tests.harness.stack`), and the per-key
+order/no-loss checker."""
 
 from __future__ import annotations
 
@@ -10,36 +11,28 @@ import signal
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
-from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
-from ddmq.protocol.proxy_process import ProxyChild, write_config
+from tests.harness.stack import ProxyRun
 
 
-class ProxyProcess:
-    """``python -m ddmq.proxy --config FILE`` as a child process, restartable on the same port."""
+class ProxyProcess(ProxyRun):
+    """The tests' :class:`~tests.harness.stack.ProxyRun`: its config and log in ``tmp_path``, its log at
+    the proxy's default level, offsets committed every 100 ms; restartable on the same port."""
+
+    INSTANCE_ID = "e2e-proxy"
+    SETTINGS: dict[str, Any] = {"commit_interval_ms": 100}
+    ARGS: tuple[str, ...] = ()
 
     def __init__(self, tmp_path: Path, redis_url: str, groups: dict[str, Any], topics: dict[str, Any],
                  **extra: Any) -> None:
-        self.port = free_port()
-        self.config_path = tmp_path / "proxy.yaml"
-        self.log_path = tmp_path / "proxy.log"
-        config = {
-            "instance_id": "e2e-proxy",
-            "redis": redis_url,
-            "thrift": {"host": "127.0.0.1", "port": self.port},
-            "commit_interval_ms": 100,
-            "topics": topics,
-            "groups": groups,
-            **extra,
-        }
-        write_config(self.config_path, config)
-        self.child = ProxyChild(self.config_path, self.port, self.log_path)
+        super().__init__(redis_url, groups=groups, topics=topics, folder=tmp_path, **extra)
         #: Counts starts: connections opened after a start talk to that incarnation.
         self.incarnation = 0
 
@@ -47,11 +40,15 @@ class ProxyProcess:
     def proc(self) -> subprocess.Popen[bytes] | None:
         return self.child.proc
 
-    def start(self, timeout_s: float = 30, max_open_files: int | None = None) -> ProxyProcess:
-        """Start and wait until it listens; ``max_open_files`` lowers its descriptor limit (RLIMIT_NOFILE)."""
+    def start(self, before_exec: Callable[[], None] | None = None, *, timeout_s: float = 30,
+              max_open_files: int | None = None) -> ProxyProcess:
+        """Start and wait until it listens; ``max_open_files`` lowers its descriptor limit (RLIMIT_NOFILE).
+        A start that fails raises :class:`~ddmq.protocol.proxy_process.ProxyProcessError`."""
         self.incarnation += 1
 
         def limit_files() -> None:
+            if before_exec is not None:
+                before_exec()
             if max_open_files is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
 

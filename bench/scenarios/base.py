@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.clientproc import ClientProcess, Load
 from bench.dataset import QUEUES, TOPIC
+from tests.harness.clientproc import ClientProcess, Load
+from tests.harness.machine import log
 
 __all__ = ["ORDER_KEYS", "Settings", "log", "proxy_sections", "run_load"]
 
@@ -33,11 +33,6 @@ class Settings:
 
     def seconds(self, quick: float, full: float) -> float:
         return quick if self.quick else full
-
-
-def log(message: str) -> None:
-    """Progress on stderr, so stdout holds only the table."""
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 #: Retention for scenarios that drain one backlog many times (a fresh group each, beside raw consumer

@@ -29,9 +29,9 @@ import redis
 from bench.dataset import QUEUES, TOPIC, key_names, produce_backlog
 from bench.report import Row
 from bench.scenarios.base import Settings, log, proxy_sections
-from bench.stack import ProxyRun, RedisServer
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import keys, wire
+from tests.harness.stack import ProxyRun, RedisServer
 
 __all__ = ["failover"]
 

@@ -15,13 +15,13 @@ import random
 import time
 from typing import Any
 
-from bench.clientproc import ClientProcess
 from bench.clients import LatencyPair, latency_pair
 from bench.dataset import QUEUES, TOPIC, body, key_names, streams
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections
-from bench.stack import ProxyRun, RedisServer
 from ddmq.protocol.producer import Producer
+from tests.harness.clientproc import ClientProcess
+from tests.harness.stack import ProxyRun, RedisServer
 
 __all__ = ["latency"]
 

@@ -24,7 +24,7 @@ from bench.clients import SlowDrain, slow_drain
 from bench.dataset import QUEUES, produce_backlog
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections, run_load
-from bench.stack import ProxyRun, RedisServer, rss_mb
+from tests.harness.stack import ProxyRun, RedisServer, rss_mb
 
 __all__ = ["RssSampler", "memory", "trend"]
 

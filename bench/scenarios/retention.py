@@ -26,9 +26,9 @@ from bench.dataset import QUEUES, TOPIC, body, key_names
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections, run_load
 from bench.scenarios.memory import trend
-from bench.stack import ProxyRun, RedisServer, rss_mb
 from ddmq.protocol import keys
 from ddmq.protocol.producer import Producer
+from tests.harness.stack import ProxyRun, RedisServer, rss_mb
 
 __all__ = ["retention_memory"]
 

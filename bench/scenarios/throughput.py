@@ -32,14 +32,15 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from bench.clientproc import ClientProcess
 from bench.clients import ProxyDrain, RawDrain, drain_proxy, drain_raw
 from bench.dataset import QUEUES, TOPIC, produce_backlog, streams
+from bench.profiler import Profiler, ProfileReport
 from bench.replay import ReplaySpec, serve_pull_replies
 from bench.report import Row, Target
 from bench.scenarios.base import ORDER_KEYS, Settings, log, proxy_sections, run_load
-from bench.stack import ClusterServer, Profiler, ProfileReport, ProxyRun, RedisServer, cpu_seconds, free_port
 from ddmq.protocol.hashing import queue_for_key
+from tests.harness.clientproc import ClientProcess
+from tests.harness.stack import ClusterServer, ProxyRun, RedisServer, cpu_seconds, free_port
 
 __all__ = ["cluster_throughput", "hot_keys", "isolation", "isolation_parked", "throughput"]
 

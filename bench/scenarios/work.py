@@ -19,7 +19,7 @@ from bench.clients import KeyedWork, keyed_work, sleep_floor
 from bench.dataset import produce_backlog
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections, run_load
-from bench.stack import ProxyRun, RedisServer
+from tests.harness.stack import ProxyRun, RedisServer
 
 __all__ = ["key_parallel_work"]
 

@@ -19,11 +19,13 @@ from ddmq.protocol.scripts.dead_letters import (
 )
 from ddmq.protocol.scripts.fencing import (
     HEARTBEAT_LUA,
+    HEARTBEAT_MANY_LUA,
     LEASE_ACQUIRE_LUA,
     LEASE_COMMIT_LUA,
     LEASE_RECORD_LUA,
     LEASE_RELEASE_LUA,
     LEASE_RENEW_LUA,
+    LEASE_RENEW_MANY_LUA,
     OFFSETS_RESET_LUA,
     OOM_PASS_LUA,
     REGISTER_GROUP_LUA,
@@ -38,6 +40,7 @@ from ddmq.protocol.scripts.retention import (
     EXPIRED_RECORD_LUA,
     TRIMMER_DROP_LUA,
     TRIMMER_HOLD_LUA,
+    TRIMMER_PROBE_LUA,
 )
 from ddmq.protocol.scripts.streams import (
     CHECK_STREAM_LUA,
@@ -53,6 +56,7 @@ __all__ = [
     "CLAIM_LUA",
     "EXPIRED_RECORD_LUA",
     "HEARTBEAT_LUA",
+    "HEARTBEAT_MANY_LUA",
     "IDEMPOTENT_PRODUCE_LUA",
     "LAST_ID_LUA",
     "LEASE_ACQUIRE_LUA",
@@ -60,6 +64,7 @@ __all__ = [
     "LEASE_RECORD_LUA",
     "LEASE_RELEASE_LUA",
     "LEASE_RENEW_LUA",
+    "LEASE_RENEW_MANY_LUA",
     "OFFSETS_RESET_LUA",
     "OOM_PASS_LUA",
     "OUT_OF_ORDER",
@@ -72,4 +77,5 @@ __all__ = [
     "STREAM_INTACT_LUA",
     "TRIMMER_DROP_LUA",
     "TRIMMER_HOLD_LUA",
+    "TRIMMER_PROBE_LUA",
 ]

@@ -49,6 +49,24 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
+# LEASE_RENEW_LUA for many leases in one call: the same check and write for each, so a lease whose
+# term was taken over is reported lost while the others of the batch are renewed.
+# KEYS: each lease's lease and term, in pairs.  ARGV: ttl_ms, then each lease's token, in the same order.
+# Returns one flag per lease: 1 = renewed, 0 = lost. Its keys span slots on a single Redis only: on a
+# Cluster the caller batches the leases of one slot (one queue's, whatever the group).
+LEASE_RENEW_MANY_LUA: Final = OOM_PASS_LUA + """
+local renewed = {}
+for i = 1, #KEYS / 2 do
+  local lease, token = KEYS[2 * i - 1], ARGV[i + 1]
+  local current, ours = redis.call('GET', lease), false
+  if current then ours = current == token
+  else ours = redis.call('GET', KEYS[2 * i]) == string.match(token, ' (%d+)$') end
+  if ours then redis.call('SET', lease, token, 'PX', ARGV[1]) end
+  renewed[i] = ours and 1 or 0
+end
+return renewed
+"""
+
 # KEYS: lease, term.  ARGV: token.  1 = released, 0 = it was not ours any more.
 LEASE_RELEASE_LUA: Final = OOM_PASS_LUA + _HOLDS + """
 if not holds() then return 0 end
@@ -79,11 +97,35 @@ if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[4], ARGV[2]) end
 return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
 
-# KEYS: the group registry.  ARGV: group.  SADD only when missing: a full Redis refuses SADD even of a
-# member that is there, and the registry must not cost a heartbeat.
+# KEYS: the group registry.  ARGV: the groups.  SADD only of those missing: a full Redis refuses SADD
+# even of a member that is there, and the registry must not cost a heartbeat.
 REGISTER_GROUP_LUA: Final = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then redis.call('SADD', KEYS[1], ARGV[1]) end
+local there = redis.call('SMISMEMBER', KEYS[1], unpack(ARGV))
+local missing = {}
+for i = 1, #ARGV do if there[i] == 0 then missing[#missing + 1] = ARGV[i] end end
+if #missing > 0 then redis.call('SADD', KEYS[1], unpack(missing)) end
 return 1
+"""
+
+# HEARTBEAT_LUA for many groups of this proxy in one call (the proxy's upkeep, once per round).
+# KEYS: each group's members and group topics, in pairs.  ARGV: instance id, now (ms), oldest live
+# heartbeat (ms), then per group the number of its topics and the topics. Returns each group's live
+# members. Its keys span slots on a single Redis only: on a Cluster the caller sends one group a call.
+HEARTBEAT_MANY_LUA: Final = OOM_PASS_LUA + """
+local at, live = 4, {}
+for i = 1, #KEYS / 2 do
+  local members, n = KEYS[2 * i - 1], tonumber(ARGV[at])
+  redis.call('ZREMRANGEBYSCORE', members, '-inf', ARGV[3])
+  redis.call('ZADD', members, ARGV[2], ARGV[1])
+  if n > 0 then
+    local fields = {}
+    for j = 1, n do fields[2 * j - 1] = ARGV[at + j]; fields[2 * j] = ARGV[2] end
+    redis.call('HSET', KEYS[2 * i], unpack(fields))
+  end
+  at = at + n + 1
+  live[i] = redis.call('ZRANGE', members, 0, -1)
+end
+return live
 """
 
 

@@ -16,13 +16,14 @@ from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.core.errors import BadRequestError, UnavailableError, UnknownEntryError
 from ddmq.proxy.engine.parking import KEY_STATES, SEQUENCED, record_row
 from ddmq.proxy.groups.group import TopicConsumer
-from ddmq.proxy.groups.key_actions import ACTIONS, POLL_S, apply_command
+from ddmq.proxy.groups.key_actions import ACTIONS, apply_command
 from ddmq.proxy.store.key_commands import KeyCommand, KeyCommandLog, ParkRecord, ParkStore, now_ms
 
 __all__ = ["ANSWER_WAIT_S", "key_action", "list_keys"]
 
-#: How long a call waits for the other proxies' answers (they poll every POLL_S).
-ANSWER_WAIT_S: Final = max(2.0, 20 * POLL_S)
+#: How long a call waits for the other proxies' answers (they hear of the command as soon as it is
+#: posted; proxies of earlier versions poll every 0.1 s).
+ANSWER_WAIT_S: Final = 2.0
 #: Rows in one page of the keys view.
 PAGE: Final = 100
 

@@ -76,6 +76,10 @@ class OffsetCommitter:
 
     # writing -------------------------------------------------------------------------------------
 
+    def moved(self) -> bool:
+        """Whether a commit point moved since it was last written (else :meth:`flush` writes nothing)."""
+        return any(t.version != t.committed_version for t in self.consumer.owned.trackers().values())
+
     async def flush(self) -> None:
         """Write commit points that moved since the last flush, each fenced by the queue's lease."""
         for qid in self.consumer.owned.trackers():
@@ -162,7 +166,7 @@ class OffsetCommitter:
         crash), and producers may be writing new messages under the offsets it had read.
 
         Drop the queue's state as if the lease were lost: nothing read under it is committed, its
-        jobs are forgotten, and the lease loop opens the queue again from the committed offset that
+        jobs are forgotten, and the next upkeep round opens the queue again from the committed offset that
         Redis holds (the commit script never writes past a rollback). Before that, raise the sequence
         to what was read, so messages produced from now on never reuse an offset a client may still
         ack from before the rollback, and note the rollback where ``ddmq status`` shows it.

@@ -25,13 +25,30 @@ hold no state another proxy cannot rebuild from Redis.)
 
 from __future__ import annotations
 
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any, NamedTuple
 
+from redis.asyncio.cluster import RedisCluster
+
 from ddmq.protocol import keys
-from ddmq.protocol.connection import AsyncRedis, eval_script
-from ddmq.protocol.scripts import LEASE_ACQUIRE_LUA, LEASE_COMMIT_LUA, LEASE_RELEASE_LUA, LEASE_RENEW_LUA
+from ddmq.protocol.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
+from ddmq.protocol.scripts import (
+    LEASE_ACQUIRE_LUA,
+    LEASE_COMMIT_LUA,
+    LEASE_RELEASE_LUA,
+    LEASE_RENEW_LUA,
+    LEASE_RENEW_MANY_LUA,
+)
 from ddmq.proxy.store.broker import map_redis_errors, read_mark
+
+log = logging.getLogger(__name__)
+
+#: Most leases one renewal script call renews: a few hundred microseconds of Redis time, so a batch
+#: never holds Redis up noticeably for the other clients.
+RENEW_BATCH = 256
 
 
 class CommitResult(IntEnum):
@@ -83,6 +100,41 @@ class LeaseStore:
 
     async def renew(self, lease: Lease) -> bool:
         return bool(await self._run(LEASE_RENEW_LUA, lease.keys(), [lease.token, self.ttl_ms], f"renewing {lease}"))
+
+    async def renew_many(self, leases: Sequence[Lease]) -> list[bool | None]:
+        """Renew ``leases`` with :data:`~ddmq.protocol.scripts.LEASE_RENEW_MANY_LUA`, in one pipeline of
+        script calls of at most :data:`RENEW_BATCH` leases each (on a Cluster, one call per slot: the
+        leases of one queue, whatever their group, are in its slot). Per lease, in order: True =
+        renewed, False = lost (its term was taken over), None = not known (its call failed; the lease
+        stays valid until its TTL runs out and the next round tries again)."""
+        batches: list[list[int]] = []
+        if isinstance(self.redis, RedisCluster):
+            by_slot: dict[int, list[int]] = defaultdict(list)
+            for index, lease in enumerate(leases):
+                by_slot[self.redis.keyslot(lease.keys()[0])].append(index)
+            for indexes in by_slot.values():
+                batches += [indexes[i:i + RENEW_BATCH] for i in range(0, len(indexes), RENEW_BATCH)]
+        else:
+            every = list(range(len(leases)))
+            batches = [every[i:i + RENEW_BATCH] for i in range(0, len(every), RENEW_BATCH)]
+        calls = [
+            (LEASE_RENEW_MANY_LUA, [key for i in batch for key in leases[i].keys()],
+             [self.ttl_ms, *(leases[i].token for i in batch)])
+            for batch in batches
+        ]
+        out: list[bool | None] = [None] * len(leases)
+        try:
+            replies = await eval_scripts(self.redis, calls)
+        except REDIS_FAILURES as exc:
+            log.warning("renewing %d leases failed: %s", len(leases), exc)
+            return out
+        for batch, reply in zip(batches, replies, strict=True):
+            if isinstance(reply, Exception):
+                log.warning("renewing %d leases failed: %s", len(batch), reply)
+                continue
+            for index, flag in zip(batch, reply, strict=True):
+                out[index] = bool(flag)
+        return out
 
     async def release(self, lease: Lease) -> bool:
         return bool(await self._run(LEASE_RELEASE_LUA, lease.keys(), [lease.token], f"releasing {lease}"))

@@ -10,12 +10,22 @@ AllocateMessageQueueAveragely). Leases make the hand-over safe while members dis
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol import keys
-from ddmq.protocol.connection import AsyncRedis, eval_script
-from ddmq.protocol.scripts import HEARTBEAT_LUA, REGISTER_GROUP_LUA
+from ddmq.protocol.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
+from ddmq.protocol.scripts import HEARTBEAT_LUA, HEARTBEAT_MANY_LUA, REGISTER_GROUP_LUA
 from ddmq.proxy.store.broker import map_redis_errors
+
+log = logging.getLogger(__name__)
+
+#: Most groups one heartbeat script call covers on a single Redis.
+HEARTBEAT_BATCH = 100
 
 
 def assign(members: list[str], queues: int, me: str) -> range:
@@ -50,6 +60,42 @@ class Membership:
             if topic is not None:
                 await eval_script(self.redis, REGISTER_GROUP_LUA, [keys.groups()], [group])
         return sorted(member.decode() for member in live)
+
+    async def heartbeat_many(self, groups: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+        """:meth:`heartbeat` for every group of ``groups`` (group -> the topics this proxy consumes of
+        it) in one pipeline: on a single Redis one script call per :data:`HEARTBEAT_BATCH` groups, on
+        a Cluster one per group (its slot), plus the group registry's. Returns the live members of each
+        group whose heartbeat went through (a group left out keeps its last assignment)."""
+        now = int(time.time() * 1000)
+        names = sorted(groups)
+        size = 1 if isinstance(self.redis, RedisCluster) else HEARTBEAT_BATCH
+        batches = [names[i:i + size] for i in range(0, len(names), size)]
+        calls: list[tuple[str, list[str], list[Any]]] = []
+        for batch in batches:
+            keys_: list[str] = []
+            args: list[Any] = [self.instance_id, now, now - self.timeout_ms]
+            for group in batch:
+                keys_ += [keys.members(group), keys.group_topics(group)]
+                args += [len(groups[group]), *groups[group]]
+            calls.append((HEARTBEAT_MANY_LUA, keys_, args))
+        registered = [group for group in names if groups[group]]
+        if registered:
+            calls.append((REGISTER_GROUP_LUA, [keys.groups()], registered))
+        try:
+            replies = await eval_scripts(self.redis, calls)
+        except REDIS_FAILURES as exc:
+            log.warning("heartbeating %d groups failed: %s", len(names), exc)
+            return {}
+        live: dict[str, list[str]] = {}
+        for batch, reply in zip(batches, replies, strict=False):
+            if isinstance(reply, Exception):
+                log.warning("heartbeating groups %s failed: %s", ", ".join(batch), reply)
+                continue
+            for group, members in zip(batch, reply, strict=True):
+                live[group] = sorted(member.decode() for member in members)
+        if registered and isinstance(replies[-1], Exception):
+            log.warning("registering groups failed: %s", replies[-1])
+        return live
 
     async def leave(self, group: str) -> None:
         """Graceful exit: the others rebalance at their next heartbeat instead of after the timeout."""

@@ -1,10 +1,11 @@
 """Queue ownership of one TopicConsumer: which queues of its topic this proxy reads, under which lease.
 
-The lease loop heartbeats into the group's member set, claims the queues assigned to this proxy,
-hands off those assigned elsewhere and renews what it holds. Opening a queue (its tracker, its
-reader) and dropping one (its reader, its unfinished jobs, its lease) live here too, so that a
-queue is read exactly while its lease is held. The fencing itself is in :mod:`ddmq.proxy.cluster.leases`;
-why the loop works this way is in DESIGN.md, "Leases and fencing".
+Each round of the proxy's upkeep (:mod:`ddmq.proxy.cluster.upkeep`, which heartbeats every group and
+renews every lease in batches) hands it the group's live members: it claims the queues assigned to
+this proxy and hands off those assigned elsewhere, and drops a queue whose renewal was refused.
+Opening a queue (its tracker, its reader) and dropping one (its reader, its unfinished jobs, its
+lease) live here too, so that a queue is read exactly while its lease is held. The fencing itself is
+in :mod:`ddmq.proxy.cluster.leases`; why it works this way is in DESIGN.md, "Leases and fencing".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Protocol
 from ddmq.proxy.cluster.commits import CommitHost, OffsetCommitter
 from ddmq.proxy.cluster.leases import Lease
 from ddmq.proxy.cluster.membership import assign
+from ddmq.proxy.cluster.upkeep import Upkeep
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.job import UpstreamJob
@@ -43,26 +45,39 @@ class OwnershipHost(ReaderHost, CommitHost, Protocol):
     def commits(self) -> OffsetCommitter: ...
     @property
     def parking(self) -> KeyParking: ...
+    @property
+    def upkeep(self) -> Upkeep: ...
 
     def finish(self, job: UpstreamJob) -> None: ...
 
 
 class QueueOwnership:
-    """The leases one consumer holds (in ``consumer.owned``) and the loop that claims, renews and hands them off."""
+    """The leases one consumer holds (in ``consumer.owned``): claims, hand-offs and drops, on the upkeep's rounds."""
 
     def __init__(self, consumer: OwnershipHost) -> None:
         self.consumer = consumer
         self.owned = consumer.owned
         #: The queues this proxy should own, from the last heartbeat (none until the first one).
         self.assigned: range = range(0)
+        #: The claims under way (one task at a time: claims of one consumer go one after another).
+        self._claiming: asyncio.Task[None] | None = None
+
+    @property
+    def group(self) -> str:
+        return self.consumer.group
+
+    @property
+    def topic(self) -> str:
+        return self.consumer.topic
 
     def _name(self, qid: int) -> str:
         return f"{self.consumer.group}/{self.consumer.topic}#{qid}"
 
-    # the lease loop ------------------------------------------------------------------------------
+    # the upkeep's rounds ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Find the topic's queues (waiting for its metadata if need be), then run the lease loop."""
+        """Find the topic's queues (waiting for its metadata if need be), then take part in the upkeep
+        until cancelled."""
         consumer = self.consumer
         warned = False
         while True:
@@ -79,34 +94,52 @@ class QueueOwnership:
                 warned = True
             await asyncio.sleep(METADATA_POLL_S)
         consumer.queues = queues
-        await self._maintain()
+        # The upkeep heartbeats, rebalances and renews for every consumer of the proxy at once.
+        consumer.upkeep.join(self)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            consumer.upkeep.leave(self)
+            claiming = self._claiming
+            if claiming is not None:  # no claim may open a reader once the consumer stops
+                claiming.cancel()
+                await asyncio.gather(claiming, return_exceptions=True)
 
-    async def _maintain(self) -> None:
-        """Heartbeat, claim the queues assigned to us, hand off the others, renew what we hold."""
+    def rebalance(self, members: list[str] | None) -> None:
+        """A round of the upkeep: with the group's live ``members`` (None: its heartbeat failed, so the
+        last assignment stands; leases keep it safe), hand off the held queues no longer assigned here
+        and claim the assigned ones not held (in a task, one claim after another)."""
         consumer = self.consumer
-        loop = asyncio.get_running_loop()
-        claim_s = consumer.lease_config.claim_interval_ms / 1000
-        renew_s = consumer.lease_config.renew_ms / 1000
-        next_renew = loop.time() + renew_s
-        while True:
-            try:
-                members = await consumer.membership.heartbeat(consumer.group, consumer.topic)
-                self.assigned = assign(members, consumer.queues, consumer.membership.instance_id)
-            except DdmqError as exc:  # keep the last assignment; leases keep it safe
-                log.warning("%s/%s: heartbeat failed: %s", consumer.group, consumer.topic, exc)
-            held = self.owned.held()
-            for qid in held:
-                if qid not in self.assigned and not self.owned.handing_off(qid):
-                    task = asyncio.create_task(self._hand_off(qid), name=f"handoff:{self._name(qid)}")
-                    self.owned.set_handoff(qid, task)
-            for qid in self.assigned:
-                if self.owned.lease(qid) is None:
+        if members is not None:
+            self.assigned = assign(members, consumer.queues, consumer.membership.instance_id)
+        for qid in self.owned.held():
+            if qid not in self.assigned and not self.owned.handing_off(qid):
+                task = asyncio.create_task(self._hand_off(qid), name=f"handoff:{self._name(qid)}")
+                self.owned.set_handoff(qid, task)
+        if self._claiming is None or self._claiming.done():
+            missing = [qid for qid in self.assigned if self.owned.lease(qid) is None]
+            if missing:
+                name = f"claims:{consumer.group}/{consumer.topic}"
+                self._claiming = asyncio.create_task(self._claim_all(missing), name=name)
+
+    async def _claim_all(self, qids: list[int]) -> None:
+        for qid in qids:
+            if qid in self.assigned and self.owned.lease(qid) is None:
+                try:
                     await self._claim(qid)
-            if loop.time() >= next_renew:
-                next_renew = loop.time() + renew_s
-                for qid, lease in self.owned.held().items():
-                    await self._renew(qid, lease)
-            await asyncio.sleep(claim_s)
+                except Exception:  # the next round claims again; the upkeep must not stop for it
+                    log.exception("%s: claiming failed", self._name(qid))
+
+    def leases(self) -> dict[int, Lease]:
+        return self.owned.held()
+
+    def renewed(self, qid: int, lease: Lease, asked_at: float) -> None:
+        self.owned.confirm(qid, lease, asked_at)
+
+    async def lost(self, qid: int, lease: Lease) -> None:
+        if self.owned.holds(qid, lease):
+            log.warning("%s: lease term %d was taken over; dropping the queue", self._name(qid), lease.term)
+            await self.drop_queue(qid)
 
     async def _claim(self, qid: int) -> None:
         asked_at = asyncio.get_running_loop().time()
@@ -125,20 +158,6 @@ class QueueOwnership:
             # Nothing read yet: free the lease so that the next round (here or elsewhere) opens it again.
             log.warning("%s: cannot open the queue (%s); claiming it again later", self._name(qid), exc)
             await self.drop_queue(qid, release=True)
-
-    async def _renew(self, qid: int, lease: Lease) -> None:
-        asked_at = asyncio.get_running_loop().time()
-        try:
-            renewed = await self.consumer.leases.renew(lease)
-        except DdmqError as exc:
-            # Keep it: it stays valid until its TTL runs out, and confirmed() turns false then.
-            log.warning("%s: lease renewal failed: %s", self._name(qid), exc)
-            return
-        if renewed:
-            self.owned.confirm(qid, lease, asked_at)
-        else:
-            log.warning("%s: lease term %d was taken over; dropping the queue", self._name(qid), lease.term)
-            await self.drop_queue(qid)
 
     async def _hand_off(self, qid: int) -> None:
         """The queue is assigned elsewhere: stop reading, let clients ack what they hold (bounded),

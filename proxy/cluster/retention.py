@@ -134,20 +134,25 @@ class Retention:
             await asyncio.sleep(max(0.0, self.interval_ms / 1000 - (time.monotonic() - started)))
 
     async def round(self) -> None:
-        """One pass over every known queue: hold its trimmer lease if free, trim it if held."""
+        """One pass over every known queue: hold its trimmer lease if free, trim it if held. The leases
+        and the queues' heads are taken in one pipeline for all queues (:func:`trim.probe`); the group
+        registry is read only when a held queue has entries."""
         topics = self._topics()
         ttl_ms = max(3 * self.interval_ms, 5_000)
-        for topic, (queues, retention) in sorted(topics.items()):
-            groups: dict[str, int] | None = None
-            for qid in range(queues):
-                if not await trim.hold_trimmer(self.redis, topic, qid, self.owner, ttl_ms):
-                    self._held.discard((topic, qid))
-                    self.holders.pop((topic, qid), None)
-                    continue
-                self._held.add((topic, qid))
-                if groups is None:
-                    groups = await trim.registered_groups(self.redis, topic)
-                await self._trim_queue(topic, qid, retention, groups)
+        queues = [(topic, qid) for topic, (count, _) in sorted(topics.items()) for qid in range(count)]
+        groups: dict[str, dict[str, int]] | None = None
+        for (topic, qid), found in zip(queues, await trim.probe(self.redis, queues, self.owner, ttl_ms), strict=True):
+            if found is None:
+                self._held.discard((topic, qid))
+                self.holders.pop((topic, qid), None)
+                continue
+            self._held.add((topic, qid))
+            if found.first is None:  # empty: nothing to trim
+                self.holders.pop((topic, qid), None)
+                continue
+            if groups is None:
+                groups = await trim.registered_groups_of(self.redis, sorted(topics))
+            await self._trim_queue(topic, qid, topics[topic][1], groups.get(topic, {}), found)
         if time.monotonic() - self._measured >= MEASURE_EVERY_S:
             await self.measure(topics)
 
@@ -159,12 +164,11 @@ class Retention:
         self.sizes = {topic: await trim.stream_sizes(self.redis, topic, queues)
                       for topic, (queues, _) in sorted(topics.items())}
 
-    async def _trim_queue(self, topic: str, qid: int, retention: RetentionConfig, groups: dict[str, int]) -> None:
-        end = await self.broker.next_produce_offset(topic, qid) - 1
-        first = await trim.head(self.redis, topic, qid)
-        if not first:
-            self.holders.pop((topic, qid), None)
-            return
+    async def _trim_queue(
+        self, topic: str, qid: int, retention: RetentionConfig, groups: dict[str, int], found: trim.Probe
+    ) -> None:
+        assert found.first is not None
+        end, first = found.end, [found.first]
         head = first[0].offset
         now_ms = int(time.time() * 1000)
         if retention.max_age_s is not None and first[0].produce_ms < now_ms - retention.max_age_s * 1000:

@@ -92,6 +92,9 @@ class Redelivery:
         self._seq = itertools.count()
         self._requeue: dict[str, Callable[[UpstreamJob], None]] = {}  # topic -> its push action
         self._timer: asyncio.Task[None] | None = None
+        #: Set while the wheel or the retry schedule may hold something: the timer sleeps on it when
+        #: neither does, so an idle group costs no wake-ups (50 a second otherwise).
+        self._pending = asyncio.Event()
         self._dead_letter_tasks: set[asyncio.Task[None]] = set()
         self.closed = False
 
@@ -114,6 +117,11 @@ class Redelivery:
 
     async def _run_timer(self) -> None:
         while True:
+            if not self._wheel and not self._retries:
+                self._pending.clear()
+                await self._pending.wait()
+                # Nothing was due while idle: start at the earliest tick there is, not at every tick since.
+                self._cursor = max(self._cursor, min([int(self._clock() / TICK_S), *self._wheel]))
             await asyncio.sleep(TICK_S)
             try:
                 self.expire(self._clock())
@@ -125,6 +133,7 @@ class Redelivery:
     def watch(self, jobs: Iterable[UpstreamJob], timeout_ms: int) -> None:
         """``jobs`` went out now: each is due back within ``timeout_ms`` unless acked or failed first."""
         tick = max(math.ceil((self._clock() + timeout_ms / 1000) / TICK_S), self._cursor)
+        self._pending.set()
         slot = self._wheel.get(tick)
         if slot is None:
             slot = self._wheel[tick] = set()
@@ -205,6 +214,7 @@ class Redelivery:
             delay_ms = min(max(retry_after_ms, 0), config.max_retry_after_ms)
         due = self._clock() + delay_ms / 1000
         heapq.heappush(self._retries, (due, next(self._seq), job))
+        self._pending.set()
 
     # dead letters ------------------------------------------------------------------------------
 

@@ -9,10 +9,10 @@ serves, acks and fails them is :class:`~ddmq.proxy.engine.pull_buffer.PullBuffer
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ddmq.protocol.pull_codec import MESSAGE_OVERHEAD_BYTES, UTF8_MAX_BYTES
-from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
+from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.redelivery import Redelivery
 
@@ -158,61 +158,28 @@ def _grow(
 ) -> int:
     """Append to each run (a key's messages so far, and its size limit) the successors waiting behind
     it, one per key per round while ``room`` (messages) and ``room_bytes`` last; returns the room
-    left. A successor joins while it waits in the chain, belongs to the reply's queue and has nothing
-    left to run but PullServer (the actions after Order run on a key's head only). The first
-    successor that would pass ``room_bytes`` ends the growing (it and the rest wait in their chains),
-    unless the reply is still ``empty``: a reply carries at least one message."""
+    left. Which successor joins, and when the bytes end the growing, is :func:`_walk`'s."""
     size = reply.message
     inline = reply is THRIFT_REPLY  # as in PullBuffer._take
     if len(growing) == 1:
-        # One key grows (QID order, a hot key): walk its chain, without the rounds across keys. A chain
-        # lives in one consumer's key gate, so its jobs share that owner.
+        # One key grows (QID order, a hot key): one walk down its chain, without the rounds across keys.
         run, limit = growing[0]
-        job = run[-1]
-        pull_only = job.consumer.pull_only
-        for _ in range(min(room, limit - len(run))):
-            successor = job.next
-            if successor is None or successor.state is not _WAITING or successor.queue != queue:
-                break
-            if not pull_only(successor):
-                break
-            m = successor.message
-            if inline and not m.properties:
-                needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
-            else:
-                needs = size(m)
-            if needs > room_bytes and not empty:
-                break
-            room_bytes -= needs
-            run.append(successor)
-            room -= 1
-            job = successor
-            if room_bytes < 0:
-                _log_alone(successor, needs)
-                break
-            empty = False
-        return room
+        joined = len(run)
+        _walk(run, min(room, limit - joined), queue, room_bytes, empty, inline, size)
+        return room - (len(run) - joined)
     while room and growing:
         still = []
         for run, limit in growing:
-            successor = run[-1].next
-            if successor is None or successor.state is not _WAITING or successor.queue != queue:
+            joined = len(run)
+            left = _walk(run, 1, queue, room_bytes, empty, inline, size)
+            if len(run) == joined:  # the key's chain has no successor to give
+                if left is None:
+                    return room
                 continue
-            if not successor.consumer.pull_only(successor):
-                continue
-            m = successor.message
-            if inline and not m.properties:
-                needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
-            else:
-                needs = size(m)
-            if needs > room_bytes and not empty:
-                return room
-            room_bytes -= needs
-            run.append(successor)
             room -= 1
-            if room_bytes < 0:
-                _log_alone(successor, needs)
+            if left is None:
                 return room
+            room_bytes = left
             empty = False
             if not room:
                 break
@@ -220,6 +187,50 @@ def _grow(
                 still.append((run, limit))
         growing = still
     return room
+
+
+def _walk(
+    run: list[UpstreamJob],
+    steps: int,
+    queue: QueueId,
+    room_bytes: int,
+    empty: bool,
+    inline: bool,
+    size: Callable[[StoredMessage], int],
+) -> int | None:
+    """Append to ``run`` up to ``steps`` successors down its key's chain; returns the bytes of
+    ``room_bytes`` left, or None once the bytes end the whole reply's growing.
+
+    A successor joins while it waits in the chain, belongs to the reply's queue and has nothing left to
+    run but PullServer (the actions after Order run on a key's head only). The first successor that
+    would pass ``room_bytes`` ends the growing (it and the rest wait in their chains), unless the reply
+    is still ``empty``: a reply carries at least one message. ``inline`` counts a Thrift reply's bytes
+    here, as ``size`` (the reply's own count) would, without a call per message.
+    """
+    job = run[-1]
+    # A chain lives in one consumer's key gate, so its jobs share that owner.
+    pull_only = job.consumer.pull_only
+    for _ in range(steps):
+        successor = job.next
+        if successor is None or successor.state is not _WAITING or successor.queue != queue:
+            break
+        if not pull_only(successor):
+            break
+        m = successor.message
+        if inline and not m.properties:
+            needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
+        else:
+            needs = size(m)
+        if needs > room_bytes and not empty:
+            return None
+        room_bytes -= needs
+        run.append(successor)
+        if room_bytes < 0:
+            _log_alone(successor, needs)
+            return None
+        job = successor
+        empty = False
+    return room_bytes
 
 
 def _log_alone(job: UpstreamJob, needs: int) -> None:

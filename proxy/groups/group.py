@@ -21,6 +21,7 @@ from ddmq.proxy.cluster.leases import Lease, LeaseStore
 from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.cluster.ownership import QueueOwnership
 from ddmq.proxy.cluster.queue_state import OwnedQueues
+from ddmq.proxy.cluster.upkeep import Upkeep
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
@@ -29,9 +30,9 @@ from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.engine.parking import KeyParking
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.reader import TokenBucket
-from ddmq.proxy.groups.key_actions import serve_key_commands
+from ddmq.proxy.groups.key_actions import command_handler
 from ddmq.proxy.store.broker import Broker, ForeignEntry
-from ddmq.proxy.store.key_commands import ParkStore
+from ddmq.proxy.store.key_commands import KeyCommandWatcher, ParkStore
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class TopicConsumer:
         leases: LeaseStore,
         lease_config: LeaseConfig,
         membership: Membership,
+        upkeep: Upkeep | None = None,
+        key_watcher: KeyCommandWatcher | None = None,
     ) -> None:
         self.group = group
         self.topic = topic
@@ -63,6 +66,9 @@ class TopicConsumer:
         self.leases = leases
         self.lease_config = lease_config
         self.membership = membership
+        #: The proxy's heartbeats and renewals, and its key-command watcher (own ones outside a service).
+        self.upkeep = upkeep or Upkeep(leases, membership, lease_config)
+        self.key_watcher = key_watcher or KeyCommandWatcher(broker.redis)
         self.blocking_queue = UpstreamJobBlockingQueue()
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
@@ -143,14 +149,16 @@ class TopicConsumer:
         start_chain(self.chain)
         self._tasks.append(asyncio.create_task(self.ownership.run(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
-        self._tasks.append(asyncio.create_task(serve_key_commands(self), name=f"keys:{self.group}/{self.topic}"))
+        self._tasks.append(asyncio.create_task(self.key_watcher.serve(self.group, self.topic, command_handler(self)),
+                                               name=f"keys:{self.group}/{self.topic}"))
         for task in self._tasks:
             task.add_done_callback(_report_crash)
 
     async def stop_reading(self) -> None:
-        if self._tasks:  # first the lease loop, so that no claim opens a reader behind our back
+        if self._tasks:  # first ownership (it leaves the upkeep), so that no claim opens a reader behind our back
             self._tasks[0].cancel()
             await asyncio.gather(self._tasks[0], return_exceptions=True)
+            await self.upkeep.settled()  # a renewal in flight must not outlive a release that follows
         await asyncio.gather(*(reader.stop() for reader in self.owned.readers()))
 
     async def close(self) -> None:
@@ -179,12 +187,8 @@ class TopicConsumer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await close_chain(self.chain)  # push workers and their connection pools
-        log.info(
-            "%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
-            self.group,
-            self.topic,
-            left,
-        )
+        log.info("%s/%s: stopped; offsets committed, leases released, %d unfinished jobs left to deliver again",
+                 self.group, self.topic, left)
 
     def reconfigure(self, config: TopicGroupConfig) -> None:
         """Apply settings the engine reads as it goes (see ``ddmq.proxy.groups.changes.IN_PLACE_FIELDS``)."""
@@ -264,13 +268,8 @@ class TopicConsumer:
         await self.broker.repair_queue(self.topic, qid)
         if entry.offset is None:
             self.count("foreign_renumbered")
-            log.error(
-                "%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
-                self.group,
-                self.topic,
-                qid,
-                entry,
-            )
+            log.error("%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
+                      self.group, self.topic, qid, entry)
             return
         log.error("%s/%s#%d: %s; dead-lettering it and reading on", self.group, self.topic, qid, entry)
         await self.broker.dead_letter(self.group, self.topic, qid, entry.as_message(), 0, str(entry))
@@ -346,6 +345,8 @@ class ConsumerGroup:
         leases: LeaseStore,
         lease_config: LeaseConfig,
         membership: Membership,
+        upkeep: Upkeep | None = None,
+        key_watcher: KeyCommandWatcher | None = None,
     ) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
@@ -353,6 +354,8 @@ class ConsumerGroup:
         self._leases = leases
         self._lease_config = lease_config
         self._membership = membership
+        self._upkeep = upkeep or Upkeep(leases, membership, lease_config)
+        self._key_watcher = key_watcher or KeyCommandWatcher(broker.redis)
         #: Given to consumers added later by a config reload (the service sets it with ``audit_log``).
         self.read_audit: ReadAudit | None = None
         self.consumers = {topic: self.make_consumer(topic, config) for topic, config in topics.items()}
@@ -367,9 +370,8 @@ class ConsumerGroup:
 
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
-        consumer = TopicConsumer(
-            self.name, topic, config, self._broker, self.buffer, self._leases, self._lease_config, self._membership
-        )
+        consumer = TopicConsumer(self.name, topic, config, self._broker, self.buffer, self._leases,
+                                 self._lease_config, self._membership, self._upkeep, self._key_watcher)
         consumer.read_audit = self.read_audit
         return consumer
 
@@ -427,7 +429,8 @@ class ConsumerGroup:
         await self.buffer.close()
 
     async def flush_offsets(self) -> None:
-        await asyncio.gather(*(c.commits.flush() for c in self.consumers.values()))
+        # Only consumers with something to write: an idle group costs no task per consumer and interval.
+        await asyncio.gather(*(c.commits.flush() for c in self.consumers.values() if c.commits.moved()))
 
     async def release_leases(self) -> None:
         await asyncio.gather(*(c.ownership.release_all() for c in self.consumers.values()))
@@ -439,7 +442,7 @@ class ConsumerGroup:
 
 def _report_crash(task: asyncio.Task[None]) -> None:
     """These loops run for the consumer's whole life: one that ends by an error leaves its queues
-    unread (or its key commands unserved) while the process looks healthy, so it is logged loudly."""
+    unread while the process looks healthy, so it is logged loudly."""
     if not task.cancelled() and task.exception() is not None:
         log.critical("%s stopped on an unexpected error; restart the proxy", task.get_name(),
                      exc_info=task.exception())

@@ -36,11 +36,13 @@ from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.cluster.upkeep import Upkeep
 from ddmq.proxy.core.errors import BrokerError, ConfigError, UnknownGroupError
 from ddmq.proxy.engine.replays import ReplayLeases
 from ddmq.proxy.groups.changes import ConfigChange, diff
 from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
 from ddmq.proxy.store.broker import Broker
+from ddmq.proxy.store.key_commands import KeyCommandWatcher
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,10 @@ class GroupRegistry:
         self.broker: Broker | None = None
         self.leases: LeaseStore | None = None
         self.membership: Membership | None = None
+        #: The heartbeats and renewals of every consumer (one task for the whole proxy).
+        self.upkeep: Upkeep | None = None
+        #: The key commands of every consumer, from one blocking read.
+        self.key_watcher: KeyCommandWatcher | None = None
 
     # building --------------------------------------------------------------------------------
 
@@ -82,7 +88,11 @@ class GroupRegistry:
 
     def _build(self, name: str, topics: dict[str, TopicGroupConfig]) -> ConsumerGroup:
         assert self.broker is not None and self.leases is not None and self.membership is not None
-        return ConsumerGroup(name, topics, self.broker, self.leases, self.config.leases, self.membership)
+        if self.upkeep is None:
+            self.upkeep = Upkeep(self.leases, self.membership, self.config.leases)
+            self.key_watcher = KeyCommandWatcher(self.broker.redis)
+        return ConsumerGroup(name, topics, self.broker, self.leases, self.config.leases, self.membership,
+                             self.upkeep, self.key_watcher)
 
     def _adopt(self, group: ConsumerGroup) -> None:
         """Register and start a built group, its consumers recording into the read audit."""
@@ -184,6 +194,8 @@ class GroupRegistry:
 
     async def close(self) -> None:
         await asyncio.gather(*(g.close() for g in self.groups.values()), return_exceptions=True)
+        if self.upkeep is not None:
+            await self.upkeep.close()
 
 
 class OverRegistry:

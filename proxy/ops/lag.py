@@ -10,7 +10,8 @@ whoever owns it, every ``interval_s`` into a bounded deque per series, so the co
 last hour without a Prometheus server. Memory is ``points`` samples per (group, topic). Each sample
 also goes to a capped Redis stream per (group, topic) (``ddmq:lag:{<g>:<t>}``, ``points`` entries),
 read back when the series starts here: the history survives a restart and is shared by the group's
-proxies (one sample per interval between them).
+proxies (one sample per interval between them); a sample equal to the last one stored is left out
+for up to a minute. All series are read in two round trips per sample, whatever their number.
 
 >>> times = await produce_times(redis, "rides", {0: 41, 3: 7})      # {0: 1763776220123, 3: ...}
 >>> history = LagHistory(registry, interval_s=5, points=720)
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 #: One sample every 5 s for an hour.
 SAMPLE_INTERVAL_S: Final = 5.0
 SAMPLE_POINTS: Final = 720
+#: A sample equal to the last one stored is stored again only this long after it (idle series).
+STORE_EVERY_S: Final = 60.0
 #: The fields of a lag-history stream entry (its id holds the sample's time).
 _FIELDS: Final = ("m", "a", "p", "c")
 
@@ -53,31 +56,37 @@ def now_ms() -> int:
 async def produce_times(redis: AsyncRedis, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
     """qid -> produce time (ms) of the entry at ``offsets[qid]``, or of the first one after it when
     that offset is gone; qids whose stream has nothing from there are left out."""
-    times = await produce_times_at(redis, [(topic, qid, offset) for qid, offset in offsets.items()])
-    return {qid: ms for (_, qid, _), ms in times.items()}
+    qids = sorted(offsets)
+    found = await _produce_times(redis, [(topic, qid, offsets[qid]) for qid in qids])
+    return {qid: at for qid, at in zip(qids, found, strict=True) if at is not None}
 
 
+#: (topic, qid, offset): a place in a queue's stream.
 Position = tuple[str, int, int]
 
 
 async def produce_times_at(redis: AsyncRedis, positions: Iterable[Position]) -> dict[Position, int]:
-    """Position (topic, qid, offset) -> produce time (ms) of the entry at that offset of the queue's stream, or
-    of the first one after it when that offset is gone; positions with nothing from there are left
-    out. One pipeline for them all (one round trip; on a cluster, one per master)."""
+    """Position -> produce time (ms) of the entry there, or of the first one after it when that offset
+    is gone; positions with nothing from there are left out. One pipeline for them all (one round
+    trip; on a cluster, one per master)."""
     wanted = sorted(set(positions))
+    found = await _produce_times(redis, wanted)
+    return {position: at for position, at in zip(wanted, found, strict=True) if at is not None}
+
+
+async def _produce_times(redis: AsyncRedis, wanted: list[tuple[str, int, int]]) -> list[int | None]:
+    """Per (topic, qid, offset): what :func:`produce_times` finds, in one pipeline."""
     if not wanted:
-        return {}
-    with map_redis_errors(f"reading produce times of {len(wanted)} queues"):
+        return []
+    with map_redis_errors("reading produce times"):
         async with redis.pipeline(transaction=False) as pipe:
             for topic, qid, offset in wanted:
                 pipe.xrange(keys.stream(topic, qid), f"0-{offset}", "+", count=1)
             replies = await pipe.execute()
-    times: dict[Position, int] = {}
-    for position, entries in zip(wanted, replies, strict=True):
-        if entries:
-            raw = entries[0][1].get(b"ts")
-            if raw is not None and raw.isdigit():
-                times[position] = int(raw)
+    times: list[int | None] = []
+    for entries in replies:
+        raw = entries[0][1].get(b"ts") if entries else None
+        times.append(int(raw) if raw is not None and raw.isdigit() else None)
     return times
 
 
@@ -94,20 +103,36 @@ class QueueLag(NamedTuple):
 async def topic_lag(redis: AsyncRedis, group: str, topic: str, queues: int) -> list[QueueLag]:
     """Every queue of ``topic`` for ``group``, from committed offsets (two round trips; on a cluster, two
     rounds of one per master)."""
-    with map_redis_errors(f"reading the lag of {group}/{topic}"):
-        raws = await get_many(
-            redis,
-            [keys.committed(group, topic, qid) for qid in range(queues)]
-            + [keys.sequence(topic, qid) for qid in range(queues)],
-        )
-    committed_raw, sequence_raw = raws[:queues], raws[queues:]
-    committed = [int(raw) if raw is not None else 1 for raw in committed_raw]
-    produced = [int(raw) + 1 if raw is not None else 1 for raw in sequence_raw]
-    behind = {qid: committed[qid] for qid in range(queues) if produced[qid] > committed[qid]}
-    oldest = await produce_times(redis, topic, behind)
+    (rows,) = await topic_lags(redis, [(group, topic, queues)])
+    return rows
+
+
+async def topic_lags(redis: AsyncRedis, pairs: list[tuple[str, str, int]]) -> list[list[QueueLag]]:
+    """:func:`topic_lag` of many (group, topic, queues) at once: still two round trips (one ``MGET`` of
+    every committed offset and sequence, one pipeline of the produce times of the queues behind)."""
+    sequences = {(topic, qid): keys.sequence(topic, qid) for _, topic, queues in pairs for qid in range(queues)}
+    committed_names = [keys.committed(group, topic, qid) for group, topic, queues in pairs for qid in range(queues)]
+    with map_redis_errors(f"reading the lag of {len(pairs)} groups and topics"):
+        raws = await get_many(redis, committed_names + list(sequences.values()))
+    produced_of = {where: int(raw) + 1 if raw is not None else 1
+                   for where, raw in zip(sequences, raws[len(committed_names):], strict=True)}
+    committed_raws = iter(raws[:len(committed_names)])
+    table: list[list[tuple[int, int, int]]] = []
+    behind: list[tuple[str, int, int]] = []
+    for _, topic, queues in pairs:
+        rows = []
+        for qid in range(queues):
+            raw = next(committed_raws)
+            committed, produced = int(raw) if raw is not None else 1, produced_of[topic, qid]
+            rows.append((qid, committed, produced))
+            if produced > committed:
+                behind.append((topic, qid, committed))
+        table.append(rows)
+    oldest = dict(zip(behind, await _produce_times(redis, behind), strict=True))
     return [
-        QueueLag(qid, committed[qid], produced[qid], max(0, produced[qid] - committed[qid]), oldest.get(qid))
-        for qid in range(queues)
+        [QueueLag(qid, committed, produced, max(0, produced - committed), oldest.get((topic, qid, committed)))
+         for qid, committed, produced in rows]
+        for (_, topic, _), rows in zip(pairs, table, strict=True)
     ]
 
 
@@ -146,6 +171,8 @@ class LagHistory:
         self.interval_s = interval_s
         self.points = points
         self._series: dict[tuple[str, str], deque[LagSample]] = {}
+        #: Per (group, topic): the last sample this proxy stored in Redis.
+        self._last_stored: dict[tuple[str, str], LagSample] = {}
 
     async def run(self) -> None:
         """Sample until cancelled; a failed sample is logged and the next one tried on time."""
@@ -157,29 +184,33 @@ class LagHistory:
             await asyncio.sleep(self.interval_s)
 
     async def sample(self) -> None:
+        """One sample of every (group, topic) served, read from Redis in two round trips for them all;
+        stored in Redis when it differs from the last one stored, or that one is older than
+        :data:`STORE_EVERY_S` (an idle series costs one entry a minute)."""
         registry = self._registry
         if registry.redis is None:
             return
         at = now_ms()
-        current: set[tuple[str, str]] = set()
-        for group_name, group in list(registry.groups.items()):
-            for topic, consumer in list(group.consumers.items()):
-                if not consumer.queues:
-                    continue
-                rows = await topic_lag(registry.redis, group_name, topic, consumer.queues)
-                ages = [at - row.oldest_ms for row in rows if row.oldest_ms is not None]
-                sample = LagSample(at, sum(row.lag for row in rows), max(0, max(ages, default=0)),
-                                   sum(row.produced - 1 for row in rows), sum(row.committed - 1 for row in rows))
-                series = self._series.get((group_name, topic))
-                if series is None:
-                    series = self._series[group_name, topic] = deque(
-                        await self._stored(group_name, topic), maxlen=self.points)
-                series.append(sample)
-                await self._store(group_name, topic, sample)
-                current.add((group_name, topic))
+        pairs = [(group_name, topic, consumer.queues) for group_name, group in list(registry.groups.items())
+                 for topic, consumer in list(group.consumers.items()) if consumer.queues]
+        to_store: list[tuple[str, str, LagSample]] = []
+        for (group_name, topic, _), rows in zip(pairs, await topic_lags(registry.redis, pairs), strict=True):
+            ages = [at - row.oldest_ms for row in rows if row.oldest_ms is not None]
+            sample = LagSample(at, sum(row.lag for row in rows), max(0, max(ages, default=0)),
+                               sum(row.produced - 1 for row in rows), sum(row.committed - 1 for row in rows))
+            series = self._series.get((group_name, topic))
+            if series is None:
+                series = self._series[group_name, topic] = deque(
+                    await self._stored(group_name, topic), maxlen=self.points)
+            series.append(sample)
+            last = self._last_stored.get((group_name, topic))
+            if last is None or last[1:] != sample[1:] or at - last.at_ms >= STORE_EVERY_S * 1000:
+                to_store.append((group_name, topic, sample))
+        await self._store(to_store)
         # A group or topic removed by a reload stops taking memory.
-        for gone in self._series.keys() - current:
+        for gone in self._series.keys() - {(group, topic) for group, topic, _ in pairs}:
             del self._series[gone]
+            self._last_stored.pop(gone, None)
 
     async def _stored(self, group: str, topic: str) -> list[LagSample]:
         """The samples kept in Redis (by this proxy before a restart, or by another proxy of the
@@ -196,23 +227,28 @@ class LagHistory:
                 continue  # not written by a proxy: skipped
         return samples
 
-    async def _store(self, group: str, topic: str, sample: LagSample) -> None:
-        """Append ``sample`` to the stream of (group, topic), capped at ``points`` entries. Its id is
-        the start of its interval, so the proxies of a group write one sample per interval between
-        them: a second one in the same interval is refused by Redis (an id not above the last) and
-        dropped here."""
-        assert self._registry.redis is not None
+    async def _store(self, samples: list[tuple[str, str, LagSample]]) -> None:
+        """Append each (group, topic, sample) to the stream of (group, topic), capped at ``points``
+        entries, in one pipeline. A sample's id is the start of its interval, so the proxies of a group
+        write one sample per interval between them: a second one in the same interval is refused by
+        Redis (an id not above the last) and dropped here."""
+        redis = self._registry.redis
+        if not samples or redis is None:
+            return
         interval_ms = max(1, int(self.interval_s * 1000))
-        entry_id = f"{sample.at_ms - sample.at_ms % interval_ms}-0"
-        fields = dict(zip(_FIELDS, sample[1:], strict=True))
-        with map_redis_errors(f"writing the lag history of {group}/{topic}"):
-            try:
-                await self._registry.redis.xadd(keys.lag_history(group, topic), fields,
-                                               id=entry_id, maxlen=self.points, approximate=False)
-            except ResponseError as exc:
-                if "equal or smaller" not in str(exc):
-                    raise
-                # another proxy of the group (or this one, sampling again) took this interval's sample
+        with map_redis_errors("writing the lag history"):
+            async with redis.pipeline(transaction=False) as pipe:
+                for group, topic, sample in samples:
+                    pipe.xadd(keys.lag_history(group, topic), dict(zip(_FIELDS, sample[1:], strict=True)),
+                              id=f"{sample.at_ms - sample.at_ms % interval_ms}-0", maxlen=self.points,
+                              approximate=False)
+                replies = await pipe.execute(raise_on_error=False)
+        for (group, topic, sample), reply in zip(samples, replies, strict=True):
+            if not isinstance(reply, Exception):
+                self._last_stored[group, topic] = sample
+            elif not (isinstance(reply, ResponseError) and "equal or smaller" in str(reply)):
+                log.warning("lag history of %s/%s: %s", group, topic, reply)
+            # else another proxy of the group (or this one, sampling again) took this interval's sample
 
     def series(self, group: str) -> dict[str, list[LagSample]]:
         """topic -> samples, oldest first."""

@@ -3,29 +3,40 @@
 - ``parked_keys(g, t)`` (hash): ``"<qid> <key>"`` → :class:`ParkRecord` as JSON. The holder of the queue
   writes it when a key parks and deletes it on retry, skip or resume; a proxy that takes the queue over
   (after a kill -9 or a lease hand-off) loads it before reading, so the key stays parked.
-- ``key_commands(g, t)`` (stream, capped): operator actions (:class:`KeyCommand`). Every proxy consuming
-  the topic reads it; the holder of the key's queue applies the action and answers on
+- ``key_command_bell()`` (one stream, capped) and ``key_commands(g, t)`` (stream, capped): operator
+  actions (:class:`KeyCommand`), posted on both. Every proxy watches the bell (:class:`KeyCommandWatcher`,
+  one blocking read for all its groups and topics); the per-(group, topic) stream is what proxies of
+  earlier versions poll during a rolling upgrade. The holder of the key's queue applies the action and answers on
   ``key_command_replies(g, t, id)`` (a list with a short expiry), which the proxy that took the admin
   call waits on. Queries (``list``) use the same path, so the keys view covers every proxy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from redis.asyncio import Redis as AsyncRedis
 
 from ddmq.protocol import keys
+from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.store.broker import map_redis_errors
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetters
 
-__all__ = ["COMMANDS_KEPT", "KeyCommand", "KeyCommandLog", "ParkRecord", "ParkStore", "dead_letter_ids_of_key"]
+__all__ = ["COMMANDS_KEPT", "KeyCommand", "KeyCommandLog", "KeyCommandWatcher", "ParkRecord", "ParkStore",
+           "dead_letter_ids_of_key"]
+
+log = logging.getLogger(__name__)
 
 #: Commands kept in the stream (a proxy more than this many behind has missed some: its callers time out).
 COMMANDS_KEPT: Final = 1000
+#: How long the bell read blocks: while no command comes, a proxy sends one command per this long.
+BELL_BLOCK_MS: Final = 5000
 #: How long an answer list lives: the admin call waits far less than this.
 _REPLY_TTL_S: Final = 60
 
@@ -123,11 +134,15 @@ class KeyCommandLog:
         return info[0][0].decode() if info else "0-0"
 
     async def post(self, command: KeyCommand) -> None:
-        fields = {"id": command.id, "action": command.action, "key": command.key or "",
-                  "qid": "" if command.qid is None else str(command.qid), "by": command.by,
-                  "origin": command.origin}
+        """Post ``command`` on the bell (what proxies watch) and on the (group, topic)'s own stream
+        (what proxies of earlier versions poll, during a rolling upgrade)."""
+        fields = _fields(command)
         with map_redis_errors("posting a key command"):
-            await self._redis.xadd(self._name, fields, maxlen=COMMANDS_KEPT, approximate=True)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(keys.key_command_bell(), {**fields, "g": self._group, "t": self._topic},
+                          maxlen=COMMANDS_KEPT, approximate=True)
+                pipe.xadd(self._name, fields, maxlen=COMMANDS_KEPT, approximate=True)
+                await pipe.execute()
 
     async def read(self, after: str) -> tuple[str, list[KeyCommand]]:
         """Commands after stream id ``after``; returns the id to read after next."""
@@ -137,12 +152,7 @@ class KeyCommandLog:
         for _, entries in reply or ():
             for entry_id, fields in entries:
                 after = entry_id.decode()
-                f = {k.decode(): v.decode() for k, v in fields.items()}
-                qid = f.get("qid", "")
-                commands.append(KeyCommand(
-                    f.get("id", ""), f.get("action", ""), f.get("key") or None,
-                    int(qid) if qid.isdigit() else None, f.get("by", ""), f.get("origin", ""),
-                ))
+                commands.append(_command({k.decode(): v.decode() for k, v in fields.items()}))
         return after, commands
 
     async def answer(self, command_id: str, answer: dict[str, Any]) -> None:
@@ -171,6 +181,88 @@ class KeyCommandLog:
             except ValueError:
                 continue
         return out
+
+
+def _fields(command: KeyCommand) -> dict[str, str]:
+    return {"id": command.id, "action": command.action, "key": command.key or "",
+            "qid": "" if command.qid is None else str(command.qid), "by": command.by, "origin": command.origin}
+
+
+def _command(f: dict[str, str]) -> KeyCommand:
+    qid = f.get("qid", "")
+    return KeyCommand(f.get("id", ""), f.get("action", ""), f.get("key") or None,
+                      int(qid) if qid.isdigit() else None, f.get("by", ""), f.get("origin", ""))
+
+
+#: A command's handler: the consumer of its (group, topic) applies it and answers.
+CommandHandler = Callable[[KeyCommand], Awaitable[None]]
+
+
+class KeyCommandWatcher:
+    """The key commands of every (group, topic) this proxy consumes, from one blocking read of the bell
+    (:func:`~ddmq.protocol.keys.key_command_bell`) for the whole proxy: nothing to poll while no
+    command comes, and a command reaches its handlers as soon as it is posted. Runs while a handler
+    is registered. A proxy hears the commands posted after it started watching."""
+
+    def __init__(self, redis: AsyncRedis, block_ms: int = BELL_BLOCK_MS) -> None:
+        self._redis = redis
+        self._block_ms = block_ms
+        self._handlers: dict[tuple[str, str], list[CommandHandler]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, group: str, topic: str, handler: CommandHandler) -> None:
+        self._handlers.setdefault((group, topic), []).append(handler)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="key-commands")
+
+    async def serve(self, group: str, topic: str, handler: CommandHandler) -> None:
+        """Hand the commands of (``group``, ``topic``) to ``handler`` until cancelled."""
+        self.add(group, topic, handler)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.remove(group, topic, handler)
+
+    def remove(self, group: str, topic: str, handler: CommandHandler) -> None:
+        handlers = self._handlers.get((group, topic), [])
+        if handler in handlers:
+            handlers.remove(handler)
+        if not handlers:
+            self._handlers.pop((group, topic), None)
+        if not self._handlers and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _tail(self) -> str:
+        with map_redis_errors("reading the key command bell"):
+            last: Any = await self._redis.xrevrange(keys.key_command_bell(), count=1)
+        return last[0][0].decode() if last else "0-0"
+
+    async def _run(self) -> None:
+        after: str | None = None
+        delay = 0.1
+        while True:
+            try:
+                if after is None:
+                    after = await self._tail()
+                with map_redis_errors("reading the key command bell"):
+                    reply: Any = await self._redis.xread({keys.key_command_bell(): after}, count=100,
+                                                         block=self._block_ms)
+                delay = 0.1
+            except DdmqError as exc:
+                log.warning("reading key commands failed: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            for _, entries in reply or ():
+                for entry_id, raw in entries:
+                    after = entry_id.decode()
+                    fields = {k.decode(): v.decode() for k, v in raw.items()}
+                    for handler in list(self._handlers.get((fields.get("g", ""), fields.get("t", "")), ())):
+                        try:
+                            await handler(_command(fields))
+                        except DdmqError as exc:
+                            log.warning("answering key command %s failed: %s", fields.get("id"), exc)
 
 
 async def dead_letter_ids_of_key(letters: DeadLetters, key: str) -> list[str]:

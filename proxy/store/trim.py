@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol import keys
-from ddmq.protocol.connection import AsyncRedis, eval_script
-from ddmq.protocol.scripts import EXPIRED_RECORD_LUA, TRIMMER_DROP_LUA, TRIMMER_HOLD_LUA
+from ddmq.protocol.connection import AsyncRedis, eval_script, eval_scripts
+from ddmq.protocol.scripts import EXPIRED_RECORD_LUA, TRIMMER_DROP_LUA, TRIMMER_HOLD_LUA, TRIMMER_PROBE_LUA
 from ddmq.proxy.store.broker import map_redis_errors
 
 
@@ -57,6 +57,66 @@ async def registered_groups(redis: AsyncRedis, topic: str) -> dict[str, int]:
                 pipe.hget(keys.group_topics(name), topic)
             seen = await pipe.execute()
     return {name: int(raw) for name, raw in zip(names, seen, strict=True) if raw is not None}
+
+
+async def registered_groups_of(redis: AsyncRedis, topics: list[str]) -> dict[str, dict[str, int]]:
+    """:func:`registered_groups` of many topics in two round trips: topic -> group -> last heartbeat."""
+    with map_redis_errors("reading the group registry"):
+        names = sorted(name.decode() for name in await redis.smembers(keys.groups()))
+        if not names or not topics:
+            return {topic: {} for topic in topics}
+        async with redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hmget(keys.group_topics(name), topics)
+            seen = await pipe.execute()
+    out: dict[str, dict[str, int]] = {topic: {} for topic in topics}
+    for name, values in zip(names, seen, strict=True):
+        for topic, raw in zip(topics, values, strict=True):
+            if raw is not None:
+                out[topic][name] = int(raw)
+    return out
+
+
+class Probe(NamedTuple):
+    """What a round finds first of a queue whose trimmer lease it holds (:func:`probe`)."""
+
+    #: The queue's first entry; None when the stream is empty or begins with a foreign writer's entry.
+    first: QueueHead | None
+    #: The last offset produced (the sequence; 0 when unknown or none).
+    end: int
+
+
+#: Queues one probe script call covers on a single Redis.
+PROBE_BATCH = 128
+
+
+async def probe(redis: AsyncRedis, queues: list[tuple[str, int]], owner: str, ttl_ms: int) -> list[Probe | None]:
+    """Take or renew the trimmer lease of each of ``queues`` for ``owner`` and read its first entry and
+    end, in one pipeline of :data:`~ddmq.protocol.scripts.TRIMMER_PROBE_LUA` calls (one per
+    :data:`PROBE_BATCH` queues on a single Redis, one per queue on a Cluster). None for a queue another
+    proxy trims."""
+    size = 1 if isinstance(redis, RedisCluster) else PROBE_BATCH
+    batches = [queues[i:i + size] for i in range(0, len(queues), size)]
+    calls: list[tuple[str, list[str], list[Any]]] = [
+        (TRIMMER_PROBE_LUA, [key for topic, qid in batch
+                             for key in (keys.trimmer(topic, qid), keys.sequence(topic, qid), keys.stream(topic, qid))],
+         [owner, ttl_ms])
+        for batch in batches
+    ]
+    out: list[Probe | None] = []
+    with map_redis_errors(f"looking at {len(queues)} queues to trim"):
+        for reply in await eval_scripts(redis, calls):
+            if isinstance(reply, Exception):
+                raise reply
+            for answer in reply:
+                if not answer:
+                    out.append(None)
+                elif len(answer) < 4:
+                    out.append(Probe(None, 0))
+                else:
+                    first = _entry(answer[1], {b"ts": answer[2]})
+                    out.append(Probe(first, int(answer[3]) if answer[3] else 0))
+    return out
 
 
 async def readers(redis: AsyncRedis, topic: str, qid: int, groups: dict[str, int]) -> list[Reader]:

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ddmq.actions.async_http import AsyncHttpAction
 from ddmq.protocol import keys
-from tests.support import free_port
+from ddmq.protocol.net import free_port
 
 from ..proxy.conftest import running_proxy
 from .conftest import (

@@ -8,7 +8,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from tests.support import free_port
+from ddmq.protocol.net import free_port
 
 from ..proxy.conftest import running_proxy
 from .conftest import dead_letters, produce, wait_all_finished

@@ -18,10 +18,11 @@ import redis
 from ddmq.client.consumer import PullConsumer
 from ddmq.client.thrift_client import ProxyClient
 from ddmq.protocol import keys
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
 from ddmq.protocol.wire import ConsumeResult, PullRequest
 
-from ..support import ProxyProcess, free_port
+from ..support import ProxyProcess
 
 DDMQ = [sys.executable, "-m", "ddmq.client.cli"]
 GROUP, TOPIC = "g", "t"

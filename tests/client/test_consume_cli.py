@@ -26,9 +26,10 @@ from ddmq.client.pulling import Backoff
 from ddmq.client.status import group_status
 from ddmq.client.thrift_client import ProxyClientError, PullError, WrongPortError
 from ddmq.protocol import keys
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
 
-from ..support import ProxyProcess, free_port, produce_keyed
+from ..support import ProxyProcess, produce_keyed
 
 DDMQ = [sys.executable, "-m", "ddmq.client.cli"]
 GROUP, TOPIC = "g", "t"

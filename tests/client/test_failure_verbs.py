@@ -18,9 +18,10 @@ import pytest
 from ddmq.client import AsyncPullConsumer, ConsumedMessage, PullConsumer, Retry
 from ddmq.client.admin import AdminClient
 from ddmq.protocol.clitools import CliError
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
 
-from ..support import ProxyProcess, free_port
+from ..support import ProxyProcess
 
 GROUP = "g"
 #: t: the group's retry interval is long (10 s) so that a 1.5 s Retry is told apart from it;

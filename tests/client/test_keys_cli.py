@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from ddmq.client.keys_cli import stuck_first
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
 
-from ..support import ProxyProcess, free_port
+from ..support import ProxyProcess
 
 DDMQ = [sys.executable, "-m", "ddmq.client.cli"]
 GROUP, TOPIC = "g", "t"

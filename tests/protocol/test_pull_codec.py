@@ -15,7 +15,9 @@ from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.transport import TMemoryBuffer
 
 from ddmq.protocol import layout, pull_codec, wire
+from ddmq.protocol.message_reader import read_messages
 from ddmq.protocol.pull_codec import encode_pull_reply
+from ddmq.protocol.reader import CompactReader
 from ddmq.protocol.wire import ConsumerService, Message, PullResponse, TMessageType
 from ddmq.proxy.core.types import PullBatch, QueueId, StoredMessage
 from ddmq.proxy.servers.thrift.handler import pull_response
@@ -184,6 +186,29 @@ def test_reader_refuses_a_value_length_beyond_the_payload() -> None:
     frame[at + 1 : at + 2] = b"\xff\xff\xff\xff\x0f"  # the value claims 4 GiB
     with pytest.raises(wire.FrameDecodeError):
         wire.decode(bytes(frame[4:]), lambda name, mtype: ConsumerService.pull_result())
+
+
+def _fast_layout_message(offset: bytes, produce_time: bytes) -> bytes:
+    """A ``Message`` in the layout the proxy writes, its two varints given as bytes."""
+    return (
+        bytes([layout.KEY_HEADER, 1]) + b"k" + bytes([layout.VALUE_HEADER, 1]) + b"v" + bytes([layout.TAG_HEADER, 0])
+        + bytes([layout.OFFSET_HEADER]) + offset
+        + bytes([layout.PROPERTIES_HEADER, 0, layout.PRODUCE_TIME_HEADER]) + produce_time
+        + bytes([layout.CompactType.STOP])
+    )
+
+
+@pytest.mark.parametrize("which", ["offset", "produce_time"])
+def test_the_fast_reader_takes_ten_byte_varints_and_refuses_longer_ones(which: str) -> None:
+    def message(varint: bytes) -> bytes:
+        short = b"\x04"
+        return _fast_layout_message(varint, short) if which == "offset" else _fast_layout_message(short, varint)
+
+    longest = b"\x80" * 9 + b"\x01"  # 1 << 63 in ten bytes, the most a varint may take (zigzag: 1 << 62)
+    [read] = read_messages(CompactReader(message(longest)), 1)
+    assert (read.offset, read.produceTime) == ((1 << 62, 2) if which == "offset" else (2, 1 << 62))
+    with pytest.raises(wire.FrameDecodeError, match="longer than 10 bytes"):
+        read_messages(CompactReader(message(b"\x04") + message(b"\x80" * 10 + b"\x01")), 2)
 
 
 @pytest.mark.parametrize("seed", range(20))

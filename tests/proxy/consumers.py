@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
 import redis.asyncio as aioredis
@@ -27,7 +27,7 @@ LEASES = LeaseConfig(ttl_ms=1000, renew_ms=300, claim_interval_ms=50, handoff_dr
 
 
 class StallableMembership(Membership):
-    """A real membership whose heartbeat can be held: the lease loop then stalls (no claims, no
+    """A real membership whose heartbeat can be held: the upkeep then stalls (no claims, no
     renewals) while readers and clients go on, as when only the lease loop is starved."""
 
     def __init__(self, redis: aioredis.Redis, instance_id: str, timeout_ms: int) -> None:
@@ -41,9 +41,9 @@ class StallableMembership(Membership):
     def resume(self) -> None:
         self._running.set()
 
-    async def heartbeat(self, group: str, topic: str | None = None) -> list[str]:
+    async def heartbeat_many(self, groups: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
         await self._running.wait()
-        return await super().heartbeat(group, topic)
+        return await super().heartbeat_many(groups)
 
 
 class Proxy:

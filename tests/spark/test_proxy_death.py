@@ -27,8 +27,9 @@ from ddmq.client.spark.pull_mode import PullPartition, PullStreamReader, read_le
 from ddmq.client.spark.queue_mode import QueuePartition, read_range
 from ddmq.client.thrift_client import ProxyConnectionError
 from ddmq.protocol import keys
+from ddmq.protocol.net import free_port
 
-from ..support import ProxyProcess, free_port, order_violations
+from ..support import ProxyProcess, order_violations
 from .helpers import Collector, owners, positions, produce, wait_until
 
 RIDERS = 600

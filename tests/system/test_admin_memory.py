@@ -13,8 +13,9 @@ import redis
 import requests
 
 from ddmq.protocol import keys, stream_entry
+from ddmq.protocol.net import free_port
 
-from ..support import ProxyProcess, free_port
+from ..support import ProxyProcess
 
 MIB = 1024 * 1024
 CAP = 4 * MIB

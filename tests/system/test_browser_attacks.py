@@ -19,13 +19,13 @@ import pytest
 from aiohttp import web
 from playwright.async_api import BrowserContext, Page, async_playwright, expect
 
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 
 from ..http_support import ApiClient
 from ..proxy.servers.test_http_api import http_proxy
-from ..support import free_port
 from .test_console import CHROMIUM_ARGS, TOKEN
 from .test_console import chromium as chromium  # the fixture: Debian's chromium, installed when missing
 

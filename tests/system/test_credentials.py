@@ -16,13 +16,14 @@ import redis
 import requests
 
 from ddmq.protocol.connection import redact_url
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.service import ProxyService
 
 from ..proxy.conftest import proxy_config
 from ..proxy.servers.test_http_api import eventually
-from ..support import ProxyProcess, free_port
+from ..support import ProxyProcess
 
 PASSWORD = "s3cret-Passw0rd"
 USER = "ddmq-proxy-test"

@@ -26,6 +26,7 @@ import pytest
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, PullError
 from ddmq.config import parse
 from ddmq.protocol import wire
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.errors import BadRequestError, ConfigError
@@ -33,7 +34,7 @@ from ddmq.proxy.service import ProxyService
 
 from ..http_support import ApiClient, OpenApiChecker
 from ..proxy.conftest import running_proxy
-from ..support import OrderChecker, ProxyProcess, free_port, produce_keyed
+from ..support import OrderChecker, ProxyProcess, produce_keyed
 
 GUARD_S = 10  # failure guard for waits
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -22,8 +22,9 @@ import redis
 from ddmq.client.status import group_status
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import keys, wire
+from ddmq.protocol.net import free_port
 
-from ..support import OrderChecker, ProxyProcess, check_and_ack, free_port, produce_keyed
+from ..support import OrderChecker, ProxyProcess, check_and_ack, produce_keyed
 from .test_http_end_to_end import wait_ready
 from .test_stray_acks import metric
 

@@ -17,7 +17,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ..support import OrderChecker, ProxyProcess, free_port, produce_keyed
+from ddmq.protocol.net import free_port
+
+from ..support import OrderChecker, ProxyProcess, produce_keyed
 
 QUEUES = 8
 KEYS = 500

@@ -28,11 +28,12 @@ import pytest
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import keys, wire
 from ddmq.protocol.connection import sync_redis
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import AsyncProducer, Producer
 from ddmq.proxy.store.embedded import EmbeddedRedis
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
-from ..support import OrderChecker, ProxyProcess, body, check_and_ack, free_port
+from ..support import OrderChecker, ProxyProcess, body, check_and_ack
 
 MESSAGES = 50_000
 BATCH = 500

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..support import free_port
+from ddmq.protocol.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

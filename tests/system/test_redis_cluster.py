@@ -30,6 +30,7 @@ from redis.crc import key_slot
 from ddmq.client.thrift_client import ProxyClient
 from ddmq.protocol import keys, wire
 from ddmq.protocol.connection import sync_redis
+from ddmq.protocol.net import free_port
 from ddmq.protocol.producer import Producer
 from ddmq.protocol.queues import ProduceError
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
@@ -42,7 +43,6 @@ from ..support import (
     body,
     check_order_by_term,
     check_single_reader,
-    free_port,
     produce_keyed,
     puller,
 )

@@ -19,9 +19,10 @@ import redis
 
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import keys, wire
+from ddmq.protocol.net import free_port
 from ddmq.proxy.store.embedded import EmbeddedRedis
 
-from ..support import OrderChecker, ProxyProcess, check_and_ack, free_port, produce_keyed
+from ..support import OrderChecker, ProxyProcess, check_and_ack, produce_keyed
 
 QUEUES = 4
 KEYS = 300

@@ -26,9 +26,10 @@ import redis
 from ddmq.client.status import group_status
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import keys, wire
+from ddmq.protocol.net import free_port
 from ddmq.proxy.store.embedded import EmbeddedRedis
 
-from ..support import OrderChecker, ProxyProcess, free_port, produce_keyed
+from ..support import OrderChecker, ProxyProcess, produce_keyed
 from .test_stray_acks import metric
 
 QUEUES = 4

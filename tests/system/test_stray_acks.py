@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import wire
+from ddmq.protocol.net import free_port
 
-from ..support import OrderChecker, ProxyProcess, check_and_ack, free_port, produce_keyed
+from ..support import OrderChecker, ProxyProcess, check_and_ack, produce_keyed
 from .test_http_end_to_end import wait_ready
 
 QUEUES = 4

@@ -7,7 +7,7 @@ import asyncio
 import redis.asyncio as aioredis
 
 from ddmq.protocol import keys
-from ddmq.proxy.cluster.leases import LeaseStore
+from ddmq.proxy.cluster.leases import RENEW_BATCH, LeaseStore
 
 
 async def test_only_one_owner_at_a_time(redis_client: aioredis.Redis) -> None:
@@ -70,3 +70,40 @@ async def test_scripts_survive_a_flushed_script_cache(redis_client: aioredis.Red
     assert lease is not None
     await redis_client.script_flush()  # what a Redis restart does
     assert await a.renew(lease)
+
+
+async def test_a_batch_renews_every_lease_but_the_one_taken_over_in_its_middle(redis_client: aioredis.Redis) -> None:
+    a, b = LeaseStore(redis_client, "proxy-a", 200), LeaseStore(redis_client, "proxy-b", 10_000)
+    held = [await a.acquire("g", "t", qid) for qid in range(3)] + [await a.acquire("g2", "t", 1)]
+    leases = [lease for lease in held if lease is not None]
+    assert len(leases) == 4
+    await asyncio.sleep(0.3)  # a "pauses" past its leases; b takes queue 1 of g over meanwhile
+    taken = await b.acquire("g", "t", 1)
+    assert taken is not None
+    assert await a.renew_many(leases) == [True, False, True, True]
+    assert await redis_client.get(keys.lease("g", "t", 1)) == taken.token.encode()  # b's, untouched
+    for lease in (leases[0], leases[2], leases[3]):
+        key = lease.keys()[0]
+        assert await redis_client.get(key) == lease.token.encode() and 0 < await redis_client.pttl(key) <= 200
+    assert not await a.commit(leases[1], 4), "the lease reported lost stays fenced off"
+    assert await a.renew_many([]) == []
+
+
+async def test_a_batch_larger_than_one_script_call_fences_lease_by_lease(redis_client: aioredis.Redis) -> None:
+    a = LeaseStore(redis_client, "proxy-a", 60_000)
+    held = [await a.acquire("g", "t", qid) for qid in range(2 * RENEW_BATCH + 3)]
+    leases = [lease for lease in held if lease is not None]
+    assert len(leases) == 2 * RENEW_BATCH + 3
+    fenced = RENEW_BATCH + 1  # in the second script call
+    # What `ddmq offsets reset` does once the lease expired: the term moves on without a lease.
+    await redis_client.delete(keys.lease("g", "t", fenced))
+    await redis_client.incr(keys.lease_term("g", "t", fenced))
+    for lease in leases:
+        await redis_client.pexpire(lease.keys()[0], 120_000)  # longer than the TTL: a renewal sets it back
+    await redis_client.script_flush()  # the script is sent again where Redis does not know it
+    results = await a.renew_many(leases)
+    assert [qid for qid, renewed in enumerate(results) if not renewed] == [fenced]
+    assert all(renewed is not None for renewed in results)
+    assert await redis_client.get(keys.lease("g", "t", fenced)) is None
+    ttls = [await redis_client.pttl(lease.keys()[0]) for i, lease in enumerate(leases) if i != fenced]
+    assert all(0 < ttl <= 60_000 for ttl in ttls)

@@ -7,7 +7,8 @@ import itertools
 
 import redis.asyncio as aioredis
 
-from ddmq.proxy.cluster.membership import Membership, assign
+from ddmq.protocol import keys
+from ddmq.proxy.cluster.membership import HEARTBEAT_BATCH, Membership, assign
 
 
 def test_assignment_covers_every_queue_exactly_once_and_is_balanced() -> None:
@@ -37,3 +38,22 @@ async def test_heartbeats_list_live_members_and_forget_silent_ones(redis_client:
     await a.leave("g")
     assert await b.heartbeat("g") == ["proxy-b"]
     assert await b.heartbeat("other") == ["proxy-b"]
+
+
+async def test_one_heartbeat_of_many_groups_registers_them_and_lists_their_members(
+    redis_client: aioredis.Redis,
+) -> None:
+    a = Membership(redis_client, "proxy-a", timeout_ms=300)
+    b = Membership(redis_client, "proxy-b", timeout_ms=300)
+    assert await b.heartbeat("g1", "t") == ["proxy-b"]
+    live = await a.heartbeat_many({"g1": ["t", "u"], "g2": ["t"], "g3": []})
+    assert live == {"g1": ["proxy-a", "proxy-b"], "g2": ["proxy-a"], "g3": ["proxy-a"]}
+    assert set(await redis_client.hkeys(keys.group_topics("g1"))) == {b"t", b"u"}
+    assert await redis_client.smembers(keys.groups()) == {b"g1", b"g2"}  # a group without topics is not registered
+    await asyncio.sleep(0.4)  # b goes silent
+    assert await a.heartbeat_many({"g1": ["t"]}) == {"g1": ["proxy-a"]}
+    many = {f"m{i:03d}": ["t"] for i in range(2 * HEARTBEAT_BATCH + 1)}  # more than one script call
+    await redis_client.script_flush()
+    assert await a.heartbeat_many(many) == {group: ["proxy-a"] for group in many}
+    assert len(await redis_client.smembers(keys.groups())) == 2 + len(many)
+    assert await a.heartbeat_many({}) == {}

@@ -8,10 +8,12 @@ import asyncio
 import redis.asyncio as aioredis
 
 from ddmq.protocol import keys
+from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.queues import ensure_topic
+from ddmq.proxy.cluster.leases import LeaseStore
 
 from ...support import OrderChecker
-from ..consumers import Proxy, consume_all, produce
+from ..consumers import LEASES, Proxy, consume_all, produce
 
 
 async def test_a_lone_proxy_claims_every_queue_and_opens_each(redis_url: str, redis_client: aioredis.Redis) -> None:
@@ -64,3 +66,37 @@ async def test_queues_move_to_a_second_proxy_without_loss_or_disorder(
             assert held <= {0, 1, 2, 3}
             assert not set(first.consumer.held) & set(second.consumer.held)
     assert checker.violations == [] and checker.missing(produced) == {}
+
+
+async def test_a_renewal_round_drops_the_queue_taken_over_and_renews_the_others(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    await ensure_topic(redis_client, "t", 4)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    async with Proxy(redis_client, "p1") as proxy:
+        await proxy.wait_held({0, 1, 2, 3})
+        consumer = proxy.consumer
+        proxy.membership.stall()  # the upkeep's rounds wait: the test runs the renewal itself
+        tracker = consumer.tracker(2)
+        # Another proxy took queue 2 over (say this one was paused past its lease).
+        await redis_client.delete(keys.lease("g", "t", 2))
+        other = await LeaseStore(redis_client, "p2", 60_000).acquire("g", "t", 2)
+        assert other is not None
+        for qid in (0, 1, 3):
+            await redis_client.pexpire(keys.lease("g", "t", qid), 120_000)  # a renewal sets the TTL back
+        await consumer.upkeep.renew()
+        assert set(consumer.held) == {0, 1, 3} and set(consumer.trackers) == {0, 1, 3}
+        assert tracker is not None and tracker.dropped and not consumer.may_serve(2)
+        assert all(consumer.may_serve(qid) for qid in (0, 1, 3))
+        assert await redis_client.get(keys.lease("g", "t", 2)) == other.token.encode()
+        for qid in (0, 1, 3):
+            assert 0 < await redis_client.pttl(keys.lease("g", "t", qid)) <= LEASES.ttl_ms
+        # The queues it kept go on in order; queue 2's messages stay for its new owner (whose lease
+        # keeps this proxy's next claims of it away).
+        proxy.membership.resume()
+        await produce(redis_url, produced, [f"k{i}" for i in range(40)])
+        kept = {key: count for key, count in produced.items() if queue_for_key(key, 4) != 2}
+        await consume_all([(proxy, 0)], checker, kept)
+        assert 2 not in consumer.held
+    assert checker.violations == [] and checker.missing(kept) == {}

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from ddmq.protocol.net import free_port
 from ddmq.proxy.ops.exports import export_lines
-
-from ...support import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 PROXY = [sys.executable, "-m", "ddmq.proxy"]

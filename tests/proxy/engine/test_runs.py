@@ -11,8 +11,8 @@ from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.core.types import PullBatch, QueueResult
 from ddmq.proxy.service import ProxyService
 
-from ..support import OrderChecker
-from .conftest import running_proxy
+from ...support import OrderChecker
+from ..conftest import running_proxy
 
 
 async def produce(redis_url: str, keys: list[str], qid: int = 0) -> dict[str, int]:

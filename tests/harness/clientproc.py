@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
-from bench.stack import HarnessError
+from tests.harness.stack import HarnessError
 
 __all__ = ["ClientProcess", "Load", "Ready"]
 

@@ -1,0 +1,152 @@
+"""The proxy's upkeep: one task per process heartbeats every group it serves and renews every lease it holds.
+
+Each consumer (one group's topic) owns its queues (:mod:`ddmq.proxy.cluster.ownership`: assignment,
+claims, hand-offs, drops), but the periodic Redis work of all of them runs here, batched, so that an
+idle proxy costs about the same whatever the number of groups, topics and queues it holds:
+
+- every ``claim_interval_ms``, one heartbeat for every group (:meth:`Membership.heartbeat_many
+  <ddmq.proxy.cluster.membership.Membership.heartbeat_many>`: one script call for up to 100 groups on a
+  single Redis, one per group on a Cluster, all in one pipeline), then each consumer rebalances with
+  its group's live members (computing its share, starting hand-offs and claims, which run in their
+  own tasks);
+- every ``renew_ms``, one renewal of every lease held (:meth:`LeaseStore.renew_many
+  <ddmq.proxy.cluster.leases.LeaseStore.renew_many>`: one script call per 256 leases on a single Redis,
+  per slot on a Cluster, all in one pipeline). The fencing is the single renewal's, lease by lease: a
+  lease whose term was taken over is reported lost, and its queue dropped, while the others of the
+  batch are renewed.
+
+A consumer joins once its topic's queues are known and leaves when it stops; the task runs while
+at least one consumer is joined. Its Redis work per round does not depend on the number of consumers
+(only its size does), and a consumer with nothing to do costs a few attribute reads per round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from ddmq.config.schema import LeaseConfig
+from ddmq.proxy.cluster.leases import Lease, LeaseStore
+from ddmq.proxy.cluster.membership import Membership
+
+log = logging.getLogger(__name__)
+
+
+class Upkept(Protocol):
+    """One consumer's ownership, as the upkeep sees it."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+
+    def rebalance(self, members: list[str] | None) -> None:
+        """The group's live members (None: the heartbeat failed, keep the last assignment)."""
+
+    def leases(self) -> dict[int, Lease]:
+        """The leases to renew, by qid."""
+
+    def renewed(self, qid: int, lease: Lease, asked_at: float) -> None:
+        """``lease`` was renewed by a call sent at loop time ``asked_at``."""
+
+    async def lost(self, qid: int, lease: Lease) -> None:
+        """``lease``'s term was taken over: the queue must be dropped."""
+
+
+class Upkeep:
+    """The heartbeats and renewals of every consumer of one proxy (see the module's docstring)."""
+
+    def __init__(self, leases: LeaseStore, membership: Membership, config: LeaseConfig) -> None:
+        self.leases = leases
+        self.membership = membership
+        self.config = config
+        self._joined: list[Upkept] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        #: Held while a renewal is in flight (see :meth:`settled`).
+        self._renewing = asyncio.Lock()
+        self._next_renew = 0.0
+
+    @property
+    def joined(self) -> int:
+        return len(self._joined)
+
+    def join(self, member: Upkept) -> None:
+        """Heartbeat, rebalance and renew for ``member`` from the next round on (which starts soon)."""
+        if member in self._joined:
+            raise RuntimeError(f"{member.group}/{member.topic} already joined the upkeep")
+        self._joined.append(member)
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="upkeep")
+            self._task.add_done_callback(_report_crash)
+
+    def leave(self, member: Upkept) -> None:
+        """No more rounds for ``member`` (a renewal in flight still reports to it: see :meth:`settled`)."""
+        if member in self._joined:
+            self._joined.remove(member)
+        if not self._joined and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def settled(self) -> None:
+        """Return once no renewal is in flight: after :meth:`leave` and this, nothing of the upkeep
+        renews a lease of the member that left (so a release that follows stays released)."""
+        async with self._renewing:
+            pass
+
+    async def close(self) -> None:
+        self._joined.clear()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._next_renew = loop.time() + self.config.renew_ms / 1000
+        while True:
+            self._wake.clear()
+            await self.round()
+            try:
+                async with asyncio.timeout(self.config.claim_interval_ms / 1000):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def round(self) -> None:
+        """One heartbeat of every group and a rebalance of every consumer; the renewals when due."""
+        joined = list(self._joined)
+        topics: dict[str, list[str]] = {}
+        for member in joined:
+            topics.setdefault(member.group, []).append(member.topic)
+        live = await self.membership.heartbeat_many(topics)
+        for member in joined:
+            if member in self._joined:  # it may have left while the heartbeat was out
+                member.rebalance(live.get(member.group))
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._next_renew:
+            self._next_renew = loop.time() + self.config.renew_ms / 1000
+            await self.renew()
+
+    async def renew(self) -> None:
+        """Renew every lease held, in one pipeline; drop the queues whose lease was taken over."""
+        async with self._renewing:
+            held = [(member, qid, lease) for member in self._joined for qid, lease in member.leases().items()]
+            if not held:
+                return
+            asked_at = asyncio.get_running_loop().time()
+            results = await self.leases.renew_many([lease for _, _, lease in held])
+            for (member, qid, lease), renewed in zip(held, results, strict=True):
+                if renewed:
+                    member.renewed(qid, lease, asked_at)
+                elif renewed is not None:
+                    await member.lost(qid, lease)
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    """The upkeep runs for the proxy's life: ending on an error would let every lease lapse."""
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the upkeep (heartbeats, renewals) stopped on an unexpected error; restart the proxy",
+                     exc_info=task.exception())
