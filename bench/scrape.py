@@ -1,6 +1,6 @@
 """The cost of a ``/metrics`` scrape at many queues, in both label modes.
 
-``python bench/scrape.py [--groups 100 --topics 10 --queues 8] [--scrapes 5] [--idle] [--json PATH]``
+``python bench/scrape.py [--groups 100 --topics 10 --queues 8] [--scrapes 5] [--idle] [--quiet-only] [--json PATH]``
 starts an ``EmbeddedRedis`` and one real :class:`~ddmq.proxy.service.ProxyService` (HTTP on a free
 port) serving ``groups`` groups that each read the same ``topics`` topics of ``queues`` queues, and
 waits until it holds every queue. Unless ``--idle``, it then sends two messages of one key to every
@@ -134,7 +134,8 @@ async def _measure(service: ProxyService, scrapes: int) -> dict[str, Any]:
 
 
 async def run(
-    url: str, groups: int, topics: int, queues: int, scrapes: int, idle: bool, start_timeout_s: float
+    url: str, groups: int, topics: int, queues: int, scrapes: int, idle: bool, start_timeout_s: float,
+    phases: tuple[str, ...] = ("live", "quiet"),
 ) -> list[dict[str, Any]]:
     config = proxy_config(url, groups, topics, queues)
     rows = []
@@ -147,7 +148,7 @@ async def run(
             began = time.monotonic()
             await _touch_every_queue(service, url, groups, sorted(config.topics), queues)
             print(f"touched every queue in {time.monotonic() - began:.1f} s", file=sys.stderr)
-        for phase in ("live", "quiet"):
+        for phase in phases:
             if phase == "quiet":  # the scrape's own cost: no reader polls Redis in the same event loop
                 await asyncio.gather(*(group.stop_reading() for group in service.registry.groups.values()))
             for per_queue in (False, True):
@@ -169,6 +170,7 @@ def main() -> int:
     parser.add_argument("--idle", action="store_true", help="no message at all (no counters, no histograms)")
     parser.add_argument("--start-timeout-s", type=float, default=900, help="to open every queue")
     parser.add_argument("--maxclients", type=int, default=18000, help="Redis maxclients (capped by ulimit -n)")
+    parser.add_argument("--quiet-only", action="store_true", help="only the rows with every reader stopped")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
@@ -179,7 +181,7 @@ def main() -> int:
             with redis.Redis.from_url(redis_server.url) as client:
                 client.config_set("maxclients", args.maxclients)
             rows = asyncio.run(run(redis_server.url, args.groups, args.topics, args.queues, args.scrapes, args.idle,
-                                   args.start_timeout_s))
+                                   args.start_timeout_s, ("quiet",) if args.quiet_only else ("live", "quiet")))
         finally:
             redis_server.stop()
     print(f"{'mode':<20} {'proxy':<6} {'queues':>7} {'series':>8} {'bytes':>11} {'scrape ms':>10} {'(min)':>7} "

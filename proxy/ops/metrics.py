@@ -29,7 +29,7 @@ from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import PullBatch
 from ddmq.proxy.ops.collector import EngineCollector, LatencyHistogram, TopicFigures
 from ddmq.proxy.ops.exposition import render
-from ddmq.proxy.ops.lag import produce_times_at
+from ddmq.proxy.ops.lag import Position, produce_times_at
 from ddmq.proxy.store.broker import map_redis_errors
 
 if TYPE_CHECKING:
@@ -93,6 +93,8 @@ class ProxyMetrics:
         self.registry.register(self.collector)
         self.registry.register(self.others)
         self._groups = groups
+        #: The produce times the last refresh found, by (topic, qid, offset).
+        self._times: dict[Position, int] = {}
         self._pull_children: dict[tuple[str, bool], Callable[[float], None]] = {}
 
     def register(self, collector: Collector) -> None:
@@ -126,7 +128,8 @@ class ProxyMetrics:
         """Read what the collector cannot read synchronously from Redis: produce offsets and the
         produce time of each held queue's first unfinished message (lag), dead-letter stream lengths
         and lease holders. A few round trips whatever the number of queues: one per topic for the
-        offsets, one pipeline for every produce time, one for the dead letters and leases."""
+        offsets, one pipeline for the produce times not known from the last scrape, one for the dead
+        letters and leases."""
         self.instrument(self._groups.groups.values())
         broker, redis = self._groups.broker, self._groups.redis
         if broker is None or redis is None:
@@ -145,7 +148,12 @@ class ProxyMetrics:
                 for qid, tracker in list(consumer.trackers.items())
                 if qid < len(produced[consumer.topic]) and produced[consumer.topic][qid] > tracker.commit_point
             }
-            times = await produce_times_at(redis, [(topic, qid, at) for (_, topic, qid), at in behind.items()])
+            positions = {(topic, qid, at) for (_, topic, qid), at in behind.items()}
+            # The entry at an offset keeps its produce time: a queue whose commit point has not moved
+            # since the last scrape (a stuck or slow one) costs no read.
+            times = {position: self._times[position] for position in positions & self._times.keys()}
+            times.update(await produce_times_at(redis, positions - times.keys()))
+            self._times = times
         except DdmqError as exc:
             log.warning("metrics: %s (lag gauges left out of this scrape)", exc)
             produced = {}
