@@ -70,7 +70,7 @@ class ProxyService(OverRegistry):
         self.metrics = ProxyMetrics(self.registry, counters, self.server_stats)
         #: The trimmer (docs/retention.md); its last figures feed /metrics.
         self.retention: Retention | None = None
-        self.metrics.registry.register(RetentionCollector(self.registry, lambda: self.retention))
+        self.metrics.register(RetentionCollector(self.registry, lambda: self.retention))
         #: The request surface; the servers hold views of it bound to their own limits.
         self.api = ConsumeApi(
             self.registry, RequestRules(config.thrift.max_linger_ms),
