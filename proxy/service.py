@@ -71,8 +71,8 @@ class ProxyService(OverRegistry):
         self.metrics = ProxyMetrics(self.registry, counters, self.server_stats)
         #: The trimmer (docs/retention.md); its last figures feed /metrics.
         self.retention: Retention | None = None
-        self.metrics.registry.register(RetentionCollector(self.registry, lambda: self.retention))
-        self.metrics.registry.register(BuildInfoCollector())
+        self.metrics.register(RetentionCollector(self.registry, lambda: self.retention))
+        self.metrics.register(BuildInfoCollector())
         #: The request surface; the servers hold views of it bound to their own limits.
         self.api = ConsumeApi(
             self.registry, RequestRules(config.thrift.max_linger_ms),
@@ -240,6 +240,8 @@ class ProxyService(OverRegistry):
             await asyncio.gather(self._committer, return_exceptions=True)
         if self.registry.read_audit is not None:
             self.registry.read_audit.close()
+        if self.registry.broker is not None:
+            await self.registry.broker.close()  # the idle watcher's connections, before the client's
         if self._redis is not None:
             await self._redis.aclose()
         if self._embedded is not None:

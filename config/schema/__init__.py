@@ -27,6 +27,7 @@ from ddmq.config.schema.groups import (
     LeaseConfig,
     TopicGroupConfig,
 )
+from ddmq.config.schema.metrics import MetricsConfig
 from ddmq.config.schema.proxy import (
     EmbeddedRedisConfig,
     ProxyConfig,
@@ -57,6 +58,7 @@ __all__ = [
     "JsonPath",
     "LeaseConfig",
     "ListenConfig",
+    "MetricsConfig",
     "ProxyConfig",
     "RedisActionConfig",
     "RedisCommandConfig",

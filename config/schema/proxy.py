@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 
 from ddmq.config.schema.base import Model
 from ddmq.config.schema.groups import LeaseConfig, TopicGroupConfig
+from ddmq.config.schema.metrics import MetricsConfig
 from ddmq.config.schema.servers import HttpConfig, ThriftConfig
 from ddmq.config.schema.topics import TopicConfig
 from ddmq.protocol.connection import check_url
@@ -53,6 +54,8 @@ class ProxyConfig(Model):
     shutdown_grace_ms: Annotated[int, Field(ge=0)] = 2000
     #: Queue ownership among the proxies of a group.
     leases: LeaseConfig = LeaseConfig()
+    #: What ``/metrics`` exports (per (group, topic) by default).
+    metrics: MetricsConfig = MetricsConfig()
     #: Append one JSON line per stream read (owner, lease term, offsets) to this file; off when unset.
     audit_log: str | None = None
     #: Topics this proxy creates at start (with their number of queues) if they do not exist yet.

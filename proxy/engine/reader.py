@@ -1,4 +1,10 @@
-"""QueueReader: reads one queue strictly in offset order, as fast as its consumer has room."""
+"""QueueReader: reads one queue strictly in offset order, as fast as its consumer has room.
+
+A reader blocks on its own stream while messages come; once a whole block passed without one (and
+when it starts), it waits in the broker's idle watcher (:mod:`ddmq.proxy.store.idle_watch`: one
+blocking read over every idle queue of the process) and reads again, without blocking, when the
+watcher saw an entry past its position. On a Redis Cluster there is no watcher and a reader always
+blocks on its own stream."""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from ddmq.proxy.store.broker import Broker, ForeignEntry
 
 log = logging.getLogger(__name__)
 
-#: How long one stream read blocks when the queue is empty.
+#: How long a reader blocks on its own stream before it waits with the other idle queues.
 READ_BLOCK_MS = 1000
 #: How often a reader whose lease is not confirmed looks again.
 _LEASE_WAIT_S = 0.05
@@ -97,6 +103,8 @@ class QueueReader:
         self._stopping = False
         #: The connection count when this reader last checked its stream (see ``_stream_intact``).
         self._checked = 0
+        #: A rollback's gap taken from the consumer before the first read (see ``_take_gap``).
+        self._first_gap: int | None = None
 
     def start(self) -> None:
         if self._task is not None:
@@ -148,7 +156,7 @@ class QueueReader:
             log.info("%s/%s#%d: starts at offset %d (%d..%d trimmed as the group started)", consumer.group,
                      consumer.topic, self.qid, last + 1, first, last)
             return
-        skipped = consumer.take_gap(self.qid)
+        skipped = self._take_gap()
         if skipped is not None and skipped >= first:
             if skipped >= last:
                 return
@@ -156,15 +164,59 @@ class QueueReader:
         await count_expired(consumer.broker.redis, consumer.group, consumer.topic, self.qid, first, last,
                             consumer.expired)
 
+    def _take_gap(self) -> int | None:
+        """The offsets a rollback's raised sequence skipped (they never existed), once."""
+        gap, self._first_gap = self._first_gap, None
+        return gap if gap is not None else self.consumer.take_gap(self.qid)
+
+    async def _wait_for_entries(self, tracker: OffsetTracker) -> bool:
+        """Wait with the other idle queues (the broker's idle watcher) until this one holds an entry
+        past what was read. False when the watch failed: Redis failed meanwhile, so the stream is
+        checked before the next read, which blocks on its own as after any failure."""
+        consumer = self.consumer
+        try:
+            await consumer.broker.wait_for_entries(consumer.topic, self.qid, tracker.next_offset - 1)
+        except BrokerError as exc:
+            self._checked = -1
+            log.debug("%s#%s: %s", consumer.topic, self.qid, exc)
+            return False
+        return True
+
+    async def _read(self, tracker: OffsetTracker, wanted: int, block_ms: int | None) -> list[StoredMessage] | None:
+        """One read from where ``tracker`` stands; None when Redis rolled back (the queue is dropped).
+
+        Every command after a Redis restart runs on a new connection: when connections were opened
+        since the last check, make sure Redis still holds what this reader read (it may have come back
+        without its last writes) before reading on, and after a read during which that happened
+        (redis-py retries on a new connection) before taking it."""
+        consumer = self.consumer
+        connections = consumer.broker.connections
+        if connections.count != self._checked and not await self._stream_intact(tracker, None):
+            return None
+        messages = await consumer.broker.read(consumer.topic, self.qid, tracker.next_offset - 1, wanted, block_ms)
+        if connections.count != self._checked and not await self._stream_intact(tracker, messages):
+            return None
+        return messages
+
     async def _run(self) -> None:
         consumer = self.consumer
         broker = consumer.broker
         tracker = self.tracker
         queue = self.queue
-        connections = broker.connections
-        self._checked = connections.count
+        self._checked = broker.connections.count
         backoff = 0.1
+        # A new reader starts in the idle watcher, which tells it whether its queue holds anything (a
+        # proxy opening thousands of queues sends no read per queue), unless it has a rollback's gap
+        # to step over: that takes a read finding nothing past its position.
+        self._first_gap = consumer.take_gap(self.qid)
+        idle = broker.idle is not None and self._first_gap is None  # the last read found nothing
+        block: int | None = READ_BLOCK_MS
         while not self._stopping:
+            if idle and broker.idle is not None:
+                # Nothing came for a whole block: stop blocking on this stream alone and wait with the
+                # other idle queues; once the watcher saw an entry, read it without blocking.
+                idle = False
+                block = None if await self._wait_for_entries(tracker) else READ_BLOCK_MS
             room = await consumer.wait_for_room()
             # Looked up per batch, not once: a config reload may change them in place.
             wanted = min(consumer.config.read_batch_size, room)
@@ -177,21 +229,11 @@ class QueueReader:
                 await asyncio.sleep(_LEASE_WAIT_S)
                 continue
             try:
-                # Every command after a Redis restart runs on a new connection: when connections were
-                # opened since the last check, make sure Redis still holds what this reader read (it
-                # may have come back without its last writes) before reading on, and after a read
-                # during which that happened (redis-py retries on a new connection) before taking it.
-                if connections.count != self._checked and not await self._stream_intact(tracker, None):
-                    return
                 try:
-                    messages = await broker.read(
-                        consumer.topic, self.qid, tracker.next_offset - 1, wanted, READ_BLOCK_MS
-                    )
+                    messages = await self._read(tracker, wanted, block)
                 except ForeignEntry as entry:
                     await consumer.skip_foreign(self.qid, tracker, entry)
                     continue
-                if connections.count != self._checked and not await self._stream_intact(tracker, messages):
-                    return
             except BrokerError as exc:
                 self._checked = -1  # check the stream once Redis answers again
                 log.warning("%s#%s: %s; retrying in %.1fs", consumer.topic, self.qid, exc, backoff)
@@ -199,14 +241,16 @@ class QueueReader:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
-            if self._stopping:
-                return  # not tracked, so never committed: the next reader reads them again
+            block = READ_BLOCK_MS  # blocks on its own stream until a whole block passes without a message
+            if messages is None or self._stopping:
+                return  # rolled back, or stopping: not tracked, so never committed (read again later)
             if not messages:
-                gap = consumer.take_gap(self.qid)
+                gap = self._take_gap()
                 if gap is not None:
                     # Nothing past what was read, and producers write past ``gap`` (the sequence was
                     # raised there after a rollback): the offsets up to it will never exist.
                     tracker.skip_to(gap + 1)
+                idle = True
                 continue
             if not consumer.may_serve(self.qid):
                 continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread

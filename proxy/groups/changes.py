@@ -27,8 +27,9 @@ IN_PLACE_FIELDS: frozenset[str] = frozenset(
     }
 )
 
-#: Top-level sections that change live; every other one needs a restart.
-LIVE_SECTIONS: frozenset[str] = frozenset({"groups", "topics"})
+#: Top-level sections that change live; every other one needs a restart. ``metrics`` is read at each
+#: scrape, so taking it over is all it needs.
+LIVE_SECTIONS: frozenset[str] = frozenset({"groups", "topics", "metrics"})
 
 Pair = tuple[str, str]
 
@@ -45,14 +46,16 @@ class ConfigChange:
     topics: tuple[str, ...] = ()
     #: Top-level fields that differ but only take effect after a restart.
     needs_restart: tuple[str, ...] = ()
+    #: The ``metrics`` section differs (it applies from the next scrape).
+    metrics: bool = False
 
     @property
     def empty(self) -> bool:
-        return not (self.added or self.removed or self.restarted or self.updated or self.topics)
+        return not (self.added or self.removed or self.restarted or self.updated or self.topics or self.metrics)
 
     def describe(self) -> str:
         if self.empty:
-            return "no change to groups or topics"
+            return "no change to groups, topics or metrics"
         parts = []
         for label, pairs in (
             ("added", self.added),
@@ -64,6 +67,8 @@ class ConfigChange:
                 parts.append(f"{label} {', '.join(f'{g}/{t}' for g, t in pairs)}")
         if self.topics:
             parts.append(f"topics {', '.join(self.topics)}")
+        if self.metrics:
+            parts.append("metrics")
         return "; ".join(parts)
 
 
@@ -92,6 +97,7 @@ def diff(old: ProxyConfig, new: ProxyConfig) -> ConfigChange:
         needs_restart=tuple(
             sorted(f for f in ProxyConfig.model_fields if f not in LIVE_SECTIONS and getattr(old, f) != getattr(new, f))
         ),
+        metrics=old.metrics != new.metrics,
     )
 
 

@@ -19,7 +19,8 @@ What a reload changes live is consumption, the ``groups`` and ``topics`` section
 What was read but not finished when a consumer retires stays uncommitted, so it is delivered again
 (each key in order) by the next consumer of its queue: nothing is lost. A new topic in ``topics`` is
 created in Redis; a different queue count for an existing topic is refused (it would move keys to
-other queues). A config that cannot be applied raises :class:`ConfigError` before anything changed.
+other queues). The ``metrics`` section is taken over as it is (the next scrape reads it). A config
+that cannot be applied raises :class:`ConfigError` before anything changed.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class GroupRegistry:
     stores are given at :meth:`start`, and the read audit (``audit_log``) reaches every consumer."""
 
     def __init__(self, config: ProxyConfig, read_audit: ReadAudit | None = None) -> None:
-        #: The config in force: the process-level fields as started, ``groups`` and ``topics`` as last applied.
+        #: The config in force: the process-level fields as started, the live sections (``groups``, ``topics``,
+        #: ``metrics``) as last applied.
         self.config = config
         self.read_audit = read_audit
         self.groups: dict[str, ConsumerGroup] = {}
@@ -132,7 +134,7 @@ class GroupRegistry:
         await self._ensure_topics(new, change.topics)
 
         # Apply. The process-level fields keep their running values.
-        self.config = old.model_copy(update={"groups": new.groups, "topics": new.topics})
+        self.config = old.model_copy(update={"groups": new.groups, "topics": new.topics, "metrics": new.metrics})
         drains: list[Coroutine[Any, Any, None]] = []
         drains += [groups[name].retire() for name in sorted({g for g, _ in change.removed} - new.groups.keys())]
         drains += [groups[g].remove_topic(topic) for g, topic in change.removed if g in new.groups]
@@ -204,7 +206,7 @@ class OverRegistry:
 
     @property
     def config(self) -> ProxyConfig:
-        """The config in force (``groups`` and ``topics`` as last reloaded)."""
+        """The config in force (``groups``, ``topics`` and ``metrics`` as last reloaded)."""
         return self.registry.config
 
     @property

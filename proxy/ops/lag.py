@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from redis.exceptions import ResponseError
@@ -59,6 +59,19 @@ async def produce_times(redis: AsyncRedis, topic: str, offsets: Mapping[int, int
     qids = sorted(offsets)
     found = await _produce_times(redis, [(topic, qid, offsets[qid]) for qid in qids])
     return {qid: at for qid, at in zip(qids, found, strict=True) if at is not None}
+
+
+#: (topic, qid, offset): a place in a queue's stream.
+Position = tuple[str, int, int]
+
+
+async def produce_times_at(redis: AsyncRedis, positions: Iterable[Position]) -> dict[Position, int]:
+    """Position -> produce time (ms) of the entry there, or of the first one after it when that offset
+    is gone; positions with nothing from there are left out. One pipeline for them all (one round
+    trip; on a cluster, one per master)."""
+    wanted = sorted(set(positions))
+    found = await _produce_times(redis, wanted)
+    return {position: at for position, at in zip(wanted, found, strict=True) if at is not None}
 
 
 async def _produce_times(redis: AsyncRedis, wanted: list[tuple[str, int, int]]) -> list[int | None]:

@@ -1,11 +1,11 @@
 """Live configuration: reload the config file into a running proxy, without a restart, on request
 (the CLI wires SIGHUP to :meth:`ConfigReloader.request`) or when the file changes.
 
-What changes live is consumption, the ``groups`` and ``topics`` sections; the registry of running
-groups applies a new config (:meth:`~ddmq.proxy.groups.registry.GroupRegistry.apply`, which says
-what happens to each added, removed or changed (group, topic)). Every other top-level field belongs
-to the process (Redis, listeners, leases, instance id, intervals): a change is logged and ignored
-until a restart.
+What changes live is consumption, the ``groups`` and ``topics`` sections, and what ``/metrics``
+exports (``metrics``); the registry of running groups applies a new config
+(:meth:`~ddmq.proxy.groups.registry.GroupRegistry.apply`, which says what happens to each added,
+removed or changed (group, topic)). Every other top-level field belongs to the process (Redis,
+listeners, leases, instance id, intervals): a change is logged and ignored until a restart.
 
 An invalid file never gets applied (:func:`ddmq.config.load` rejects it); a config that cannot be
 applied raises :class:`ConfigError` before anything changed. Either way the running config stays.

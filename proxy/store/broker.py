@@ -9,6 +9,9 @@ list into a dict before we look at it; :class:`Broker` wraps that callback on it
 own reads (and only those, marked with an option) get the server's reply as it is, and
 :func:`decode_fields` builds each message straight from the flat field list.
 
+A queue whose blocking read came back empty waits in the broker's :class:`~ddmq.proxy.store.idle_watch.IdleWatcher`
+(one blocking read over all idle queues, on one server) before it reads again.
+
 On a Redis Cluster (:mod:`ddmq.protocol.connection`) every command here names keys of one slot, except
 the reads over many queues and the multi-key reads of offsets: those are split per slot
 (:meth:`Broker.read_many`, :meth:`Broker.get_many`) and sent to the masters concurrently.
@@ -36,6 +39,7 @@ from ddmq.protocol.scripts import CHECK_STREAM_LUA, RAISE_SEQUENCE_LUA
 from ddmq.protocol.stream_entry import KEY, PRODUCE_TIME, TAG, VALUE
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import StoredMessage
+from ddmq.proxy.store.idle_watch import IdleWatcher
 
 _EMPTY_PROPERTIES: dict[str, str] = {}
 #: ``StoredMessage(*fields)`` without the generated ``__new__``'s Python frame (once per message read).
@@ -175,18 +179,36 @@ class Broker:
         if self._raw_reads:
             parse = redis.response_callbacks["XREAD"]
             redis.set_response_callback("XREAD", _xread_callback(parse))
+        #: Watches idle queues with one blocking read; None on a cluster (one slot per queue: nothing to
+        #: group), where a reader blocks on its own stream.
+        self.idle: IdleWatcher | None = None if isinstance(redis, RedisCluster) else IdleWatcher(redis)
+
+    async def close(self) -> None:
+        """Stop watching idle queues (after the readers stopped; before the client closes)."""
+        if self.idle is not None:
+            await self.idle.close()
+
+    async def wait_for_entries(self, topic: str, qid: int, after: int) -> None:
+        """Wait, with the other idle queues, until the queue holds an entry after offset ``after``;
+        at once on a cluster. BrokerError when Redis failed meanwhile."""
+        if self.idle is not None:
+            await self.idle.wait(keys.stream(topic, qid), after)
 
     async def topic_queues(self, topic: str) -> int | None:
         with map_redis_errors(f"reading metadata of topic {topic}"):
             raw = await self.redis.hget(keys.topic_meta(topic), "queues")
         return int(raw) if raw is not None else None
 
-    async def read(self, topic: str, qid: int, after: int, count: int, block_ms: int) -> list[StoredMessage]:
-        """Up to ``count`` messages with offset > ``after``, waiting up to ``block_ms`` for the first."""
+    async def read(
+        self, topic: str, qid: int, after: int, count: int, block_ms: int | None
+    ) -> list[StoredMessage]:
+        """Up to ``count`` messages with offset > ``after``, waiting up to ``block_ms`` for the first
+        (None: not at all)."""
         stream = keys.stream(topic, qid)
         with map_redis_errors(f"reading {topic}#{qid}"):
             if self._raw_reads:
-                args = ("COUNT", count, "BLOCK", block_ms, "STREAMS", stream, keys.stream_id_after(after))
+                block = () if block_ms is None else ("BLOCK", block_ms)
+                args = ("COUNT", count, *block, "STREAMS", stream, keys.stream_id_after(after))
                 reply: Any = await self.redis.execute_command("XREAD", *args, **{_RAW_REPLY: True})
             else:
                 reply = await self.redis.xread({stream: keys.stream_id_after(after)}, count=count, block=block_ms)

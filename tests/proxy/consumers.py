@@ -74,6 +74,7 @@ class Proxy:
         await self.consumer.ownership.release_all()
         await self.consumer.close()
         await self.buffer.close()
+        await self.broker.close()
 
     async def pull(self, max_batch: int = 100) -> PullBatch:
         return await self.buffer.pull("t", max_batch, 0)

@@ -1,6 +1,8 @@
 """The Grafana dashboard and the Prometheus alert rules under ``deploy/`` use only metrics a real
 proxy exports: every PromQL expression is parsed (promql-parser) and each metric it selects must be
-in a scrape of a running proxy's ``/metrics`` with traffic behind it."""
+in a scrape of a running proxy's ``/metrics`` with traffic behind it, with every label the expression
+matches on or aggregates by. Both label modes (per (group, topic), and ``metrics.per_queue``) are
+scraped: the rules and the dashboard work with either."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import promql_parser
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,8 +24,9 @@ from ..proxy.conftest import running_proxy
 from ..proxy.servers.test_http_api import eventually, pull
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
-#: Series Prometheus makes itself for every target.
+#: Series Prometheus makes itself for every target, and the labels it adds to every series.
 PROMETHEUS_OWN = {"up"}
+TARGET_LABELS = {"instance", "job"}
 _LABEL_VALUES = re.compile(r"^label_values\((.+),\s*[a-zA-Z_]+\)$")
 
 
@@ -43,6 +47,34 @@ def selected_metrics(expression: str) -> set[str]:
             elif child is not None and not isinstance(child, int | float | str):
                 stack.append(child)
     return names
+
+
+def _children(node: Any) -> list[Any]:
+    found: list[Any] = []
+    for attribute in ("lhs", "rhs", "expr", "args", "vector_selector", "param"):
+        child = getattr(node, attribute, None)
+        if isinstance(child, list):
+            found.extend(child)
+        elif child is not None and not isinstance(child, int | float | str):
+            found.append(child)
+    return found
+
+
+def label_uses(expression: str) -> list[tuple[str, set[str]]]:
+    """(metric, labels the expression needs it to have): those its selector matches on, and those
+    of every ``by (...)`` above it."""
+    node = promql_parser.parse(expression.replace("$__rate_interval", "5m").replace("$__interval", "1m"))
+    uses: list[tuple[str, set[str]]] = []
+    stack: list[tuple[Any, frozenset[str]]] = [(node, frozenset())]
+    while stack:
+        node, above = stack.pop()
+        modifier = getattr(node, "modifier", None)
+        if type(node).__name__ == "AggregateExpr" and modifier is not None and str(modifier).startswith("by"):
+            above = above | set(modifier.labels)
+        if type(node).__name__ == "VectorSelector":
+            uses.append((node.name, set(above) | {m.name for m in node.matchers.matchers} - {"__name__"}))
+        stack.extend((child, above) for child in _children(node))
+    return uses
 
 
 def dashboard_expressions() -> list[str]:
@@ -77,9 +109,17 @@ def test_the_alerts_cover_lag_time_lag_dead_letters_owners_and_parked_keys() -> 
     assert config["rule_files"] == ["ddmq-alerts.yml"]
 
 
-async def test_every_metric_the_dashboard_and_alerts_use_is_exported(redis_url: str) -> None:
+def test_label_uses_sees_matchers_and_aggregations() -> None:
+    uses = label_uses('max(sum by (group, topic) (rate(x_total{event="read"}[5m]))) / sum by (instance) (y)')
+    assert sorted((name, sorted(labels)) for name, labels in uses) == [
+        ("x_total", ["event", "group", "topic"]), ("y", ["instance"])]
+
+
+@pytest.mark.parametrize("per_queue", [False, True], ids=["per_topic", "per_queue"])
+async def test_every_metric_the_dashboard_and_alerts_use_is_exported(redis_url: str, per_queue: bool) -> None:
     config = {"order_key": "KEY", "max_retry": 0}
-    async with running_proxy(redis_url, config, http={"enabled": True, "port": 0}) as service:
+    metrics = {"per_queue": per_queue}
+    async with running_proxy(redis_url, config, http={"enabled": True, "port": 0}, metrics=metrics) as service:
         base = f"http://127.0.0.1:{service.http_port}"
         async with AsyncProducer(redis_url) as producer:
             await producer.send_batch("t", [{"key": "a", "value": "1"}, {"key": "b", "value": "2"}])
@@ -93,18 +133,24 @@ async def test_every_metric_the_dashboard_and_alerts_use_is_exported(redis_url: 
             results = [{"topic": "t", "qid": ok_qid, "success": [ok_offset]},
                        {"topic": "t", "qid": bad_qid, "fail": [bad_offset]}]
             assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": results}))[0] == 200
-            exported: set[str] = set()
+            exported: dict[str, set[str]] = {}
 
             async def dead_lettered() -> bool:
                 status, text = await api.call("GET", "/metrics")
                 assert status == 200
                 samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
                 exported.clear()
-                exported.update(sample.name for sample in samples)
+                for sample in samples:
+                    exported.setdefault(sample.name, set()).update(sample.labels)
                 return any(sample.name == "ddmq_dead_letters" and sample.value == 1 for sample in samples)
 
             await eventually(dead_lettered)
+    assert per_queue == ("qid" in exported["ddmq_lag_messages"])
     expressions = dashboard_expressions() + [rule["expr"] for rule in alert_rules()]
     used = set().union(*(selected_metrics(expression) for expression in expressions))
-    assert used - PROMETHEUS_OWN <= exported, sorted(used - PROMETHEUS_OWN - exported)
+    assert used - PROMETHEUS_OWN <= exported.keys(), sorted(used - PROMETHEUS_OWN - exported.keys())
     assert any(name.startswith("process_") for name in used) and "ddmq_pull_duration_seconds_bucket" in used
+    missing = [(expression, name, sorted(labels - exported[name] - TARGET_LABELS))
+               for expression in expressions for name, labels in label_uses(expression)
+               if name not in PROMETHEUS_OWN and labels - exported[name] - TARGET_LABELS]
+    assert not missing, missing

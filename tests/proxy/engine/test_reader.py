@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,3 +103,68 @@ async def test_a_reader_reads_nothing_after_its_lease_lapses(
     terms = [r["term"] for r in reads(audit)]
     assert terms == sorted(terms) and set(terms) == {old_term, old_term + 1}  # one reader per term, in turn
     assert checker.violations == [] and checker.missing(produced) == {}
+
+
+async def blocked_clients(redis: aioredis.Redis) -> int:
+    return int((await redis.info("clients"))["blocked_clients"])
+
+
+async def until_idle(proxy: Proxy, queues: int) -> None:
+    """Until ``queues`` readers of ``proxy`` wait in its broker's idle watcher (after a whole empty block)."""
+    watcher = proxy.broker.idle
+    assert watcher is not None
+    async with asyncio.timeout(20):
+        while watcher.streams != queues:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+async def test_idle_queues_wait_in_one_read_and_messages_to_any_of_them_arrive_in_order(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    queues = 48
+    await ensure_topic(redis_client, "t", queues)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    rng = random.Random(27)
+    async with Proxy(redis_client, "p1", TopicGroupConfig(read_batch_size=4)) as proxy:
+        await proxy.wait_held(set(range(queues)))
+        for _ in range(3):
+            await until_idle(proxy, queues)
+            # 48 idle queues: one blocking read between them, none of their own (Redis may count another
+            # proxy-wide blocking read or two, never one per queue).
+            assert proxy.broker.idle is not None and proxy.broker.idle.connections == 1
+            assert max([await blocked_clients(redis_client) for _ in range(20)]) < queues // 8
+            for qid in rng.sample(range(queues), 11):
+                await produce(redis_url, produced, [f"q{qid}-k{i % 3}" for i in range(9)], qid=qid)
+            await consume_all([(proxy, 0)], checker, produced)
+        await until_idle(proxy, queues)
+    # Stopped while every reader waited in the watcher: they left it, and its read ended.
+    assert proxy.broker.idle.streams == 0 and proxy.broker.idle.connections == 0
+    async with asyncio.timeout(20):
+        while await blocked_clients(redis_client):  # noqa: ASYNC110 (Redis frees a closed connection on its next turn)
+            await asyncio.sleep(0.01)
+    assert checker.violations == [] and checker.missing(produced) == {} and checker.duplicates == 0
+
+
+async def test_a_queue_handed_off_while_idle_delivers_everything_once_in_order(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    queues = 8
+    await ensure_topic(redis_client, "t", queues)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    keys = [f"k{i % 12}" for i in range(60)]
+    async with Proxy(redis_client, "p2") as old:
+        await old.wait_held(set(range(queues)))
+        await produce(redis_url, produced, keys)
+        await consume_all([(old, 0)], checker, produced)
+        await old.consumer.commits.flush()
+        await until_idle(old, queues)
+        # "p1" sorts first: it takes queues 0-3 from "p2", whose readers of them are waiting idle.
+        async with Proxy(redis_client, "p1") as new:
+            await new.wait_held({0, 1, 2, 3})
+            await old.wait_held({4, 5, 6, 7})
+            await until_idle(old, 4)
+            await produce(redis_url, produced, keys)
+            await consume_all([(old, 0), (new, 0)], checker, produced)
+    assert checker.violations == [] and checker.missing(produced) == {} and checker.duplicates == 0

@@ -199,6 +199,9 @@ def test_diff_sorts_changes_by_what_they_need(redis_url: str) -> None:
     assert change.needs_restart == ("commit_interval_ms", "thrift")
     assert "added g3/t2" in change.describe() and "restarted g1/t2" in change.describe()
     assert diff(old, old) == ConfigChange() and diff(old, old).empty
+    # metrics is read at each scrape: it changes live, and is the whole change here
+    per_queue = old.model_copy(update={"metrics": old.metrics.model_copy(update={"per_queue": True})})
+    assert diff(old, per_queue) == ConfigChange(metrics=True) and diff(old, per_queue).describe() == "metrics"
 
 
 async def test_groups_and_topics_added_and_removed_under_load_lose_nothing(
