@@ -39,8 +39,9 @@ __all__ = [
 #: the chain, the key gate, the buffer, the timing wheel, offsets, acks, the pull reply) and the wire
 #: codec both sides run per message (request and reply decoding, the compact reader and its
 #: ``Message`` loop, the varints). Each earns its place in ``python bench/micro.py``. Left out on
-#: purpose: coroutines at the top of connection tasks (the Thrift server, the readers, the service),
-#: whose cancellation a compiled frame reports differently, and ``protocol/structs.py`` (thriftpy2
+#: purpose: coroutines at the top of tasks (the Thrift server, the readers, the service, a consumer's
+#: ownership task), whose cancellation a compiled frame reports differently (a compiled ownership task
+#: left a second proxy of the same process unable to open the queues it claimed), and ``protocol/structs.py`` (thriftpy2
 #: builds its classes at run time).
 COMPILED: Final = (
     "ddmq.proxy.store.broker",
@@ -49,7 +50,6 @@ COMPILED: Final = (
     "ddmq.proxy.engine.job",
     "ddmq.proxy.engine.offsets",
     "ddmq.proxy.engine.ordering",
-    "ddmq.proxy.cluster.ownership",
     "ddmq.proxy.engine.holds",
     "ddmq.proxy.engine.pull_buffer",
     "ddmq.proxy.engine.runs",

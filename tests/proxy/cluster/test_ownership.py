@@ -30,6 +30,23 @@ async def test_a_lone_proxy_claims_every_queue_and_opens_each(redis_url: str, re
         assert len(consumer.owned.readers()) == 3 and set(consumer.trackers) == {0, 1, 2}
 
 
+
+async def test_proxies_started_one_after_another_in_one_process_each_open_every_queue(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    # A consumer's ownership task is cancelled when its proxy stops; a later proxy of the same process
+    # (an embedding application, a test) must still open what it claims. A compiled ownership task
+    # once left the second one holding leases it never read, so nothing was delivered.
+    await ensure_topic(redis_client, "t", 3)
+    checker = OrderChecker()
+    produced: dict[str, int] = {}
+    for epoch, instance in enumerate(("p1", "p2", "p3")):
+        await produce(redis_url, produced, [f"k{i}" for i in range(12)])
+        async with Proxy(redis_client, instance) as proxy:
+            await proxy.wait_held({0, 1, 2})
+            await consume_all([(proxy, epoch)], checker, produced)
+    assert checker.violations == [] and checker.missing(produced) == {}
+
 async def test_drop_with_release_frees_the_lease_and_forgets_the_jobs(
     redis_url: str, redis_client: aioredis.Redis
 ) -> None:
