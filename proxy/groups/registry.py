@@ -196,6 +196,8 @@ class GroupRegistry:
         await asyncio.gather(*(g.close() for g in self.groups.values()), return_exceptions=True)
         if self.upkeep is not None:
             await self.upkeep.close()
+        if self.key_watcher is not None:
+            await self.key_watcher.close()
 
 
 class OverRegistry:

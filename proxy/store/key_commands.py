@@ -209,6 +209,8 @@ class KeyCommandWatcher:
         self._block_ms = block_ms
         self._handlers: dict[tuple[str, str], list[CommandHandler]] = {}
         self._task: asyncio.Task[None] | None = None
+        #: Cancelled reads not finished yet (``close`` waits for them).
+        self._stopping: set[asyncio.Task[None]] = set()
 
     def add(self, group: str, topic: str, handler: CommandHandler) -> None:
         self._handlers.setdefault((group, topic), []).append(handler)
@@ -231,7 +233,20 @@ class KeyCommandWatcher:
             self._handlers.pop((group, topic), None)
         if not self._handlers and self._task is not None:
             self._task.cancel()
+            self._stopping.add(self._task)
+            self._task.add_done_callback(self._stopping.discard)
             self._task = None
+
+    async def close(self) -> None:
+        """Stop reading the bell and wait until the read in flight gave its connection back (a task
+        merely cancelled may outlive the event loop, its connection still open)."""
+        self._handlers.clear()
+        if self._task is not None:
+            self._task.cancel()
+            self._stopping.add(self._task)
+            self._task = None
+        await asyncio.gather(*self._stopping, return_exceptions=True)
+        self._stopping.clear()
 
     async def _tail(self) -> str:
         with map_redis_errors("reading the key command bell"):
