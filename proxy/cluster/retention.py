@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ddmq.config.schema import RetentionConfig
+from ddmq.proxy.cluster.membership import STAMP_EVERY_MS
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.store import trim
 from ddmq.proxy.store.broker import Broker
@@ -59,7 +60,10 @@ def consumed_floor(
 ) -> tuple[int, Reader | None]:
     """The offset below which every registered, not idle, group has finished; and the group at it.
     No such group: ``head`` (nothing to trim by consumption)."""
-    active = [r for r in readers if idle_after_s is None or now_ms - r.last_seen_ms <= idle_after_s * 1000]
+    # A group's stamp is written every STAMP_EVERY_MS at most (the heartbeat's), so that much older is
+    # still live.
+    active = [r for r in readers
+              if idle_after_s is None or now_ms - r.last_seen_ms <= idle_after_s * 1000 + STAMP_EVERY_MS]
     if not active:
         return head, None
     lowest = min(active, key=lambda r: (r.committed if r.committed is not None else head, r.group))
