@@ -94,7 +94,8 @@ async def test_an_idle_queue_is_probed_less_often_with_one_lease_command_a_probe
     marks["t", 2] = 17
     used = await calls_during(redis_client, lambda: rounds(1))
     assert used["xrange"] == 1 and used["getex"] == 1
-    assert retention.pacing.gap(("t", 2)) == 1
+    # Its gap starts over (and doubles once: the probe found it as empty as before).
+    assert [retention.pacing.gap(("t", q)) for q in range(queues)] == [8, 8, 2, 8]
 
 
 async def test_a_backed_off_queue_is_capped_again_within_the_longest_gap(
