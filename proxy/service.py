@@ -184,20 +184,8 @@ class ProxyService(OverRegistry):
     def _start_retention(self) -> None:
         assert self.registry.broker is not None
         interval_ms = min([t.retention.interval_ms for t in self.config.topics.values()] or [1000])
-        self.retention = Retention(self.registry.broker, self.config.instance_id, self.retained_topics, interval_ms,
-                                   self.commit_marks)
+        self.retention = Retention(self.registry.broker, self.config.instance_id, self.retained_topics, interval_ms)
         self.retention.start()
-
-    def commit_marks(self) -> dict[tuple[str, int], int]:
-        """(topic, qid) -> the sum of the commit points this proxy's groups wrote on the queue: it moves
-        with every commit, so the trimmer looks at the queue again at once (see Retention)."""
-        marks: dict[tuple[str, int], int] = {}
-        for group in self.groups.values():
-            for consumer in group.consumers.values():
-                topic = consumer.topic
-                for qid, tracker in consumer.trackers.items():
-                    marks[topic, qid] = marks.get((topic, qid), 0) + tracker.committed
-        return marks
 
     def retained_topics(self) -> dict[str, tuple[int, RetentionConfig]]:
         """topic -> (queues, retention) of the topics this proxy declares or consumes (queues known)."""

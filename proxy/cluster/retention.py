@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ddmq.config.schema import RetentionConfig
@@ -96,16 +96,12 @@ class Retention:
         owner: str,
         topics: Callable[[], dict[str, tuple[int, RetentionConfig]]],
         interval_ms: int = 1000,
-        marks: Callable[[], Mapping[Queue, int]] = dict,
     ) -> None:
         self.broker = broker
         self.redis = broker.redis
         self.owner = owner
         #: topic -> (queues, retention) of every topic this proxy knows, read each round (reloads).
         self._topics = topics
-        #: (topic, qid) -> a number that moves whenever this proxy commits on the queue, read each
-        #: round: a queue backed off is probed again at once when its mark moves.
-        self._marks = marks
         self.interval_ms = interval_ms
         self.pacing = TrimPacing(interval_ms)
         #: (topic, qid) -> the group holding its trim back (last round), for the views.
@@ -154,8 +150,9 @@ class Retention:
         (:func:`trim.probe`); the group registry is read only when a held queue has entries."""
         topics = self._topics()
         pacing = self.pacing
+        # The queues this proxy committed on since the last round are probed now, whatever their pace.
         due = pacing.due([(topic, qid) for topic, (count, _) in sorted(topics.items()) for qid in range(count)],
-                         self._marks())
+                         self.broker.take_commits())
         found_all = await trim.probe(self.redis, due, [pacing.held(queue) for queue in due], self.owner,
                                      lease_ttl_ms(self.interval_ms))
         groups: dict[str, dict[str, int]] | None = None

@@ -4,7 +4,7 @@ A queue whose last probe found nothing to do (empty, or nothing to trim and its 
 sequence as at the probe before; or its trimmer lease held by another proxy) waits twice as many
 rounds before its next probe as before, up to :data:`MAX_GAP_ROUNDS`; a probe that finds it changed,
 or finds something to trim, brings it back to every round, and so does a commit of this proxy on it
-(its *mark*, read each round from the service). A queue is probed at least every
+(:meth:`Broker.note_commit <ddmq.proxy.store.broker.Broker.note_commit>`). A queue is probed at least every
 :data:`MAX_GAP_ROUNDS` intervals of wall time too, however long the rounds take, so the trimmer lease,
 renewed by each probe and lasting :func:`lease_ttl_ms`, does not lapse between two probes of a live
 holder.
@@ -17,7 +17,7 @@ probe, at most :data:`MAX_GAP_ROUNDS` rounds later, instead of at the next round
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from ddmq.proxy.store.trim import Probe
@@ -49,8 +49,6 @@ class _Pace:
     ours: bool = False
     #: What the last probe found: None when another proxy trims the queue.
     seen: Probe | None = _NEVER
-    #: This proxy's commit mark on the queue when it was last looked at (None: it reads none of it).
-    mark: int | None = None
 
 
 class TrimPacing:
@@ -62,18 +60,18 @@ class TrimPacing:
         self.round = 0
         self._paces: dict[Queue, _Pace] = {}
 
-    def due(self, queues: Iterable[Queue], marks: Mapping[Queue, int]) -> list[Queue]:
+    def due(self, queues: Iterable[Queue], committed: Collection[Queue]) -> list[Queue]:
         """Begin a round over ``queues`` (the ones known now; the others are forgotten): those to probe
-        in it. ``marks``: a number per queue that moves whenever this proxy commits on it."""
+        in it. ``committed``: the queues this proxy committed on since the last round (their gap
+        starts over, from this round)."""
         now = time.monotonic()
         longest = MAX_GAP_ROUNDS * self.interval_s
         paces: dict[Queue, _Pace] = {}
         out = []
         for queue in queues:
             pace = paces[queue] = self._paces.get(queue) or _Pace(due=self.round)
-            mark = marks.get(queue)
-            if mark != pace.mark:
-                pace.mark, pace.gap, pace.due = mark, 1, self.round
+            if queue in committed:
+                pace.gap, pace.due = 1, self.round
             if pace.due <= self.round or now - pace.at >= longest:
                 out.append(queue)
         self._paces = paces
