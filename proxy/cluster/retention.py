@@ -103,6 +103,7 @@ class Retention:
         #: topic -> (queues, retention) of every topic this proxy knows, read each round (reloads).
         self._topics = topics
         self.interval_ms = interval_ms
+        #: When each queue is probed next (every round while something happens on it, less often while not).
         self.pacing = TrimPacing(interval_ms)
         #: (topic, qid) -> the group holding its trim back (last round), for the views.
         self.holders: dict[tuple[str, int], Holder] = {}
