@@ -1,7 +1,7 @@
 """Instructions per message of the proxy's engine path, counted by valgrind's callgrind.
 
 ``python bench/instructions.py [--order-key KEY|QID|$.k] [--max-per-key N] [--thrift | --client-decode]
-[--python PATH] [--keep DIR]``
+[--python PATH] [--keep DIR [--by-object]]``
 
 CPU time on a shared virtual machine drifts by a quarter from run to run; instruction counts do not,
 so this is the figure to compare two versions of the hot path by. Two drains of a backlog run under
@@ -219,6 +219,52 @@ def _traced(messages: int, topic: str, order_key: str, max_per_key: int, thrift:
     print(f"ran: {_what_ran()}")
 
 
+def _by_object(out: Path) -> dict[str, int]:
+    """Self instructions per object file in one callgrind output file, libpython's bytecode loop
+    (``_PyEval_EvalFrameDefault``: interpreted Python) apart from the rest of it (objects, calls, GC,
+    which compiled code uses too). Reads callgrind's format: ``ob=``/``fn=`` set the context (names
+    compressed as ``(id) name``, later ``(id)``); a cost line right after ``calls=`` is a call's
+    inclusive cost, not self cost."""
+    names: dict[tuple[str, str], str] = {}
+    tables = {"ob": "ob", "cob": "ob", "fn": "fn", "cfn": "fn"}
+    totals: dict[str, int] = {}
+    obj = fn = ""
+    call_cost_next = False
+    for line in out.read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in ("+", "-", "*"):
+            fields = line.split()
+            if call_cost_next:
+                call_cost_next = False
+            elif len(fields) > 1:
+                name = Path(obj).name
+                if name.startswith("libpython"):
+                    name += " (bytecode loop)" if fn.startswith("_PyEval_EvalFrameDefault") else " (the rest)"
+                totals[name] = totals.get(name, 0) + int(fields[1])
+            continue
+        call_cost_next = line.startswith("calls=")
+        kind, _, value = line.partition("=")
+        if kind not in tables:
+            continue
+        ident, _, text = value.partition(" ")
+        resolved = names.setdefault((tables[kind], ident), text) if text else names.get((tables[kind], ident), ident)
+        if kind == "ob":
+            obj = resolved
+        elif kind == "fn":
+            fn = resolved
+    return totals
+
+
+def _print_by_object(small: tuple[int, Path], large: tuple[int, Path]) -> None:
+    (n_small, out_small), (n_large, out_large) = small, large
+    before, after = _by_object(out_small), _by_object(out_large)
+    per_message = {name: (after[name] - before.get(name, 0)) / (n_large - n_small) for name in after}
+    total = sum(per_message.values())
+    print("instructions per message by object file (self cost; 1% of the total or more):")
+    for name, count in sorted(per_message.items(), key=lambda item: -item[1]):
+        if count >= total / 100:
+            print(f"  {count:10,.0f}  {count / total:6.1%}  {name}")
+
+
 def _count(messages: int, args: argparse.Namespace, out_dir: Path) -> tuple[int, str]:
     """The instructions of one traced run of ``messages``, and what it said it ran."""
     from bench.dataset import TOPIC
@@ -279,6 +325,11 @@ def main() -> int:
         "--keep", type=Path, default=None, metavar="DIR",
         help="keep callgrind's output files in DIR (callgrind.<messages>), for callgrind_annotate",
     )
+    parser.add_argument(
+        "--by-object", action="store_true",
+        help="with --keep: also the instructions per message by object file (libpython's bytecode loop, "
+        "the rest of libpython, the compiled modules, hiredis, libc, ...)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
@@ -304,6 +355,8 @@ def main() -> int:
         print(f"ran ({n:,} messages): {ran}")
     print(f"instructions: {counts[small]:,} for {small:,} messages, {counts[large]:,} for {large:,}")
     print(f"instructions per message: {per_message:,.0f}")
+    if args.keep is not None and args.by_object:
+        _print_by_object((small, args.keep / f"callgrind.{small}"), (large, args.keep / f"callgrind.{large}"))
     return 0
 
 
