@@ -23,7 +23,10 @@ of ``protocol/native.py``'s compiled list came from extension modules, and the f
 ``pull_buffer`` or the client's ``message_reader``. An editable install or a checkout on the path runs
 the ``.py`` files; to measure a compiled build, point ``--python`` at the interpreter of a regular
 install (``pip install .``), e.g. ``--python .venv-compiled/bin/python``: the traced process imports
-``ddmq`` from that interpreter's environment (this checkout adds only ``bench`` to its path).
+``ddmq`` from that interpreter's environment (the checkout's root, which has no ``ddmq`` folder, goes
+at the end of the path for ``bench``). ``--keep DIR`` keeps callgrind's two output files, and
+``--by-object`` then splits the instructions per message by object file: libpython's bytecode loop
+(interpreted Python), the rest of libpython, the compiled modules, hiredis, libc.
 
 The backlog is produced by a child process too. ``--python`` traces another install's interpreter
 (say, a venv of an older release) with this same harness: the traced side imports only what every

@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/summarize.py", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="JSON files written by bench/run.py --json")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables (for bench/README.md)")
-    parser.add_argument("--brief", action="store_true", help="only ratios, floors and the proxy's CPU per message")
+    parser.add_argument("--brief", action="store_true", help="only ratios, floors, CPU per message and cores busy")
     parser.add_argument("--json", type=Path, default=None, help="also write the medians and the runs here")
     args = parser.parse_args(argv)
     documents: dict[str, dict[str, Any]] = {}
