@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import sys
 import tempfile
 import time
@@ -34,10 +33,10 @@ if __package__ in (None, ""):
 from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.transport import TMemoryBuffer
 
-from bench.instructions import drain_engine, engine_config, produce_engine_backlog
+from bench.instructions import drain_engine, engine_config, produce_engine_backlog, reply_messages
 from ddmq.protocol.pull_codec import encode_pull_reply
 from ddmq.protocol.wire import ConsumeResult, ConsumerService, Context, PullRequest, TMessageType, decode, encode
-from ddmq.proxy.core.types import PullBatch, QueueId, StoredMessage
+from ddmq.proxy.core.types import PullBatch, QueueId
 from ddmq.proxy.servers.thrift.handler import pull_response
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.store.broker import decode_fields
@@ -54,18 +53,7 @@ def _cpu_us(call: Callable[[], Any], repeat: int, per: int) -> float:
 
 
 def codec(repeat: int = 300) -> dict[str, float]:
-    rng = random.Random(1)
-    messages = [
-        StoredMessage(
-            100_000 + i,
-            b'{"k":"k0042","seq":17,"ts":1763776220.12}',
-            f"k{rng.randrange(1000):04d}",
-            "",
-            {},
-            1_763_776_220_123,
-        )
-        for i in range(BATCH)
-    ]
+    messages = reply_messages()
     batch = PullBatch(QueueId("t", 3), messages)
     reply = encode_pull_reply(7, "g", "t", "3", messages)
     result = ConsumeResult(
