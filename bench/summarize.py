@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -264,9 +265,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             parser.error(f"{path}: {exc}")
     summary = summarize(documents)
-    print(format_tables(summary, args.markdown, args.brief))
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        print(format_tables(summary, args.markdown, args.brief), flush=True)
+    except BrokenPipeError:  # the reader (``| head``) had enough: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0
 
 
