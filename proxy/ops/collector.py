@@ -6,19 +6,21 @@ The families are :class:`~ddmq.proxy.ops.exposition.Family` objects, which ``/me
 directly (:func:`~ddmq.proxy.ops.exposition.render`); :meth:`EngineCollector.collect` gives the same
 families to prometheus-client for anything else that reads the registry.
 
-Series are per (group, topic) by default: the queue-level figures are summed over the queues this
-proxy holds (the age of the oldest unfinished message is their max), so a scrape's size follows the
-number of topics, not of queues. With ``metrics.per_queue`` the queue-level families carry a ``qid``
-label too (and ``ddmq_consume_offset`` / ``ddmq_produce_offset``, which have no sensible sum, are
-exported). Either way a queue is counted by the one proxy that holds it, so a sum over proxies
-gives the group's figure.
+With ``metrics.per_queue`` the queue-level families carry ``(group, topic, qid)`` labels (and
+``ddmq_consume_offset`` / ``ddmq_produce_offset``, which have no sensible sum, are exported), the
+others ``(group, topic)``. By default the queue-level figures are summed over the queues this proxy
+holds (the age of the oldest unfinished message is their max), and then every family is folded to
+the labels :mod:`~ddmq.proxy.ops.rollup` gives it: per (group, topic) for the few an operator follows
+per topic, per group or per proxy for the rest, so a scrape's size follows the (group, topic) pairs
+times a handful, not the queues. Either way a queue is counted by the one proxy that holds it, so a
+sum over proxies gives the group's figure.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from itertools import accumulate
 from operator import attrgetter
@@ -32,6 +34,8 @@ from ddmq.proxy.engine.job import JobState
 from ddmq.proxy.engine.pull_buffer import BufferStats
 from ddmq.proxy.ops.exposition import COUNTER, GAUGE, GAUGE_HISTOGRAM, HISTOGRAM, Family
 from ddmq.proxy.ops.lag import now_ms
+from ddmq.proxy.ops.latency import LatencyHistogram, add_latencies
+from ddmq.proxy.ops.rollup import coarsen
 
 if TYPE_CHECKING:
     from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
 
 #: Upper bounds of the key-chain length histogram.
 CHAIN_BUCKETS: Final = (1, 2, 4, 8, 16, 64, 256)
+_CHAIN_LES: Final = (*(str(float(bound)) for bound in CHAIN_BUCKETS), "+Inf")
 
 #: BufferStats field -> (metric name without ``_total``, help).
 BUFFER_COUNTERS: Final = {
@@ -71,38 +76,6 @@ QUEUE_LABELS: Final = ("group", "topic", "qid")
 TOPIC_LABELS: Final = ("group", "topic")
 
 
-class LatencyHistogram:
-    """Bucket counts and the sum of observed durations, for the chain's hot path.
-
-    An observation is a bisect and two additions (about 0.2 µs here, against about 1 µs for a
-    prometheus-client ``Histogram`` child, which takes a lock and scans its buckets); it runs once per
-    action per message. Used from the event loop only. :class:`EngineCollector` exports it.
-    """
-
-    __slots__ = ("_les", "bounds", "counts", "total")
-
-    def __init__(self, bounds: Iterable[float]) -> None:
-        self.bounds = tuple(sorted(bounds))
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound (+Inf)
-        self.total = 0.0
-        self._les = [str(float(bound)) for bound in self.bounds] + ["+Inf"]
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
-
-    def add(self, other: LatencyHistogram) -> None:
-        """Count ``other``'s observations here too (same bounds)."""
-        if other.bounds != self.bounds:
-            raise ValueError("histograms with different buckets cannot be added")
-        self.counts = [mine + theirs for mine, theirs in zip(self.counts, other.counts, strict=True)]
-        self.total += other.total
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative ``(le, count)`` pairs, ending with ``+Inf``."""
-        return list(zip(self._les, accumulate(self.counts), strict=True))
-
-
 class TopicFigures(NamedTuple):
     """What :meth:`ProxyMetrics.refresh <ddmq.proxy.ops.metrics.ProxyMetrics.refresh>` reads from Redis
     per (group, topic): the same on every proxy."""
@@ -129,7 +102,8 @@ class QueueFigures(NamedTuple):
 
 class QueueFamilies:
     """The queue-level gauges and the rollback counter, per queue with ``per_queue``, else per
-    (group, topic) (:meth:`EngineCollector._summed_figures`: sums over the queues, the max age)."""
+    (group, topic) (:meth:`EngineCollector._summed_figures`: sums over the queues, the max age), to be
+    folded (:func:`~ddmq.proxy.ops.rollup.coarsen`)."""
 
     def __init__(self, per_queue: bool) -> None:
         self.per_queue = per_queue
@@ -182,7 +156,8 @@ class QueueFamilies:
 
 
 class TopicFamilies:
-    """The series that are per (group, topic) in either mode: key chains, concurrency, engine events."""
+    """The series per (group, topic) with ``per_queue`` (folded by default): key chains, concurrency,
+    engine events."""
 
     def __init__(self) -> None:
         labels = TOPIC_LABELS
@@ -196,13 +171,14 @@ class TopicFamilies:
         )
         self.unfinished = Family(
             "ddmq_topic_unfinished_messages", GAUGE,
-            "Unfinished messages per group and topic (capped by concurrency).", labels,
+            "Unfinished messages of the consumers (each capped by its topic's concurrency).", labels,
         )
         self.concurrency = Family(
-            "ddmq_topic_concurrency_limit", GAUGE, "The configured concurrency (most unfinished messages).", labels
+            "ddmq_topic_concurrency_limit", GAUGE,
+            "The configured concurrency: most unfinished messages (by default summed over the group's topics).", labels,
         )
         self.events = Family(
-            "ddmq_consumer_events", COUNTER, "Engine events per group and topic (read, filtered, json_invalid, ...).",
+            "ddmq_consumer_events", COUNTER, "Engine events of the consumers (read, filtered, json_invalid, ...).",
             (*labels, "event"),
         )
         self.key_states = Family(
@@ -215,14 +191,14 @@ class TopicFamilies:
         labels = (group, topic)
         queue = consumer.blocking_queue
         lengths = [queue.chain_length(key) for key, _ in queue.heads()]
+        total = sum(lengths)
         self.keys.add_metric(labels, len(lengths))
-        self.waiting.add_metric(labels, sum(lengths) - len(lengths))
+        self.waiting.add_metric(labels, total - len(lengths))
         self.longest.add_metric(labels, max(lengths, default=0))
-        buckets: list[tuple[str, float]] = [
-            (str(float(bound)), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS
-        ]
-        buckets.append(("+Inf", len(lengths)))
-        self.chains.add_histogram(labels, buckets, sum(lengths))
+        counts = [0] * len(_CHAIN_LES)
+        for length in lengths:
+            counts[bisect_left(CHAIN_BUCKETS, length)] += 1
+        self.chains.add_histogram(labels, list(zip(_CHAIN_LES, accumulate(counts), strict=True)), total)
         self.unfinished.add_metric(labels, consumer.unfinished)
         for state, count in consumer.parking.counts().items():
             self.key_states.add_metric((group, topic, state), count)
@@ -244,9 +220,11 @@ class EngineCollector(Collector):
         counters: Counter[str],
         server_stats: Callable[[], dict[str, dict[str, int]]],
         actions: dict[tuple[str, str, str], LatencyHistogram],
+        pulls: dict[tuple[str, str], LatencyHistogram] | None = None,
     ) -> None:
         self._groups, self._counters, self._server_stats = groups, counters, server_stats
-        self._actions = actions
+        #: (group, topic, action) and (group, result) -> durations, observed as the proxy works.
+        self._actions, self._pulls = actions, pulls if pulls is not None else {}
         #: topic -> next produce offset per qid, set by :meth:`ProxyMetrics.refresh` before a scrape.
         self.produced: dict[str, list[int]] = {}
         #: (group, topic, qid) -> produce time of the held queue's first unfinished message, from refresh.
@@ -270,12 +248,11 @@ class EngineCollector(Collector):
         queues, topics = QueueFamilies(per_queue), TopicFamilies()
         parked = Family("ddmq_parked_pulls", GAUGE, "Long-poll pulls waiting for messages.", ["group"])
         now = now_ms()
+        where_and_state = attrgetter("queue" if per_queue else "queue.topic", "state")
         for name, group in groups.items():
             parked.add_metric((name,), group.buffer.parked)
             # Jobs by queue (per queue) or by topic, and state: one pass over what the buffer holds.
-            states: Counter[tuple[QueueId | str, JobState]] = Counter(
-                (job.queue if per_queue else job.queue.topic, job.state) for job in group.buffer.jobs()
-            )
+            states: Counter[tuple[QueueId | str, JobState]] = Counter(map(where_and_state, group.buffer.jobs()))
             for topic, consumer in group.consumers.items():
                 self._add_queues(queues, name, consumer, states, now)
                 topics.add(name, topic, consumer)
@@ -285,9 +262,10 @@ class EngineCollector(Collector):
         )
         for event, count in sorted(self._counters.items()):
             proxy_events.add_metric((event,), count)
-        return [*_buffer_counters(groups, per_queue), *queues.families(), *self._redis_figures(),
-                *topics.families(), parked, proxy_events, self._action_histograms(per_queue),
-                *_server_metrics(self._server_stats())]
+        engine = [*_buffer_counters(groups, per_queue), *queues.families(), *self._redis_figures(),
+                  *topics.families()]
+        return [*(engine if per_queue else coarsen(engine)), parked, proxy_events,
+                *self._latencies(per_queue), *_server_metrics(self._server_stats())]
 
     def _add_queues(
         self, queues: QueueFamilies, group: str, consumer: TopicConsumer,
@@ -357,11 +335,12 @@ class EngineCollector(Collector):
 
     def _redis_figures(self) -> list[Family]:
         dead_letters = Family(
-            "ddmq_dead_letters", GAUGE, "Entries in the group's dead-letter stream for the topic now.", TOPIC_LABELS
+            "ddmq_dead_letters", GAUGE,
+            "Entries in the group's dead-letter streams now (read from Redis by every proxy).", TOPIC_LABELS,
         )
         unowned = Family(
             "ddmq_queues_without_owner", GAUGE,
-            "Queues of the topic whose lease nobody holds for the group (read from Redis by every proxy).",
+            "Queues whose lease nobody holds for the group (read from Redis by every proxy).",
             TOPIC_LABELS,
         )
         for (name, topic), figures in sorted(self.topics.items()):
@@ -369,29 +348,26 @@ class EngineCollector(Collector):
             unowned.add_metric((name, topic), figures.unowned_queues)
         return [dead_letters, unowned]
 
-    def _action_histograms(self, per_queue: bool) -> Family:
-        """Per (group, action) by default, summed over the group's topics (an action's code is the same
-        for every topic); per (group, topic, action) with ``per_queue``. An action has its series from
-        its first call: an idle consumer costs no 18 series per action."""
+    def _latencies(self, per_queue: bool) -> list[Family]:
+        """The pull durations per (group, result) with ``per_queue``, the action durations per (group,
+        topic, action); by default both per proxy (18 series a histogram; an action's code is the same
+        for every group and topic), by ``result`` and by ``action``. An action has its series from its
+        first call: an idle consumer costs no 18 series per action."""
+        pulls = Family(
+            "ddmq_pull_duration_seconds", HISTOGRAM,
+            "Duration of pull calls (Thrift and HTTP), from the call to its answer, long-poll wait included.",
+            ("group", "result") if per_queue else ("result",),
+        )
         actions = Family(
             "ddmq_action_duration_seconds", HISTOGRAM,
             "Duration of one action call of the chain (an action answering ASYNC: until it took the job over).",
-            (*TOPIC_LABELS, "action") if per_queue else ("group", "action"),
+            (*TOPIC_LABELS, "action") if per_queue else ("action",),
         )
-        rows: dict[tuple[str, ...], LatencyHistogram] = {}
-        for (group, topic, action), histogram in sorted(self._actions.items()):
-            if not any(histogram.counts):
-                continue
-            if per_queue:
-                rows[group, topic, action] = histogram
-                continue
-            merged = rows.get((group, action))
-            if merged is None:
-                merged = rows[group, action] = LatencyHistogram(histogram.bounds)
-            merged.add(histogram)
-        for values, histogram in rows.items():
-            actions.add_histogram(values, histogram.buckets(), histogram.total)
-        return actions
+        add_latencies(pulls, [(key if per_queue else key[1:], durations)
+                               for key, durations in sorted(self._pulls.items())])
+        add_latencies(actions, [(key if per_queue else key[2:], durations)
+                                 for key, durations in sorted(self._actions.items())])
+        return [pulls, actions]
 
 
 def _buffer_counters(groups: dict[str, ConsumerGroup], per_queue: bool) -> list[Family]:
@@ -410,8 +386,9 @@ def _buffer_counters(groups: dict[str, ConsumerGroup], per_queue: bool) -> list[
         for queue, stats in group.buffer.queue_stats.items():
             rows.setdefault(queue.topic, []).append(_read_stats(stats))
         for topic, counts in rows.items():
+            labels = (name, topic)
             for family, column in zip(families, zip(*counts, strict=True), strict=True):
-                family.add_metric((name, topic), sum(column))
+                family.add_metric(labels, sum(column))
     return families
 
 
