@@ -29,8 +29,9 @@ from ddmq.protocol import keys as key_names
 from ddmq.protocol.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import PullBatch
-from ddmq.proxy.ops.collector import EngineCollector, TopicFigures
+from ddmq.proxy.ops.collector import EngineCollector
 from ddmq.proxy.ops.exposition import render
+from ddmq.proxy.ops.families import TopicFigures
 from ddmq.proxy.ops.lag import Position, produce_times_at
 from ddmq.proxy.ops.latency import LatencyHistogram
 from ddmq.proxy.store.broker import Broker, map_redis_errors

@@ -1,4 +1,4 @@
-"""The label set of each engine family in the default mode, and :func:`fold`, which makes it.
+"""The label set of each engine family in the default mode, and :class:`TopicRows`, which makes it.
 
 With ``metrics.per_queue`` the engine's families keep their finest labels: the queue-level ones per
 (group, topic, qid), the others per (group, topic). By default a scrape must stay small at thousands
@@ -11,22 +11,21 @@ by their own code (:class:`~ddmq.proxy.ops.collector.EngineCollector`). A family
 keeps its name and type in both modes; only its labels differ, and the default's are a subset of the
 per-queue mode's, so a query that aggregates ``by`` the default's labels reads the same in both.
 
->>> keys = Family("ddmq_keys", GAUGE, "Keys by state.", ["group", "topic", "state"])
->>> keys.add_metric(["g", "a", "parked"], 1)
->>> keys.add_metric(["g", "b", "parked"], 2)
->>> fold(keys, ("group", "state")).rows
-[(('g', 'parked'), 3)]
+>>> keys = TopicRows([retarget(Family("ddmq_order_keys", GAUGE, "Keys.", ["group", "topic"]))])
+>>> keys.add("g", "a", [1])
+>>> keys.add("g", "b", [2])
+>>> keys.done()[0].rows
+[(('g',), 3)]
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from operator import itemgetter
+from collections.abc import Sequence
 from typing import Final
 
-from ddmq.proxy.ops.exposition import GAUGE, Buckets, Family
+from ddmq.proxy.ops.exposition import COUNTER, GAUGE, Family
 
-__all__ = ["MAXED", "PER_PROXY", "PER_TOPIC", "coarsen", "default_labels", "fold"]
+__all__ = ["MAXED", "PER_PROXY", "PER_TOPIC", "TopicRows", "default_labels", "retarget"]
 
 #: Families (names without ``_total``) that keep the ``topic`` label by default.
 PER_TOPIC: Final = frozenset({
@@ -49,10 +48,9 @@ PER_PROXY: Final = frozenset({
     "ddmq_messages_extended",
     "ddmq_verbs_ignored",
 })
-#: Families folded with ``max``, not summed: the age of the oldest message, the longest key chain.
+#: Families whose figures are put together with ``max``, not summed: the age of the oldest message,
+#: the longest key chain.
 MAXED: Final = frozenset({"ddmq_lag_seconds", "ddmq_order_chain_length_max"})
-
-Key = Callable[[tuple[str, ...]], tuple[str, ...]]
 
 
 def default_labels(name: str, labels: Sequence[str]) -> tuple[str, ...]:
@@ -63,60 +61,44 @@ def default_labels(name: str, labels: Sequence[str]) -> tuple[str, ...]:
     return tuple(label for label in labels if label not in dropped)
 
 
-def coarsen(families: Sequence[Family]) -> list[Family]:
-    """``families`` (series per (group, topic) at the finest) with the default mode's labels."""
-    out = []
-    for family in families:
-        labels = default_labels(family.name, family.labels)
-        out.append(family if labels == family.labels else fold(family, labels))
-    return out
+def retarget(family: Family) -> Family:
+    """An empty family like ``family`` (made with its finest labels) with its default labels."""
+    return Family(family.name, family.kind, family.documentation, default_labels(family.name, family.labels))
 
 
-def fold(family: Family, labels: Sequence[str]) -> Family:
-    """``family`` with only ``labels`` (a subset of its own, in their order there): the series that
-    agree on them added up (their max for :data:`MAXED`; a histogram bucket by bucket)."""
-    labels = tuple(labels)
-    key = _key([family.labels.index(label) for label in labels])
-    out = Family(family.name, family.kind, family.documentation, labels)
-    if family.name in MAXED:
-        if family.kind != GAUGE:
-            raise ValueError(f"{family.name}: only a gauge folds with max")
-        highest: dict[tuple[str, ...], float] = {}
-        for values, value in family.rows:
-            at = key(values)
-            if at not in highest or value > highest[at]:
-                highest[at] = value
-        out.rows = list(highest.items())
-        return out
-    sums: dict[tuple[str, ...], float] = {}
-    for values, value in family.rows:
-        at = key(values)
-        sums[at] = sums.get(at, 0) + value
-    out.rows = list(sums.items())
-    merged: dict[tuple[str, ...], tuple[list[str], list[float], float]] = {}
-    for values, buckets, total in family.histograms:
-        at = key(values)
-        found = merged.get(at)
-        if found is None:
-            merged[at] = ([le for le, _ in buckets], [count for _, count in buckets], total)
-            continue
-        les, counts, so_far = found
-        if [le for le, _ in buckets] != les:
-            raise ValueError(f"{family.name}: histograms with different buckets cannot be added")
-        merged[at] = (les, [mine + theirs for mine, (_, theirs) in zip(counts, buckets, strict=True)], so_far + total)
-    out.histograms = [(at, _buckets(les, counts), total) for at, (les, counts, total) in merged.items()]
-    return out
+class TopicRows:
+    """Figures per (group, topic) of several plain families (a column each), written to each family
+    at its own labels when :meth:`done`: per (group, topic) as they came, per group or per proxy
+    added up by columns (the max for :data:`MAXED`). Summing a group's columns at once costs far less
+    than a series per (group, topic) folded one by one: a scrape does this for every family at
+    thousands of (group, topic) pairs."""
 
+    def __init__(self, families: Sequence[Family]) -> None:
+        for family in families:
+            if family.kind not in (COUNTER, GAUGE) or family.labels not in (("group", "topic"), ("group",), ()):
+                raise ValueError(f"{family.name}: not a plain family by (group, topic), group or proxy")
+        self.families = list(families)
+        self._groups: dict[str, dict[str, Sequence[float]]] = {}
 
-def _buckets(les: list[str], counts: list[float]) -> Buckets:
-    return list(zip(les, counts, strict=True))
+    def add(self, group: str, topic: str, values: Sequence[float]) -> None:
+        """The (group, topic)'s figure for each family, in the families' order."""
+        self._groups.setdefault(group, {})[topic] = values
 
-
-def _key(indices: list[int]) -> Key:
-    """The label values at ``indices``, as a tuple (``itemgetter`` gives a bare value for one index)."""
-    if indices == list(range(len(indices))):  # a prefix, the common case: a slice of the tuple
-        return itemgetter(slice(0, len(indices)))
-    if len(indices) > 1:
-        return itemgetter(*indices)
-    at = indices[0]
-    return lambda values: (values[at],)
+    def done(self) -> list[Family]:
+        """The families, with every row added."""
+        maxed = [family.name in MAXED for family in self.families]
+        totals: list[list[float]] = []
+        for group, topics in self._groups.items():
+            columns = list(zip(*topics.values(), strict=True))
+            sums = [max(column) if high else sum(column) for column, high in zip(columns, maxed, strict=True)]
+            totals.append(sums)
+            for at, family in enumerate(self.families):
+                if len(family.labels) == 2:
+                    family.rows += [((group, topic), values[at]) for topic, values in topics.items()]
+                elif family.labels:
+                    family.rows.append(((group,), sums[at]))
+        for at, family in enumerate(self.families):
+            if totals and not family.labels:
+                column = [sums[at] for sums in totals]
+                family.rows.append(((), max(column) if maxed[at] else sum(column)))
+        return self.families
