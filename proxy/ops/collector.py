@@ -160,8 +160,8 @@ class EngineCollector(Collector):
         for name, group in groups.items():
             # Jobs by topic and state: one pass over what the buffer holds.
             states: Counter[tuple[QueueId | str, JobState]] = Counter(map(_TOPIC_AND_STATE, group.buffer.jobs()))
-            group_keys: Counter[str] = Counter()
-            group_events: Counter[str] = Counter()
+            group_keys: dict[str, int] = {}
+            group_events: dict[str, int] = {}
             for topic, consumer in group.consumers.items():
                 figures = self._summed_figures(name, consumer, states, now)
                 lengths, counts = chain_lengths(consumer)
@@ -175,8 +175,9 @@ class EngineCollector(Collector):
                     age.add_metric((name, topic), figures.age_s)
                 buckets = [mine + theirs for mine, theirs in zip(buckets, counts, strict=True)]
                 total += sum(lengths)
-                group_keys.update(consumer.parking.counts())
-                group_events.update(consumer.counters)
+                for added, into in ((consumer.parking.counts(), group_keys), (consumer.counters, group_events)):
+                    for what, count in added.items():
+                        into[what] = into.get(what, 0) + count
             for state, count in group_keys.items():
                 keys.add_metric((name, state), count)
             for event, count in sorted(group_events.items()):
