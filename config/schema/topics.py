@@ -24,7 +24,8 @@ class RetentionConfig(Model):
     #: ``consumed`` trim (what is trimmed past it counts as expired for it when it comes back). Unset: a
     #: stopped group holds the trim back for ever.
     group_idle_after_s: Annotated[int, Field(ge=1)] | None = None
-    #: How often the trimmer looks at each queue it owns.
+    #: How often the trimmer looks at each queue while something happens on it; a queue where nothing
+    #: does is looked at less often, down to once every 8 intervals (docs/retention.md).
     interval_ms: Annotated[int, Field(ge=10, le=3_600_000)] = 1_000
     #: At most this many entries are removed by one Redis command, so a trim never stalls reads.
     step: Annotated[int, Field(ge=1, le=100_000)] = 1_000

@@ -39,7 +39,6 @@ from ddmq.protocol.scripts.produce import (
 from ddmq.protocol.scripts.retention import (
     EXPIRED_RECORD_LUA,
     TRIMMER_DROP_LUA,
-    TRIMMER_HOLD_LUA,
     TRIMMER_PROBE_LUA,
 )
 from ddmq.protocol.scripts.streams import (
@@ -76,6 +75,5 @@ __all__ = [
     "REPLAY_LUA",
     "STREAM_INTACT_LUA",
     "TRIMMER_DROP_LUA",
-    "TRIMMER_HOLD_LUA",
     "TRIMMER_PROBE_LUA",
 ]

@@ -50,7 +50,12 @@ return 1
 """
 
 # LEASE_RENEW_LUA for many leases in one call: the same check and write for each, so a lease whose
-# term was taken over is reported lost while the others of the batch are renewed.
+# term was taken over is reported lost while the others of the batch are renewed. A held lease costs
+# one command, GETEX, which reads the holder and sets the expiry in one step (Redis 6.2+): renewals are
+# most of an idle proxy's Redis work. When the holder is another proxy, GETEX has set that proxy's
+# lease to our ttl_ms: the value, hence the owner and the fencing term, is untouched, and with the
+# group's lease settings shared by its proxies the expiry moves by less than one renewal interval;
+# this happens once, as the lease is reported lost here.
 # KEYS: each lease's lease and term, in pairs.  ARGV: ttl_ms, then each lease's token, in the same order.
 # Returns one flag per lease: 1 = renewed, 0 = lost. Its keys span slots on a single Redis only: on a
 # Cluster the caller batches the leases of one slot (one queue's, whatever the group).
@@ -58,10 +63,12 @@ LEASE_RENEW_MANY_LUA: Final = OOM_PASS_LUA + """
 local renewed = {}
 for i = 1, #KEYS / 2 do
   local lease, token = KEYS[2 * i - 1], ARGV[i + 1]
-  local current, ours = redis.call('GET', lease), false
+  local current, ours = redis.call('GETEX', lease, 'PX', ARGV[1]), false
   if current then ours = current == token
-  else ours = redis.call('GET', KEYS[2 * i]) == string.match(token, ' (%d+)$') end
-  if ours then redis.call('SET', lease, token, 'PX', ARGV[1]) end
+  elseif redis.call('GET', KEYS[2 * i]) == string.match(token, ' (%d+)$') then
+    redis.call('SET', lease, token, 'PX', ARGV[1])
+    ours = true
+  end
   renewed[i] = ours and 1 or 0
 end
 return renewed
@@ -107,23 +114,27 @@ if #missing > 0 then redis.call('SADD', KEYS[1], unpack(missing)) end
 return 1
 """
 
-# HEARTBEAT_LUA for many groups of this proxy in one call (the proxy's upkeep, once per round).
+# HEARTBEAT_LUA for many groups of this proxy in one call (the proxy's upkeep, once per round). The
+# live members are read by score, so silent members need not be removed first: the removal runs only
+# when ARGV[4] is '1' (every few rounds). A group's heartbeat and topic stamps are written when its
+# flag is '1' (the caller sends it every few seconds): otherwise the call only reads its members.
 # KEYS: each group's members and group topics, in pairs.  ARGV: instance id, now (ms), oldest live
-# heartbeat (ms), then per group the number of its topics and the topics. Returns each group's live
-# members. Its keys span slots on a single Redis only: on a Cluster the caller sends one group a call.
+# heartbeat (ms), sweep ('1' or '0'), then per group its flag, the number of its topics and the
+# topics. Returns each group's live members. Its keys span slots on a single Redis only: on a Cluster
+# the caller sends one group a call.
 HEARTBEAT_MANY_LUA: Final = OOM_PASS_LUA + """
-local at, live = 4, {}
+local at, live = 5, {}
 for i = 1, #KEYS / 2 do
-  local members, n = KEYS[2 * i - 1], tonumber(ARGV[at])
-  redis.call('ZREMRANGEBYSCORE', members, '-inf', ARGV[3])
-  redis.call('ZADD', members, ARGV[2], ARGV[1])
+  local members, n = KEYS[2 * i - 1], tonumber(ARGV[at + 1])
+  if ARGV[4] == '1' then redis.call('ZREMRANGEBYSCORE', members, '-inf', ARGV[3]) end
+  if ARGV[at] == '1' then redis.call('ZADD', members, ARGV[2], ARGV[1]) end
   if n > 0 then
     local fields = {}
-    for j = 1, n do fields[2 * j - 1] = ARGV[at + j]; fields[2 * j] = ARGV[2] end
+    for j = 1, n do fields[2 * j - 1] = ARGV[at + 1 + j]; fields[2 * j] = ARGV[2] end
     redis.call('HSET', KEYS[2 * i], unpack(fields))
   end
-  at = at + n + 1
-  live[i] = redis.call('ZRANGE', members, 0, -1)
+  at = at + n + 2
+  live[i] = redis.call('ZRANGEBYSCORE', members, '(' .. ARGV[3], '+inf')
 end
 return live
 """

@@ -6,29 +6,41 @@ from typing import Final
 
 from ddmq.protocol.scripts.fencing import OOM_PASS_LUA
 
-# KEYS: a queue's trimmer lease.  ARGV: owner, ttl_ms.  1 = ours (taken or renewed), 0 = another's.
-TRIMMER_HOLD_LUA: Final = OOM_PASS_LUA + """
-local current = redis.call('GET', KEYS[1])
-if current and current ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-# TRIMMER_HOLD_LUA for many queues, and what the trimmer looks at first, in one call per round.
-# KEYS: per queue its trimmer lease, sequence and stream, in threes.  ARGV: owner, ttl_ms.
+# What the trimmer looks at first of many queues, taking or renewing their trimmer leases, in one call.
+# KEYS: per queue its trimmer lease, sequence and stream, in threes.  ARGV: owner, ttl_ms, and a string
+# with one character per queue, '1' where the owner held the lease at its last look, else '0'.
 # Per queue: {} when another proxy holds its trimmer lease; else the lease is taken or renewed for the
 # owner and the answer is {1} for an empty stream (nothing to trim, nothing more is read) or {1, first
 # entry id, its ts field, sequence}. Its keys span slots on a single Redis only: on a Cluster the
 # caller sends one queue a call.
+#
+# The lease costs one command per queue: GETEX renews a lease the owner held (it answers the holder
+# and sets the expiry in one step), SET NX takes a free one. GETEX sets the expiry whoever holds the
+# key: when it answers another proxy's name (the owner's lease lapsed, a round having stalled past the
+# TTL, and that proxy took the queue over), it has given that proxy's lease one more TTL. That is
+# harmless: the trimmer lease only keeps two proxies from doing the same work (trims are idempotent:
+# XTRIM MINID below a floor every trimmer computes the same way), a live holder renews it anyway, and
+# the owner sends GETEX again only after it holds the lease again (this answer makes it send SET NX),
+# so a dead holder is replaced at most one TTL later. A SET NX refused is followed by a GET: a lease
+# naming the owner (a proxy restarted under the same instance id) is its own, renewed with PEXPIRE.
 TRIMMER_PROBE_LUA: Final = OOM_PASS_LUA + """
 local out = {}
 for i = 1, #KEYS / 3 do
   local lease = KEYS[3 * i - 2]
-  local current = redis.call('GET', lease)
-  if current and current ~= ARGV[1] then
+  local ours
+  if string.sub(ARGV[3], i, i) == '1' then
+    local current = redis.call('GETEX', lease, 'PX', ARGV[2])
+    ours = current == ARGV[1] or (not current and redis.call('SET', lease, ARGV[1], 'NX', 'PX', ARGV[2]))
+  else
+    ours = redis.call('SET', lease, ARGV[1], 'NX', 'PX', ARGV[2])
+    if not ours and redis.call('GET', lease) == ARGV[1] then
+      redis.call('PEXPIRE', lease, ARGV[2])
+      ours = true
+    end
+  end
+  if not ours then
     out[i] = {}
   else
-    redis.call('SET', lease, ARGV[1], 'PX', ARGV[2])
     local first = redis.call('XRANGE', KEYS[3 * i], '-', '+', 'COUNT', 1)[1]
     if first then
       local ts = ''

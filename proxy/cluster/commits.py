@@ -98,6 +98,7 @@ class OffsetCommitter:
         result = await consumer.leases.commit(lease, point, finished, mark)
         if result is CommitResult.WRITTEN:
             tracker.committed, tracker.committed_version = point, version
+            consumer.broker.note_commit(consumer.topic, qid)
         elif result is CommitResult.ROLLED_BACK:
             await self.rolled_back(qid, tracker)
         elif consumer.owned.holds(qid, lease):

@@ -26,6 +26,15 @@ log = logging.getLogger(__name__)
 
 #: Most groups one heartbeat script call covers on a single Redis.
 HEARTBEAT_BATCH = 100
+#: :meth:`Membership.heartbeat_many` removes silent members from the member sets once in this many
+#: calls (they are left out of the live members by their score in every call).
+SWEEP_EVERY = 10
+#: How often :meth:`Membership.heartbeat_many` writes this proxy's heartbeat and its topics' stamps
+#: (at most; a quarter of the member timeout when that is shorter). The live members are read every
+#: call, so a newcomer is seen at once; writing the proxy's own score every second would only repeat
+#: what a timeout of 30 s does not need. The retention trimmer adds this much slack to
+#: ``group_idle_after_s``, so a stamp written late never makes a live group look idle.
+STAMP_EVERY_MS = 5_000
 
 
 def assign(members: list[str], queues: int, me: str) -> range:
@@ -47,6 +56,9 @@ class Membership:
         self.redis = redis
         self.instance_id = instance_id
         self.timeout_ms = timeout_ms
+        self._calls = 0
+        #: group -> (wall ms of the last stamp sent, the topics it stamped).
+        self._stamped: dict[str, tuple[int, tuple[str, ...]]] = {}
 
     async def heartbeat(self, group: str, topic: str | None = None) -> list[str]:
         """Record that we are alive (and, given ``topic``, that the group consumes it: the group
@@ -67,18 +79,24 @@ class Membership:
         a Cluster one per group (its slot), plus the group registry's. Returns the live members of each
         group whose heartbeat went through (a group left out keeps its last assignment)."""
         now = int(time.time() * 1000)
+        sweep = "1" if self._calls % SWEEP_EVERY == 0 else "0"
+        self._calls += 1
+        stale = now - min(STAMP_EVERY_MS, self.timeout_ms // 4)
+        stamp = {group for group, topics in groups.items()
+                 if self._stamped.get(group, (stale, ()))[0] <= stale or self._stamped[group][1] != tuple(topics)}
         names = sorted(groups)
         size = 1 if isinstance(self.redis, RedisCluster) else HEARTBEAT_BATCH
         batches = [names[i:i + size] for i in range(0, len(names), size)]
         calls: list[tuple[str, list[str], list[Any]]] = []
         for batch in batches:
             keys_: list[str] = []
-            args: list[Any] = [self.instance_id, now, now - self.timeout_ms]
+            args: list[Any] = [self.instance_id, now, now - self.timeout_ms, sweep]
             for group in batch:
                 keys_ += [keys.members(group), keys.group_topics(group)]
-                args += [len(groups[group]), *groups[group]]
+                topics = groups[group] if group in stamp else ()
+                args += ["1" if group in stamp else "0", len(topics), *topics]
             calls.append((HEARTBEAT_MANY_LUA, keys_, args))
-        registered = [group for group in names if groups[group]]
+        registered = [group for group in names if groups[group] and group in stamp]
         if registered:
             calls.append((REGISTER_GROUP_LUA, [keys.groups()], registered))
         try:
@@ -92,12 +110,22 @@ class Membership:
                 log.warning("heartbeating groups %s failed: %s", ", ".join(batch), reply)
                 continue
             for group, members in zip(batch, reply, strict=True):
-                live[group] = sorted(member.decode() for member in members)
+                listed = sorted(member.decode() for member in members)
+                if self.instance_id not in listed:
+                    # Our heartbeat is gone (a Redis restarted empty, or ``ddmq groups delete``):
+                    # stamp again next round, and keep the last assignment meanwhile, as the
+                    # share computed without us would be none.
+                    self._stamped.pop(group, None)
+                    continue
+                live[group] = listed
+                if group in stamp:
+                    self._stamped[group] = (now, tuple(groups[group]))
         if registered and isinstance(replies[-1], Exception):
             log.warning("registering groups failed: %s", replies[-1])
         return live
 
     async def leave(self, group: str) -> None:
         """Graceful exit: the others rebalance at their next heartbeat instead of after the timeout."""
+        self._stamped.pop(group, None)
         with map_redis_errors(f"leaving group {group}"):
             await self.redis.zrem(keys.members(group), self.instance_id)

@@ -1,9 +1,12 @@
 """Retention: each queue trimmed up to what every registered group finished, plus the topic's caps.
 
-One proxy trims a queue at a time: the one holding the queue's trimmer lease (:func:`hold_trimmer
-<ddmq.proxy.store.trim.hold_trimmer>`, a short PX lease every proxy that knows the topic competes for,
-renewed each round), so a topic nobody consumes is trimmed by its caps too, and a trimmer that dies
-is replaced within a few rounds. Each round, per queue:
+One proxy trims a queue at a time: the one holding the queue's trimmer lease (a PX lease every proxy
+that knows the topic competes for, taken and renewed by :func:`trim.probe
+<ddmq.proxy.store.trim.probe>`), so a topic nobody consumes is trimmed by its caps too, and a trimmer
+that dies is replaced within a bounded time (:func:`~ddmq.proxy.cluster.trim_pacing.lease_ttl_ms`).
+A queue is probed every round while something happens on it, and less often, down to one round in
+:data:`~ddmq.proxy.cluster.trim_pacing.MAX_GAP_ROUNDS`, while nothing does (:mod:`trim_pacing
+<ddmq.proxy.cluster.trim_pacing>`): an idle proxy's trimmer costs next to nothing. Each probe, per queue:
 
 - ``consumed`` (default): the floor is the lowest committed offset of the groups registered for the
   topic (``ddmq groups list``); a group idle for longer than ``group_idle_after_s`` does not count.
@@ -27,6 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ddmq.config.schema import RetentionConfig
+from ddmq.proxy.cluster.membership import STAMP_EVERY_MS
+from ddmq.proxy.cluster.trim_pacing import Queue, TrimPacing, lease_ttl_ms
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.store import trim
 from ddmq.proxy.store.broker import Broker
@@ -59,7 +64,10 @@ def consumed_floor(
 ) -> tuple[int, Reader | None]:
     """The offset below which every registered, not idle, group has finished; and the group at it.
     No such group: ``head`` (nothing to trim by consumption)."""
-    active = [r for r in readers if idle_after_s is None or now_ms - r.last_seen_ms <= idle_after_s * 1000]
+    # A group's stamp is written every STAMP_EVERY_MS at most (the heartbeat's), so that much older is
+    # still live.
+    active = [r for r in readers
+              if idle_after_s is None or now_ms - r.last_seen_ms <= idle_after_s * 1000 + STAMP_EVERY_MS]
     if not active:
         return head, None
     lowest = min(active, key=lambda r: (r.committed if r.committed is not None else head, r.group))
@@ -95,12 +103,16 @@ class Retention:
         #: topic -> (queues, retention) of every topic this proxy knows, read each round (reloads).
         self._topics = topics
         self.interval_ms = interval_ms
+        #: When each queue is probed next (every round while something happens on it, less often while not).
+        self.pacing = TrimPacing(interval_ms)
         #: (topic, qid) -> the group holding its trim back (last round), for the views.
         self.holders: dict[tuple[str, int], Holder] = {}
         #: (topic, qid) -> entries removed by this proxy's trims.
         self.trimmed: dict[tuple[str, int], int] = {}
         self.memory: RedisMemory | None = None
         self.sizes: dict[str, StreamSize] = {}
+        #: (topic, qid) -> what its last probe found when its stream was last measured, and the size.
+        self._sizes: dict[Queue, tuple[trim.Probe | None, StreamSize]] = {}
         self._held: set[tuple[str, int]] = set()
         #: (topic, qid, group) -> (first offset removed since the last ERROR about it, when that was).
         self._warned: dict[tuple[str, int, str], tuple[int, float]] = {}
@@ -134,39 +146,58 @@ class Retention:
             await asyncio.sleep(max(0.0, self.interval_ms / 1000 - (time.monotonic() - started)))
 
     async def round(self) -> None:
-        """One pass over every known queue: hold its trimmer lease if free, trim it if held. The leases
-        and the queues' heads are taken in one pipeline for all queues (:func:`trim.probe`); the group
-        registry is read only when a held queue has entries."""
+        """One pass over the queues due (:class:`TrimPacing`): hold its trimmer lease if free, trim it if
+        held. The leases and the queues' heads are taken in one pipeline for all of them
+        (:func:`trim.probe`); the group registry is read only when a held queue has entries."""
         topics = self._topics()
-        ttl_ms = max(3 * self.interval_ms, 5_000)
-        queues = [(topic, qid) for topic, (count, _) in sorted(topics.items()) for qid in range(count)]
+        pacing = self.pacing
+        # The queues this proxy committed on since the last round are probed now, whatever their pace.
+        due = pacing.due([(topic, qid) for topic, (count, _) in sorted(topics.items()) for qid in range(count)],
+                         self.broker.take_commits())
+        found_all = await trim.probe(self.redis, due, [pacing.held(queue) for queue in due], self.owner,
+                                     lease_ttl_ms(self.interval_ms))
         groups: dict[str, dict[str, int]] | None = None
-        for (topic, qid), found in zip(queues, await trim.probe(self.redis, queues, self.owner, ttl_ms), strict=True):
+        for (topic, qid), found in zip(due, found_all, strict=True):
+            busy = False
             if found is None:
                 self._held.discard((topic, qid))
                 self.holders.pop((topic, qid), None)
-                continue
-            self._held.add((topic, qid))
-            if found.first is None:  # empty: nothing to trim
-                self.holders.pop((topic, qid), None)
-                continue
-            if groups is None:
-                groups = await trim.registered_groups_of(self.redis, sorted(topics))
-            await self._trim_queue(topic, qid, topics[topic][1], groups.get(topic, {}), found)
+            else:
+                self._held.add((topic, qid))
+                if found.first is None:  # empty: nothing to trim
+                    self.holders.pop((topic, qid), None)
+                else:
+                    if groups is None:
+                        groups = await trim.registered_groups_of(self.redis, sorted(topics))
+                    busy = await self._trim_queue(topic, qid, topics[topic][1], groups.get(topic, {}), found)
+            pacing.probed((topic, qid), found, busy)
         if time.monotonic() - self._measured >= MEASURE_EVERY_S:
-            await self.measure(topics)
+            await self.measure(topics, fresh=False)
 
-    async def measure(self, topics: dict[str, tuple[int, RetentionConfig]] | None = None) -> None:
-        """Read Redis memory and the topics' stream sizes (for the views)."""
+    async def measure(self, topics: dict[str, tuple[int, RetentionConfig]] | None = None, fresh: bool = True) -> None:
+        """Read Redis memory and the topics' stream sizes (for the views). Unless ``fresh``, a queue
+        backed off (its last probe found it as the one before) whose stream was measured since keeps
+        that size: it changes no more than its first entry and sequence, so it is as of its last probe."""
         self._measured = time.monotonic()
         topics = self._topics() if topics is None else topics
         self.memory = await trim.redis_memory(self.redis)
-        self.sizes = {topic: await trim.stream_sizes(self.redis, topic, queues)
-                      for topic, (queues, _) in sorted(topics.items())}
+        queues = [(topic, qid) for topic, (count, _) in sorted(topics.items()) for qid in range(count)]
+        quiet = {queue: self.pacing.quiet(queue) for queue in queues}
+        stale = [queue for queue in queues
+                 if fresh or quiet[queue] is None or queue not in self._sizes or self._sizes[queue][0] != quiet[queue]]
+        sizes = {queue: self._sizes[queue] for queue in queues if queue in self._sizes}
+        for queue, size in zip(stale, await trim.stream_sizes(self.redis, stale), strict=True):
+            sizes[queue] = (quiet[queue], size)
+        self._sizes = sizes
+        totals = {topic: StreamSize(0, 0) for topic in sorted(topics)}
+        for (topic, _), (_, size) in sizes.items():
+            totals[topic] = StreamSize(totals[topic].entries + size.entries, totals[topic].bytes + size.bytes)
+        self.sizes = totals
 
     async def _trim_queue(
         self, topic: str, qid: int, retention: RetentionConfig, groups: dict[str, int], found: trim.Probe
-    ) -> None:
+    ) -> bool:
+        """Trim the queue below its floor; whether there was anything to trim."""
         assert found.first is not None
         end, first = found.end, [found.first]
         head = first[0].offset
@@ -180,19 +211,20 @@ class Retention:
         await self._note_holder(topic, qid, lowest, end, retention)
         target = max(floor, cap_floor(retention, end, first, now_ms))
         if target <= head:
-            return
+            return False
         self._warn_overtaken(topic, qid, readers, head, target)
         for _ in range(MAX_STEPS_PER_ROUND):
             step_to = min(target, head + retention.step)
             removed = await trim.trim_below(self.redis, topic, qid, step_to)
             self.trimmed[topic, qid] = self.trimmed.get((topic, qid), 0) + removed
             if step_to >= target:
-                return
+                break
             await asyncio.sleep(0)  # readers and pulls go first between steps
             first = await trim.head(self.redis, topic, qid)
             if not first:
-                return
+                break
             head = first[0].offset
+        return True
 
     async def _note_holder(
         self, topic: str, qid: int, lowest: Reader | None, end: int, retention: RetentionConfig

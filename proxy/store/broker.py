@@ -182,6 +182,18 @@ class Broker:
         #: Watches idle queues with one blocking read; None on a cluster (one slot per queue: nothing to
         #: group), where a reader blocks on its own stream.
         self.idle: IdleWatcher | None = None if isinstance(redis, RedisCluster) else IdleWatcher(redis)
+        #: Queues this proxy wrote a commit point on since the trimmer last took them (:meth:`take_commits`).
+        self._committed_on: set[tuple[str, int]] = set()
+
+    def note_commit(self, topic: str, qid: int) -> None:
+        """A commit point of this proxy was written on the queue: the trimmer looks at it again at its
+        next round (a commit may let it trim), whatever its pace."""
+        self._committed_on.add((topic, qid))
+
+    def take_commits(self) -> set[tuple[str, int]]:
+        """The queues noted by :meth:`note_commit` since the last call (one caller: the trimmer)."""
+        taken, self._committed_on = self._committed_on, set()
+        return taken
 
     async def close(self) -> None:
         """Stop watching idle queues (after the readers stopped; before the client closes)."""

@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol import keys
 from ddmq.protocol.connection import AsyncRedis, eval_script, eval_scripts
-from ddmq.protocol.scripts import EXPIRED_RECORD_LUA, TRIMMER_DROP_LUA, TRIMMER_HOLD_LUA, TRIMMER_PROBE_LUA
+from ddmq.protocol.scripts import EXPIRED_RECORD_LUA, TRIMMER_DROP_LUA, TRIMMER_PROBE_LUA
 from ddmq.proxy.store.broker import map_redis_errors
 
 
@@ -90,18 +90,20 @@ class Probe(NamedTuple):
 PROBE_BATCH = 128
 
 
-async def probe(redis: AsyncRedis, queues: list[tuple[str, int]], owner: str, ttl_ms: int) -> list[Probe | None]:
-    """Take or renew the trimmer lease of each of ``queues`` for ``owner`` and read its first entry and
-    end, in one pipeline of :data:`~ddmq.protocol.scripts.TRIMMER_PROBE_LUA` calls (one per
-    :data:`PROBE_BATCH` queues on a single Redis, one per queue on a Cluster). None for a queue another
-    proxy trims."""
+async def probe(
+    redis: AsyncRedis, queues: list[tuple[str, int]], held: list[bool], owner: str, ttl_ms: int
+) -> list[Probe | None]:
+    """Take or renew the trimmer lease of each of ``queues`` for ``owner`` (``held``: per queue, whether
+    ``owner`` held it at its last probe: one command renews it then, another takes it when free) and
+    read its first entry and end, in one pipeline of :data:`~ddmq.protocol.scripts.TRIMMER_PROBE_LUA`
+    calls (one per :data:`PROBE_BATCH` queues on a single Redis, one per queue on a Cluster). None for
+    a queue another proxy trims."""
     size = 1 if isinstance(redis, RedisCluster) else PROBE_BATCH
-    batches = [queues[i:i + size] for i in range(0, len(queues), size)]
     calls: list[tuple[str, list[str], list[Any]]] = [
-        (TRIMMER_PROBE_LUA, [key for topic, qid in batch
+        (TRIMMER_PROBE_LUA, [key for topic, qid in queues[i:i + size]
                              for key in (keys.trimmer(topic, qid), keys.sequence(topic, qid), keys.stream(topic, qid))],
-         [owner, ttl_ms])
-        for batch in batches
+         [owner, ttl_ms, "".join("1" if mine else "0" for mine in held[i:i + size])])
+        for i in range(0, len(queues), size)
     ]
     out: list[Probe | None] = []
     with map_redis_errors(f"looking at {len(queues)} queues to trim"):
@@ -163,12 +165,6 @@ async def trim_below(redis: AsyncRedis, topic: str, qid: int, offset: int) -> in
         return int(await redis.execute_command("XTRIM", keys.stream(topic, qid), "MINID", keys.stream_id(offset)))
 
 
-async def hold_trimmer(redis: AsyncRedis, topic: str, qid: int, owner: str, ttl_ms: int) -> bool:
-    """Take or renew the queue's trimmer lease for ``owner``; False when another proxy trims it."""
-    with map_redis_errors(f"taking the trimmer of {topic}#{qid}"):
-        return bool(await eval_script(redis, TRIMMER_HOLD_LUA, [keys.trimmer(topic, qid)], [owner, ttl_ms]))
-
-
 async def drop_trimmer(redis: AsyncRedis, topic: str, qid: int, owner: str) -> None:
     with map_redis_errors(f"letting go of the trimmer of {topic}#{qid}"):
         await eval_script(redis, TRIMMER_DROP_LUA, [keys.trimmer(topic, qid)], [owner])
@@ -224,12 +220,15 @@ class StreamSize(NamedTuple):
     bytes: int
 
 
-async def stream_sizes(redis: AsyncRedis, topic: str, queues: int) -> StreamSize:
-    """Entries and memory (``MEMORY USAGE``, sampled) of a topic's streams, summed over its queues."""
-    with map_redis_errors(f"measuring the streams of {topic}"):
+async def stream_sizes(redis: AsyncRedis, queues: list[tuple[str, int]]) -> list[StreamSize]:
+    """Entries and memory (``MEMORY USAGE``, sampled) of each of ``queues``' streams, in one pipeline."""
+    if not queues:
+        return []
+    with map_redis_errors(f"measuring {len(queues)} streams"):
         async with redis.pipeline(transaction=False) as pipe:
-            for qid in range(queues):
+            for topic, qid in queues:
                 pipe.xlen(keys.stream(topic, qid))
                 pipe.memory_usage(keys.stream(topic, qid))
             replies = await pipe.execute()
-    return StreamSize(sum(int(n or 0) for n in replies[::2]), sum(int(n or 0) for n in replies[1::2]))
+    pairs = zip(replies[::2], replies[1::2], strict=True)
+    return [StreamSize(int(entries or 0), int(size or 0)) for entries, size in pairs]

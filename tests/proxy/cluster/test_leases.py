@@ -81,7 +81,8 @@ async def test_a_batch_renews_every_lease_but_the_one_taken_over_in_its_middle(r
     taken = await b.acquire("g", "t", 1)
     assert taken is not None
     assert await a.renew_many(leases) == [True, False, True, True]
-    assert await redis_client.get(keys.lease("g", "t", 1)) == taken.token.encode()  # b's, untouched
+    # b's value, so its owner and fencing term, untouched (its expiry is set once to a's TTL: the script's note)
+    assert await redis_client.get(keys.lease("g", "t", 1)) == taken.token.encode()
     for lease in (leases[0], leases[2], leases[3]):
         key = lease.keys()[0]
         assert await redis_client.get(key) == lease.token.encode() and 0 < await redis_client.pttl(key) <= 200
@@ -107,3 +108,19 @@ async def test_a_batch_larger_than_one_script_call_fences_lease_by_lease(redis_c
     assert await redis_client.get(keys.lease("g", "t", fenced)) is None
     ttls = [await redis_client.pttl(lease.keys()[0]) for i, lease in enumerate(leases) if i != fenced]
     assert all(0 < ttl <= 60_000 for ttl in ttls)
+
+
+async def test_a_held_lease_costs_one_redis_command_per_renewal(redis_client: aioredis.Redis) -> None:
+    """Renewals are most of an idle proxy's Redis work: GETEX reads the holder and sets the expiry at
+    once, so a batch of held leases costs Redis one command each (plus the script's one OOM pass)."""
+    a = LeaseStore(redis_client, "proxy-a", 60_000)
+    held = [await a.acquire("g", "t", qid) for qid in range(40)]
+    leases = [lease for lease in held if lease is not None]
+    await redis_client.pexpire(leases[0].keys()[0], 1_000)  # a renewal sets it back to the TTL
+    await redis_client.config_resetstat()
+    assert await a.renew_many(leases) == [True] * 40
+    stats = await redis_client.info("commandstats")
+    ran = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
+    assert ran.pop("getex") == 40 and ran.pop("del") == 1  # the OOM pass of the one script call
+    assert set(ran) <= {"evalsha", "eval", "script", "info", "config"}, ran
+    assert 59_000 < await redis_client.pttl(leases[0].keys()[0]) <= 60_000

@@ -8,7 +8,7 @@ import itertools
 import redis.asyncio as aioredis
 
 from ddmq.protocol import keys
-from ddmq.proxy.cluster.membership import HEARTBEAT_BATCH, Membership, assign
+from ddmq.proxy.cluster.membership import HEARTBEAT_BATCH, SWEEP_EVERY, Membership, assign
 
 
 def test_assignment_covers_every_queue_exactly_once_and_is_balanced() -> None:
@@ -57,3 +57,41 @@ async def test_one_heartbeat_of_many_groups_registers_them_and_lists_their_membe
     assert await a.heartbeat_many(many) == {group: ["proxy-a"] for group in many}
     assert len(await redis_client.smembers(keys.groups())) == 2 + len(many)
     assert await a.heartbeat_many({}) == {}
+
+
+async def test_silent_members_are_never_live_and_are_swept_every_few_heartbeats(redis_client: aioredis.Redis) -> None:
+    """The batched heartbeat lists members by score and removes the silent ones only once in
+    SWEEP_EVERY calls: a silent member is left out of every answer, and gone from the set after a sweep."""
+    a = Membership(redis_client, "proxy-a", timeout_ms=300)
+    b = Membership(redis_client, "proxy-b", timeout_ms=300)
+    assert await a.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a"]}  # a's first call sweeps
+    assert await b.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a", "proxy-b"]}
+    await asyncio.sleep(0.4)  # b goes silent
+    for _ in range(SWEEP_EVERY - 1):  # calls that do not sweep
+        assert await a.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a"]}
+    assert await redis_client.zscore(keys.members("g"), "proxy-b") is not None
+    assert await a.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a"]}  # the sweep
+    assert await redis_client.zrange(keys.members("g"), 0, -1) == [b"proxy-a"]
+
+
+async def test_heartbeats_are_written_every_few_seconds_and_members_read_every_round(
+    redis_client: aioredis.Redis,
+) -> None:
+    """Between two stamps a heartbeat only reads the group's members: a newcomer is seen at the next
+    round; a proxy whose own heartbeat vanished keeps its assignment for that round and stamps again."""
+    a = Membership(redis_client, "proxy-a", timeout_ms=30_000)
+    b = Membership(redis_client, "proxy-b", timeout_ms=30_000)
+    assert await a.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a"]}
+    assert set(await redis_client.hkeys(keys.group_topics("g"))) == {b"t"}
+    await redis_client.config_resetstat()
+    assert await a.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a"]}
+    ran = {name.removeprefix("cmdstat_"): v["calls"] for name, v in (await redis_client.info("commandstats")).items()}
+    assert "zadd" not in ran and "hset" not in ran and "sadd" not in ran and ran["zrangebyscore"] == 1, ran
+    assert await b.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a", "proxy-b"]}
+    assert await a.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a", "proxy-b"]}
+    # a new topic of the group is stamped at once
+    assert await a.heartbeat_many({"g": ["t", "u"]}) == {"g": ["proxy-a", "proxy-b"]}
+    assert set(await redis_client.hkeys(keys.group_topics("g"))) == {b"t", b"u"}
+    await redis_client.delete(keys.members("g"))  # what a Redis restarted empty shows
+    assert await a.heartbeat_many({"g": ["t", "u"]}) == {}  # left out: the last assignment stays
+    assert await a.heartbeat_many({"g": ["t", "u"]}) == {"g": ["proxy-a"]}

@@ -21,6 +21,7 @@ from ddmq.protocol import keys
 from ddmq.protocol.connection import AsyncRedis, async_redis, sync_redis
 from ddmq.protocol.producer import Producer
 from ddmq.protocol.status import group_status
+from ddmq.proxy.cluster.membership import STAMP_EVERY_MS
 from ddmq.proxy.cluster.retention import cap_floor, consumed_floor
 from ddmq.proxy.store.trim import QueueHead, Reader
 from tests.support import OrderChecker, produce_keyed
@@ -267,12 +268,17 @@ async def test_a_new_group_starts_where_the_queue_starts_and_lost_nothing(
 
 
 def test_the_floors_of_each_rule() -> None:
-    readers = [Reader("a", 50, 1_000), Reader("b", 20, 1_000), Reader("idle", 5, 0), Reader("new", None, 1_000)]
-    # The lowest position of the groups heard from within group_idle_after_s; a group without an offset
-    # holds the queue at its head.
-    assert consumed_floor(readers[:3], head=1, now_ms=2_000, idle_after_s=None) == (5, readers[2])
-    assert consumed_floor(readers[:3], head=1, now_ms=2_000, idle_after_s=1) == (20, readers[1])
-    assert consumed_floor(readers, head=3, now_ms=2_000, idle_after_s=1)[0] == 3
+    now = 10_000 + STAMP_EVERY_MS
+    readers = [Reader("a", 50, 9_000), Reader("b", 20, 9_000), Reader("idle", 5, 0), Reader("new", None, 9_000)]
+    # The lowest position of the groups heard from within group_idle_after_s (plus the heartbeat's
+    # stamp interval); a group without an offset holds the queue at its head.
+    assert consumed_floor(readers[:3], head=1, now_ms=now, idle_after_s=None) == (5, readers[2])
+    assert consumed_floor(readers[:3], head=1, now_ms=now, idle_after_s=1) == (20, readers[1])
+    assert consumed_floor(readers, head=3, now_ms=now, idle_after_s=1)[0] == 3
+    # A stamp written up to STAMP_EVERY_MS late still counts as live.
+    late, gone = Reader("late", 7, now - 1_000 - STAMP_EVERY_MS), Reader("gone", 6, now - 1_001 - STAMP_EVERY_MS)
+    assert consumed_floor([readers[0], late], head=1, now_ms=now, idle_after_s=1) == (7, late)
+    assert consumed_floor([readers[0], gone], head=1, now_ms=now, idle_after_s=1) == (50, readers[0])
     assert consumed_floor([], head=7, now_ms=0, idle_after_s=None) == (7, None)
     entries = [QueueHead(offset, produce_ms) for offset, produce_ms in [(10, 100), (11, 200), (12, 900)]]
     assert cap_floor(RetentionConfig(), 100, entries, 1_000) == 0
