@@ -1,6 +1,7 @@
 """The cost of a ``/metrics`` scrape at many queues, in both label modes.
 
-``python bench/scrape.py [--groups 100 --topics 10 --queues 8] [--scrapes 5] [--idle] [--quiet-only] [--json PATH]``
+``python bench/scrape.py [--groups 100 --topics 10 --queues 8] [--scrapes 5] [--idle] [--quiet-only] [--families N]
+[--json PATH]``
 starts an ``EmbeddedRedis`` and one real :class:`~ddmq.proxy.service.ProxyService` (HTTP on a free
 port) serving ``groups`` groups that each read the same ``topics`` topics of ``queues`` queues, and
 waits until it holds every queue. Unless ``--idle``, it then sends two messages of one key to every
@@ -8,7 +9,8 @@ queue and pulls and acks the first through the request surface: every queue has 
 action its histogram, and every queue one message of lag (the pre-scrape read fetches a produce
 time per queue). Then, for the default mode (per (group, topic)) and for ``metrics.per_queue``
 (switched by a config reload, as an operator would), it times ``scrapes`` HTTP ``GET /metrics`` from
-a client in the same process and prints one row per mode: series (sample lines), body size, the
+a client in the same process and prints one row per mode: series (sample lines; ``--families N``:
+also the N families with the most), body size, the
 scrape's wall time (median and min), and its two parts: the pre-scrape Redis reads
 (:meth:`ProxyMetrics.refresh`, wall time) and the rendering (CPU time; the event loop is blocked
 meanwhile). Rows ``live`` measure with the proxy's own work (its readers polling the queues) in the
@@ -123,8 +125,17 @@ async def _measure(service: ProxyService, scrapes: int) -> dict[str, Any]:
         service.metrics.render()
         renders.append(time.process_time() - began)
     lines = body.decode().splitlines()
+    # Series by family: a sample's family is the name its ``# TYPE`` line gave last.
+    families: dict[str, int] = {}
+    family = ""
+    for line in lines:
+        if line.startswith("# TYPE "):
+            family = line.split(" ")[2]
+        elif line and not line.startswith("#"):
+            families[family] = families.get(family, 0) + 1
     return {
         "series": sum(1 for line in lines if line and not line.startswith("#")),
+        "families": dict(sorted(families.items(), key=lambda item: -item[1])),
         "bytes": len(body),
         "scrape_ms_median": statistics.median(walls) * 1000,
         "scrape_ms_min": min(walls) * 1000,
@@ -171,6 +182,8 @@ def main() -> int:
     parser.add_argument("--start-timeout-s", type=float, default=900, help="to open every queue")
     parser.add_argument("--maxclients", type=int, default=18000, help="Redis maxclients (capped by ulimit -n)")
     parser.add_argument("--quiet-only", action="store_true", help="only the rows with every reader stopped")
+    parser.add_argument("--families", type=int, default=0, metavar="N",
+                        help="also print the N families with the most series, per row")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
@@ -190,6 +203,10 @@ def main() -> int:
         print(f"{row['mode']:<20} {row['proxy']:<6} {row['queues']:>7} {row['series']:>8} {row['bytes']:>11,} "
               f"{row['scrape_ms_median']:>10.1f} {row['scrape_ms_min']:>7.1f} {row['refresh_ms_median']:>10.1f} "
               f"{row['render_cpu_ms_median']:>13.1f}")
+    for row in rows if args.families else []:
+        print(f"\n{row['mode']}, {row['proxy']}: series by family (of {len(row['families'])} families)")
+        for name, count in list(row["families"].items())[:args.families]:
+            print(f"  {count:>8} {name}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     return 0

@@ -6,9 +6,11 @@ from ddmq.config.schema.base import Model
 
 
 class MetricsConfig(Model):
-    #: Export the queue-level series (``ddmq_messages_*``, ``ddmq_lag_*``, ``ddmq_queue_owned``, ...) per
-    #: queue, with a ``qid`` label, plus ``ddmq_consume_offset`` / ``ddmq_produce_offset``, and the
-    #: action durations per topic. Off: one series per (group, topic), summed over the queues this proxy
-    #: holds (``ddmq_lag_seconds``: their max), action durations per (group, action), so a scrape's size
-    #: follows the number of topics, not of queues. Changes on reload.
+    #: Export every family with its finest labels: the queue-level series (``ddmq_messages_*``,
+    #: ``ddmq_lag_*``, ``ddmq_queue_owned``, ...) per queue, with ``group``, ``topic`` and ``qid``, plus
+    #: ``ddmq_consume_offset`` / ``ddmq_produce_offset``, the others per (group, topic), the pull
+    #: durations per group. Off: lag, lag in time, in flight and the delivered / acked / failed /
+    #: dead-lettered counts per (group, topic), summed over the queues this proxy holds; the other
+    #: families per group, or per proxy (histograms, ignored client verbs), so a scrape's size follows
+    #: the (group, topic) pairs times a handful, not the queues. Changes on reload.
     per_queue: bool = False

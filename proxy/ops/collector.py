@@ -6,23 +6,24 @@ The families are :class:`~ddmq.proxy.ops.exposition.Family` objects, which ``/me
 directly (:func:`~ddmq.proxy.ops.exposition.render`); :meth:`EngineCollector.collect` gives the same
 families to prometheus-client for anything else that reads the registry.
 
-Series are per (group, topic) by default: the queue-level figures are summed over the queues this
-proxy holds (the age of the oldest unfinished message is their max), so a scrape's size follows the
-number of topics, not of queues. With ``metrics.per_queue`` the queue-level families carry a ``qid``
-label too (and ``ddmq_consume_offset`` / ``ddmq_produce_offset``, which have no sensible sum, are
-exported). Either way a queue is counted by the one proxy that holds it, so a sum over proxies
-gives the group's figure.
+With ``metrics.per_queue`` the queue-level families carry ``(group, topic, qid)`` labels (and
+``ddmq_consume_offset`` / ``ddmq_produce_offset``, which have no sensible sum, are exported), the
+others ``(group, topic)``. By default the queue-level figures are summed over the queues this proxy
+holds (the age of the oldest unfinished message is their max), and then every family is written at
+the labels :mod:`~ddmq.proxy.ops.rollup` gives it: per (group, topic) for the few an operator follows
+per topic, per group or per proxy for the rest, so a scrape's size follows the (group, topic) pairs
+times a handful, not the queues. Either way a queue is counted by the one proxy that holds it, so a
+sum over proxies gives the group's figure.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from itertools import accumulate
 from operator import attrgetter
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -30,15 +31,25 @@ from prometheus_client.registry import Collector
 from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.job import JobState
 from ddmq.proxy.engine.pull_buffer import BufferStats
-from ddmq.proxy.ops.exposition import COUNTER, GAUGE, GAUGE_HISTOGRAM, HISTOGRAM, Family
+from ddmq.proxy.ops.exposition import COUNTER, GAUGE, HISTOGRAM, Family
+from ddmq.proxy.ops.families import (
+    CHAIN_LES,
+    QUEUE_LABELS,
+    TOPIC_LABELS,
+    QueueFamilies,
+    QueueFigures,
+    TopicFamilies,
+    TopicFigures,
+    chain_lengths,
+)
 from ddmq.proxy.ops.lag import now_ms
+from ddmq.proxy.ops.latency import LatencyHistogram, add_latencies
+from ddmq.proxy.ops.rollup import TopicRows, default_labels, retarget
 
 if TYPE_CHECKING:
     from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
     from ddmq.proxy.groups.registry import GroupRegistry
 
-#: Upper bounds of the key-chain length histogram.
-CHAIN_BUCKETS: Final = (1, 2, 4, 8, 16, 64, 256)
 
 #: BufferStats field -> (metric name without ``_total``, help).
 BUFFER_COUNTERS: Final = {
@@ -67,172 +78,9 @@ _STATS_FIELDS: Final = tuple(f.name for f in fields(BufferStats))
 _read_stats: Final = attrgetter(*_STATS_FIELDS)
 assert set(BUFFER_COUNTERS) == set(_STATS_FIELDS), "every BufferStats field is exported"
 
-QUEUE_LABELS: Final = ("group", "topic", "qid")
-TOPIC_LABELS: Final = ("group", "topic")
-
-
-class LatencyHistogram:
-    """Bucket counts and the sum of observed durations, for the chain's hot path.
-
-    An observation is a bisect and two additions (about 0.2 µs here, against about 1 µs for a
-    prometheus-client ``Histogram`` child, which takes a lock and scans its buckets); it runs once per
-    action per message. Used from the event loop only. :class:`EngineCollector` exports it.
-    """
-
-    __slots__ = ("_les", "bounds", "counts", "total")
-
-    def __init__(self, bounds: Iterable[float]) -> None:
-        self.bounds = tuple(sorted(bounds))
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound (+Inf)
-        self.total = 0.0
-        self._les = [str(float(bound)) for bound in self.bounds] + ["+Inf"]
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
-
-    def add(self, other: LatencyHistogram) -> None:
-        """Count ``other``'s observations here too (same bounds)."""
-        if other.bounds != self.bounds:
-            raise ValueError("histograms with different buckets cannot be added")
-        self.counts = [mine + theirs for mine, theirs in zip(self.counts, other.counts, strict=True)]
-        self.total += other.total
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative ``(le, count)`` pairs, ending with ``+Inf``."""
-        return list(zip(self._les, accumulate(self.counts), strict=True))
-
-
-class TopicFigures(NamedTuple):
-    """What :meth:`ProxyMetrics.refresh <ddmq.proxy.ops.metrics.ProxyMetrics.refresh>` reads from Redis
-    per (group, topic): the same on every proxy."""
-
-    dead_letters: int
-    unowned_queues: int
-
-
-class QueueFigures(NamedTuple):
-    """One opened queue's gauges at scrape time, or the sums over a (group, topic)'s opened queues."""
-
-    in_flight: int
-    ready: int
-    retry_wait: int
-    unfinished: int
-    owned: int
-    #: First unfinished offset (the live commit point).
-    committed: int
-    #: Next produce offset, None when this scrape could not read it (then no lag either).
-    produced: int | None
-    lag: int
-    age_s: float
-
-
-class QueueFamilies:
-    """The queue-level gauges and the rollback counter, per queue with ``per_queue``, else per
-    (group, topic) (:meth:`EngineCollector._summed_figures`: sums over the queues, the max age)."""
-
-    def __init__(self, per_queue: bool) -> None:
-        self.per_queue = per_queue
-        labels = QUEUE_LABELS if per_queue else TOPIC_LABELS
-        where = "per held queue" if per_queue else "over the queues this proxy holds"
-
-        def gauge(name: str, doc: str) -> Family:
-            return Family(name, GAUGE, doc, labels)
-
-        self.in_flight = gauge("ddmq_messages_in_flight", "Pulled messages awaiting ack/fail.")
-        self.ready = gauge("ddmq_messages_ready", "Messages ready to be pulled.")
-        self.retry_wait = gauge("ddmq_messages_retry_wait", "Failed messages waiting for their retry interval.")
-        self.unfinished = gauge(
-            "ddmq_messages_unfinished",
-            "Messages read from the queue and not finished yet (waiting behind their key, ready, in flight).",
-        )
-        self.owned = gauge("ddmq_queue_owned", "Queues this proxy holds the lease of (per queue: 1 or 0).")
-        self.committed = gauge(
-            "ddmq_consume_offset", "Next offset to commit (first unfinished message) per held queue."
-        )
-        self.produce = gauge("ddmq_produce_offset", "Next offset to be produced per held queue.")
-        self.lag = gauge("ddmq_lag_messages", f"Produced but not yet finished messages {where}.")
-        self.age = gauge(
-            "ddmq_lag_seconds",
-            f"Age of the oldest unfinished message {where} (now minus its produce time); 0 when caught up.",
-        )
-        self.rollbacks = Family(
-            "ddmq_queue_rollbacks", COUNTER,
-            "Times this proxy found Redis had lost writes it had read under a queue (a rollback).", labels,
-        )
-
-    def add(self, labels: tuple[str, ...], figures: QueueFigures) -> None:
-        """One queue's figures (per queue), or a (group, topic)'s summed ones."""
-        self.in_flight.add_metric(labels, figures.in_flight)
-        self.ready.add_metric(labels, figures.ready)
-        self.retry_wait.add_metric(labels, figures.retry_wait)
-        self.unfinished.add_metric(labels, figures.unfinished)
-        self.owned.add_metric(labels, figures.owned)
-        self.committed.add_metric(labels, figures.committed)
-        if figures.produced is not None:
-            self.produce.add_metric(labels, figures.produced)
-            self.lag.add_metric(labels, figures.lag)
-            self.age.add_metric(labels, figures.age_s)
-
-    def families(self) -> list[Family]:
-        # An offset has no meaningful sum: the offsets are exported per queue only.
-        offsets = [self.committed, self.produce] if self.per_queue else []
-        return [self.in_flight, self.ready, self.retry_wait, self.unfinished, self.owned, *offsets,
-                self.lag, self.age, self.rollbacks]
-
-
-class TopicFamilies:
-    """The series that are per (group, topic) in either mode: key chains, concurrency, engine events."""
-
-    def __init__(self) -> None:
-        labels = TOPIC_LABELS
-        self.keys = Family("ddmq_order_keys", GAUGE, "Order keys with an unfinished message.", labels)
-        self.waiting = Family(
-            "ddmq_order_waiting_messages", GAUGE, "Messages waiting behind an unfinished one of the same key.", labels
-        )
-        self.longest = Family("ddmq_order_chain_length_max", GAUGE, "Unfinished messages of the busiest key.", labels)
-        self.chains = Family(
-            "ddmq_order_chain_length", GAUGE_HISTOGRAM, "Order keys by their number of unfinished messages.", labels
-        )
-        self.unfinished = Family(
-            "ddmq_topic_unfinished_messages", GAUGE,
-            "Unfinished messages per group and topic (capped by concurrency).", labels,
-        )
-        self.concurrency = Family(
-            "ddmq_topic_concurrency_limit", GAUGE, "The configured concurrency (most unfinished messages).", labels
-        )
-        self.events = Family(
-            "ddmq_consumer_events", COUNTER, "Engine events per group and topic (read, filtered, json_invalid, ...).",
-            (*labels, "event"),
-        )
-        self.key_states = Family(
-            "ddmq_keys", GAUGE,
-            "Order keys with an unfinished message here, by state (parked, failing, in_flight, waiting).",
-            (*labels, "state"),
-        )
-
-    def add(self, group: str, topic: str, consumer: TopicConsumer) -> None:
-        labels = (group, topic)
-        queue = consumer.blocking_queue
-        lengths = [queue.chain_length(key) for key, _ in queue.heads()]
-        self.keys.add_metric(labels, len(lengths))
-        self.waiting.add_metric(labels, sum(lengths) - len(lengths))
-        self.longest.add_metric(labels, max(lengths, default=0))
-        buckets: list[tuple[str, float]] = [
-            (str(float(bound)), sum(1 for n in lengths if n <= bound)) for bound in CHAIN_BUCKETS
-        ]
-        buckets.append(("+Inf", len(lengths)))
-        self.chains.add_histogram(labels, buckets, sum(lengths))
-        self.unfinished.add_metric(labels, consumer.unfinished)
-        for state, count in consumer.parking.counts().items():
-            self.key_states.add_metric((group, topic, state), count)
-        self.concurrency.add_metric(labels, consumer.config.concurrency)
-        for event, count in sorted(consumer.counters.items()):
-            self.events.add_metric((group, topic, event), count)
-
-    def families(self) -> list[Family]:
-        return [self.keys, self.waiting, self.longest, self.chains, self.unfinished, self.concurrency, self.events,
-                self.key_states]
+#: A job's queue (or topic), and its state.
+_QUEUE_AND_STATE: Final = attrgetter("queue", "state")
+_TOPIC_AND_STATE: Final = attrgetter("queue.topic", "state")
 
 
 class EngineCollector(Collector):
@@ -244,9 +92,11 @@ class EngineCollector(Collector):
         counters: Counter[str],
         server_stats: Callable[[], dict[str, dict[str, int]]],
         actions: dict[tuple[str, str, str], LatencyHistogram],
+        pulls: dict[tuple[str, str], LatencyHistogram] | None = None,
     ) -> None:
         self._groups, self._counters, self._server_stats = groups, counters, server_stats
-        self._actions = actions
+        #: (group, topic, action) and (group, result) -> durations, observed as the proxy works.
+        self._actions, self._pulls = actions, pulls if pulls is not None else {}
         #: topic -> next produce offset per qid, set by :meth:`ProxyMetrics.refresh` before a scrape.
         self.produced: dict[str, list[int]] = {}
         #: (group, topic, qid) -> produce time of the held queue's first unfinished message, from refresh.
@@ -267,44 +117,76 @@ class EngineCollector(Collector):
         """Every family, read from the engine now."""
         per_queue = self.per_queue
         groups = self._groups.groups
-        queues, topics = QueueFamilies(per_queue), TopicFamilies()
         parked = Family("ddmq_parked_pulls", GAUGE, "Long-poll pulls waiting for messages.", ["group"])
-        now = now_ms()
         for name, group in groups.items():
             parked.add_metric((name,), group.buffer.parked)
-            # Jobs by queue (per queue) or by topic, and state: one pass over what the buffer holds.
-            states: Counter[tuple[QueueId | str, JobState]] = Counter(
-                (job.queue if per_queue else job.queue.topic, job.state) for job in group.buffer.jobs()
-            )
-            for topic, consumer in group.consumers.items():
-                self._add_queues(queues, name, consumer, states, now)
-                topics.add(name, topic, consumer)
         proxy_events = Family(
             "ddmq_proxy_events", COUNTER, "Proxy-wide events (unknown_results: acks for unknown group/topic/qid).",
             ["event"],
         )
         for event, count in sorted(self._counters.items()):
             proxy_events.add_metric((event,), count)
-        return [*_buffer_counters(groups, per_queue), *queues.families(), *self._redis_figures(),
-                *topics.families(), parked, proxy_events, self._action_histograms(per_queue),
+        engine = self._per_queue_families(groups) if per_queue else self._default_families(groups)
+        return [*_buffer_counters(groups, per_queue), *engine, parked, proxy_events, *self._latencies(per_queue),
                 *_server_metrics(self._server_stats())]
 
-    def _add_queues(
-        self, queues: QueueFamilies, group: str, consumer: TopicConsumer,
-        states: Counter[tuple[QueueId | str, JobState]], now: int,
-    ) -> None:
-        topic, rollbacks = consumer.topic, consumer.rollbacks
-        if not queues.per_queue:
-            queues.add((group, topic), self._summed_figures(group, consumer, states, now))
-            # The series exists from the consumer's start (0 until a rollback): increase() sees the first.
-            queues.rollbacks.add_metric((group, topic), sum(rollbacks.values()))
-            return
-        opened = self._queue_figures(group, consumer, states, now)
-        for qid, figures in opened:
-            queues.add((group, topic, str(qid)), figures)
-        # Every opened queue has the series (0 until a rollback), so increase() sees the first one.
-        for qid in sorted(rollbacks.keys() | {qid for qid, _ in opened}):
-            queues.rollbacks.add_metric((group, topic, str(qid)), rollbacks[qid])
+    def _per_queue_families(self, groups: dict[str, ConsumerGroup]) -> list[Family]:
+        queues, topics = QueueFamilies(True), TopicFamilies()
+        now = now_ms()
+        for name, group in groups.items():
+            # Jobs by queue and state: one pass over what the buffer holds.
+            states: Counter[tuple[QueueId | str, JobState]] = Counter(map(_QUEUE_AND_STATE, group.buffer.jobs()))
+            for topic, consumer in group.consumers.items():
+                opened = self._queue_figures(name, consumer, states, now)
+                for qid, figures in opened:
+                    queues.add((name, topic, str(qid)), figures)
+                # Every opened queue has the series (0 until a rollback), so increase() sees the first one.
+                rollbacks = consumer.rollbacks
+                for qid in sorted(rollbacks.keys() | {qid for qid, _ in opened}):
+                    queues.rollbacks.add_metric((name, topic, str(qid)), rollbacks[qid])
+                topics.add(name, topic, consumer)
+        return [*queues.families(), *self._redis_figures(True), *topics.families()]
+
+    def _default_families(self, groups: dict[str, ConsumerGroup]) -> list[Family]:
+        """Each (group, topic)'s figures summed over its queues, written at each family's default
+        labels (:class:`~ddmq.proxy.ops.rollup.TopicRows`): no series per (group, topic) to fold."""
+        queues, topics = QueueFamilies(False), TopicFamilies()
+        lag, age, chains, events, keys = map(retarget, (queues.lag, queues.age, topics.chains, topics.events,
+                                                       topics.key_states))
+        rows = TopicRows([retarget(family) for family in (
+            queues.in_flight, queues.ready, queues.retry_wait, queues.unfinished, queues.owned, queues.rollbacks,
+            topics.keys, topics.waiting, topics.longest, topics.unfinished, topics.concurrency)])
+        buckets, total, now = [0] * len(CHAIN_LES), 0, now_ms()
+        for name, group in groups.items():
+            # Jobs by topic and state: one pass over what the buffer holds.
+            states: Counter[tuple[QueueId | str, JobState]] = Counter(map(_TOPIC_AND_STATE, group.buffer.jobs()))
+            group_keys: dict[str, int] = {}
+            group_events: dict[str, int] = {}
+            for topic, consumer in group.consumers.items():
+                figures = self._summed_figures(name, consumer, states, now)
+                lengths, counts = chain_lengths(consumer)
+                rows.add(name, topic, (
+                    figures.in_flight, figures.ready, figures.retry_wait, figures.unfinished, figures.owned,
+                    sum(consumer.rollbacks.values()), len(lengths), sum(lengths) - len(lengths),
+                    max(lengths, default=0), consumer.unfinished, consumer.config.concurrency,
+                ))  # rollbacks from the consumer's start (0 until one), so increase() sees the first
+                if figures.produced is not None:
+                    lag.add_metric((name, topic), figures.lag)
+                    age.add_metric((name, topic), figures.age_s)
+                buckets = [mine + theirs for mine, theirs in zip(buckets, counts, strict=True)]
+                total += sum(lengths)
+                for added, into in ((consumer.parking.counts(), group_keys), (consumer.counters, group_events)):
+                    for what, count in added.items():
+                        into[what] = into.get(what, 0) + count
+            for state, count in group_keys.items():
+                keys.add_metric((name, state), count)
+            for event, count in sorted(group_events.items()):
+                events.add_metric((name, event), count)
+        if any(group.consumers for group in groups.values()):
+            chains.add_histogram((), list(zip(CHAIN_LES, accumulate(buckets), strict=True)), total)
+        in_flight, ready, retry_wait, unfinished, owned, rollbacks, *by_keys = rows.done()
+        return [in_flight, ready, retry_wait, unfinished, owned, lag, age, rollbacks, *self._redis_figures(False),
+                *by_keys[:3], chains, *by_keys[3:], events, keys]
 
     def _queue_figures(
         self, group: str, consumer: TopicConsumer, states: Counter[tuple[QueueId | str, JobState]], now: int
@@ -355,64 +237,69 @@ class EngineCollector(Collector):
             max(0, now - first) / 1000 if first is not None else 0.0,
         )
 
-    def _redis_figures(self) -> list[Family]:
+    def _redis_figures(self, per_topic: bool) -> list[Family]:
         dead_letters = Family(
-            "ddmq_dead_letters", GAUGE, "Entries in the group's dead-letter stream for the topic now.", TOPIC_LABELS
+            "ddmq_dead_letters", GAUGE,
+            "Entries in the group's dead-letter streams now (read from Redis by every proxy).", TOPIC_LABELS,
         )
         unowned = Family(
             "ddmq_queues_without_owner", GAUGE,
-            "Queues of the topic whose lease nobody holds for the group (read from Redis by every proxy).",
+            "Queues whose lease nobody holds for the group (read from Redis by every proxy).",
             TOPIC_LABELS,
         )
+        if not per_topic:
+            rows = TopicRows([retarget(dead_letters), retarget(unowned)])
+            for (name, topic), figures in sorted(self.topics.items()):
+                rows.add(name, topic, figures)
+            return rows.done()
         for (name, topic), figures in sorted(self.topics.items()):
             dead_letters.add_metric((name, topic), figures.dead_letters)
             unowned.add_metric((name, topic), figures.unowned_queues)
         return [dead_letters, unowned]
 
-    def _action_histograms(self, per_queue: bool) -> Family:
-        """Per (group, action) by default, summed over the group's topics (an action's code is the same
-        for every topic); per (group, topic, action) with ``per_queue``. An action has its series from
-        its first call: an idle consumer costs no 18 series per action."""
+    def _latencies(self, per_queue: bool) -> list[Family]:
+        """The pull durations per (group, result) with ``per_queue``, the action durations per (group,
+        topic, action); by default both per proxy (18 series a histogram; an action's code is the same
+        for every group and topic), by ``result`` and by ``action``. An action has its series from its
+        first call: an idle consumer costs no 18 series per action."""
+        pulls = Family(
+            "ddmq_pull_duration_seconds", HISTOGRAM,
+            "Duration of pull calls (Thrift and HTTP), from the call to its answer, long-poll wait included.",
+            ("group", "result") if per_queue else ("result",),
+        )
         actions = Family(
             "ddmq_action_duration_seconds", HISTOGRAM,
             "Duration of one action call of the chain (an action answering ASYNC: until it took the job over).",
-            (*TOPIC_LABELS, "action") if per_queue else ("group", "action"),
+            (*TOPIC_LABELS, "action") if per_queue else ("action",),
         )
-        rows: dict[tuple[str, ...], LatencyHistogram] = {}
-        for (group, topic, action), histogram in sorted(self._actions.items()):
-            if not any(histogram.counts):
-                continue
-            if per_queue:
-                rows[group, topic, action] = histogram
-                continue
-            merged = rows.get((group, action))
-            if merged is None:
-                merged = rows[group, action] = LatencyHistogram(histogram.bounds)
-            merged.add(histogram)
-        for values, histogram in rows.items():
-            actions.add_histogram(values, histogram.buckets(), histogram.total)
-        return actions
+        add_latencies(pulls, [(key if per_queue else key[1:], durations)
+                               for key, durations in sorted(self._pulls.items())])
+        add_latencies(actions, [(key if per_queue else key[2:], durations)
+                                 for key, durations in sorted(self._actions.items())])
+        return [pulls, actions]
 
 
 def _buffer_counters(groups: dict[str, ConsumerGroup], per_queue: bool) -> list[Family]:
-    """The pull buffers' counters, per queue or summed per (group, topic); a queue has them from its
+    """The pull buffers' counters, per queue, or summed to each one's default labels (per (group,
+    topic), group or proxy: :func:`~ddmq.proxy.ops.rollup.default_labels`); a queue has them from its
     first delivery, ack or fail (a series per queue that ever saw one)."""
-    labels = QUEUE_LABELS if per_queue else TOPIC_LABELS
-    families = [Family(metric, COUNTER, doc, labels) for metric, doc in BUFFER_COUNTERS.values()]
-    for name, group in groups.items():
-        if per_queue:
+    if per_queue:
+        families = [Family(metric, COUNTER, doc, QUEUE_LABELS) for metric, doc in BUFFER_COUNTERS.values()]
+        for name, group in groups.items():
             for queue, stats in group.buffer.queue_stats.items():
                 values = (name, queue.topic, str(queue.qid))
                 for family, field in zip(families, _STATS_FIELDS, strict=True):
                     family.add_metric(values, getattr(stats, field))
-            continue
-        rows: dict[str, list[tuple[int, ...]]] = {}
+        return families
+    rows = TopicRows([Family(metric, COUNTER, doc, default_labels(metric, TOPIC_LABELS))
+                      for metric, doc in BUFFER_COUNTERS.values()])
+    for name, group in groups.items():
+        by_topic: dict[str, list[tuple[int, ...]]] = {}
         for queue, stats in group.buffer.queue_stats.items():
-            rows.setdefault(queue.topic, []).append(_read_stats(stats))
-        for topic, counts in rows.items():
-            for family, column in zip(families, zip(*counts, strict=True), strict=True):
-                family.add_metric((name, topic), sum(column))
-    return families
+            by_topic.setdefault(queue.topic, []).append(_read_stats(stats))
+        for topic, counts in by_topic.items():
+            rows.add(name, topic, list(map(sum, zip(*counts, strict=True))))
+    return rows.done()
 
 
 #: Server stats that are gauges; the others are counters (see ``ThriftServer.stats``).

@@ -55,10 +55,10 @@ class Family:
         self.histograms: list[tuple[tuple[str, ...], Buckets, float]] = []
 
     def add_metric(self, values: Sequence[str], value: float) -> None:
-        self.rows.append((tuple(values), value))
+        self.rows.append((values if type(values) is tuple else tuple(values), value))
 
     def add_histogram(self, values: Sequence[str], buckets: Buckets, total: float) -> None:
-        self.histograms.append((tuple(values), buckets, total))
+        self.histograms.append((values if type(values) is tuple else tuple(values), buckets, total))
 
     def metric(self) -> Metric:
         """The same family as a prometheus-client one."""

@@ -30,20 +30,15 @@ class RetentionCollector(Collector):
         self._retention = retention
 
     def collect(self) -> Iterator[Metric]:
-        return retention_metrics(self._groups.groups, self._retention())
+        return retention_metrics(self._groups.groups, self._retention(), self._groups.config.metrics.per_queue)
 
 
-def retention_metrics(groups: Mapping[str, ConsumerGroup], retention: Retention | None) -> Iterator[Metric]:
-    expired = CounterMetricFamily(
-        "ddmq_messages_expired",
-        "Messages a group never received: trimmed from Redis (retention cap, idle group, producer maxlen) "
-        "before it read them.",
-        labels=["group", "topic"],
-    )
-    for name, group in sorted(groups.items()):
-        for topic, consumer in sorted(group.consumers.items()):
-            expired.add_metric([name, topic], sum(consumer.expired.values()))
-    yield expired
+def retention_metrics(
+    groups: Mapping[str, ConsumerGroup], retention: Retention | None, by_topic: bool = False
+) -> Iterator[Metric]:
+    """The series below; ``ddmq_messages_expired_total`` per (group, topic) with ``by_topic``
+    (``metrics.per_queue``), else per group (as the engine's families, :mod:`~ddmq.proxy.ops.rollup`)."""
+    yield _expired(groups, by_topic)
     if retention is None:
         return
     trimmed = CounterMetricFamily(
@@ -88,3 +83,20 @@ def retention_metrics(groups: Mapping[str, ConsumerGroup], retention: Retention 
                                 value=retention.memory.used_bytes)
         yield GaugeMetricFamily("ddmq_redis_maxmemory_bytes", "Redis maxmemory (0: no limit).",
                                 value=retention.memory.max_bytes)
+
+
+def _expired(groups: Mapping[str, ConsumerGroup], by_topic: bool) -> CounterMetricFamily:
+    expired = CounterMetricFamily(
+        "ddmq_messages_expired",
+        "Messages a group never received: trimmed from Redis (retention cap, idle group, producer maxlen) "
+        "before it read them.",
+        labels=["group", "topic"] if by_topic else ["group"],
+    )
+    for name, group in sorted(groups.items()):
+        counts = {topic: sum(consumer.expired.values()) for topic, consumer in sorted(group.consumers.items())}
+        if by_topic:
+            for topic, count in counts.items():
+                expired.add_metric([name, topic], count)
+        else:  # the series exists from the group's start (0 until a loss): increase() sees the first one
+            expired.add_metric([name], sum(counts.values()))
+    return expired

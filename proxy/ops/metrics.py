@@ -1,9 +1,10 @@
 """ProxyMetrics: the proxy's Prometheus metrics, in one private registry per service.
 
 The engine keeps its own plain counters; :class:`~ddmq.proxy.ops.collector.EngineCollector` reads them
-when Prometheus scrapes (per (group, topic) by default, per queue with ``metrics.per_queue``). Only
-two histograms are observed as the proxy works: the duration of each pull call (one observation per
-pull, not per message) and of each action call of the chain. What the collector cannot read
+when Prometheus scrapes (a few families per (group, topic) and the rest per group or per proxy by
+default, per queue with ``metrics.per_queue``). Only two histograms are observed as the proxy works,
+into :class:`LatencyHistogram` accumulators the collector exports: the duration of each pull call (one
+observation per pull, not per message) and of each action call of the chain. What the collector cannot read
 synchronously (produce offsets, produce times, dead-letter lengths, leases) :meth:`ProxyMetrics.refresh`
 reads from Redis just before a scrape.
 
@@ -14,12 +15,13 @@ reads from Redis just before a scrape.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.registry import Collector
 from redis.asyncio.cluster import RedisCluster
 
@@ -27,10 +29,12 @@ from ddmq.protocol import keys as key_names
 from ddmq.protocol.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import PullBatch
-from ddmq.proxy.ops.collector import EngineCollector, LatencyHistogram, TopicFigures
+from ddmq.proxy.ops.collector import EngineCollector
 from ddmq.proxy.ops.exposition import render
+from ddmq.proxy.ops.families import TopicFigures
 from ddmq.proxy.ops.lag import Position, produce_times_at
-from ddmq.proxy.store.broker import map_redis_errors
+from ddmq.proxy.ops.latency import LatencyHistogram
+from ddmq.proxy.store.broker import Broker, map_redis_errors
 
 if TYPE_CHECKING:
     from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
@@ -63,8 +67,8 @@ ACTION_BUCKETS: Final = (
 
 
 class ProxyMetrics:
-    """The registry a service's ``/metrics`` renders: the engine collector, two histograms, and the
-    process collectors.
+    """The registry a service's ``/metrics`` renders: the engine collector (with the two histograms'
+    figures) and the process collectors.
 
     :attr:`registry` holds everything, for whatever reads a prometheus-client registry. :meth:`render`
     writes the engine's families itself (:func:`~ddmq.proxy.ops.exposition.render`: they are nearly all
@@ -76,16 +80,11 @@ class ProxyMetrics:
     ) -> None:
         #: Every collector but the engine's.
         self.others = CollectorRegistry(auto_describe=False)
-        self.pull_seconds = Histogram(
-            "ddmq_pull_duration_seconds",
-            "Duration of pull calls (Thrift and HTTP), from the call to its answer, long-poll wait included.",
-            ["group", "result"],
-            buckets=PULL_BUCKETS,
-            registry=self.others,
-        )
+        #: (group, result) -> durations of pull calls, ``result`` ``messages`` or ``empty``.
+        self.pull_seconds: dict[tuple[str, str], LatencyHistogram] = {}
         #: (group, topic, action) -> durations; kept across consumer rebuilds so the counts only grow.
         self.action_seconds: dict[tuple[str, str, str], LatencyHistogram] = {}
-        self.collector = EngineCollector(groups, counters, server_stats, self.action_seconds)
+        self.collector = EngineCollector(groups, counters, server_stats, self.action_seconds, self.pull_seconds)
         # process_* (CPU, memory, open fds, start time) and python_info, as a default registry would have.
         ProcessCollector(registry=self.others)
         PlatformCollector(registry=self.others)
@@ -119,17 +118,18 @@ class ProxyMetrics:
         key = (group, bool(batch.messages))
         observe = self._pull_children.get(key)
         if observe is None:
-            observe = self._pull_children[key] = self.pull_seconds.labels(
-                group, "messages" if batch.messages else "empty"
-            ).observe
+            histogram = self.pull_seconds[group, "messages" if batch.messages else "empty"] = LatencyHistogram(
+                PULL_BUCKETS
+            )
+            observe = self._pull_children[key] = histogram.observe
         observe(seconds)
 
     async def refresh(self) -> None:
         """Read what the collector cannot read synchronously from Redis: produce offsets and the
         produce time of each held queue's first unfinished message (lag), dead-letter stream lengths
-        and lease holders. A few round trips whatever the number of queues: one per topic for the
-        offsets, one pipeline for the produce times not known from the last scrape, one for the dead
-        letters and leases."""
+        and lease holders. A few round trips whatever the number of queues, made at once: one per
+        topic for the offsets, then one pipeline for the produce times not known from the last scrape;
+        meanwhile one for the dead letters and leases."""
         self.instrument(self._groups.groups.values())
         broker, redis = self._groups.broker, self._groups.redis
         if broker is None or redis is None:
@@ -137,17 +137,27 @@ class ProxyMetrics:
         consumers = [(group.name, consumer) for group in self._groups.groups.values()
                      for consumer in group.consumers.values() if consumer.queues]
         topics = {(group, consumer.topic): consumer.queues for group, consumer in consumers}
-        produced: dict[str, list[int]] = {}
-        oldest: dict[tuple[str, str, int], int] = {}
+        (produced, oldest), figures = await asyncio.gather(
+            self._lag(broker, redis, consumers), self._redis_figures(redis, topics)
+        )
+        self.collector.produced, self.collector.oldest_ms, self.collector.topics = produced, oldest, figures
+
+    async def _lag(
+        self, broker: Broker, redis: AsyncRedis, consumers: list[tuple[str, TopicConsumer]]
+    ) -> tuple[dict[str, list[int]], dict[tuple[str, str, int], int]]:
+        """Topic -> next produce offset per qid, and (group, topic, qid) -> produce time of the held
+        queue's first unfinished message; neither (and a warning) when Redis fails."""
+        queues = {consumer.topic: consumer.queues for _, consumer in consumers}
+        behind: dict[tuple[str, str, int], int] = {}
         try:
-            for topic, queues in {consumer.topic: consumer.queues for _, consumer in consumers}.items():
-                produced[topic] = await broker.produce_offsets(topic, queues)
-            behind = {
-                (group, consumer.topic, qid): tracker.commit_point
-                for group, consumer in consumers
-                for qid, tracker in list(consumer.trackers.items())
-                if qid < len(produced[consumer.topic]) and produced[consumer.topic][qid] > tracker.commit_point
-            }
+            offsets = await asyncio.gather(*(broker.produce_offsets(topic, count) for topic, count in queues.items()))
+            produced = dict(zip(queues, offsets, strict=True))
+            for group, consumer in consumers:
+                topic, next_offsets = consumer.topic, produced[consumer.topic]
+                for qid, tracker in consumer.trackers.items():
+                    at = tracker.commit_point
+                    if qid < len(next_offsets) and next_offsets[qid] > at:
+                        behind[group, topic, qid] = at
             positions = {(topic, qid, at) for (_, topic, qid), at in behind.items()}
             # The entry at an offset keeps its produce time: a queue whose commit point has not moved
             # since the last scrape (a stuck or slow one) costs no read.
@@ -156,19 +166,22 @@ class ProxyMetrics:
             self._times = times
         except DdmqError as exc:
             log.warning("metrics: %s (lag gauges left out of this scrape)", exc)
-            produced = {}
-        else:
-            for (group, topic, qid), at in behind.items():
-                ms = times.get((topic, qid, at))
-                if ms is not None:
-                    oldest[group, topic, qid] = ms
-        self.collector.produced = produced
-        self.collector.oldest_ms = oldest
+            return {}, {}
+        oldest = {}
+        for (group, topic, qid), at in behind.items():
+            ms = times.get((topic, qid, at))
+            if ms is not None:
+                oldest[group, topic, qid] = ms
+        return produced, oldest
+
+    async def _redis_figures(
+        self, redis: AsyncRedis, topics: dict[tuple[str, str], int]
+    ) -> dict[tuple[str, str], TopicFigures]:
         try:
-            self.collector.topics = await self._topic_figures(redis, topics)
+            return await self._topic_figures(redis, topics)
         except DdmqError as exc:
             log.warning("metrics: %s (dead-letter and owner gauges left out of this scrape)", exc)
-            self.collector.topics = {}
+            return {}
 
     @staticmethod
     async def _topic_figures(

@@ -220,7 +220,7 @@ def test_dead_letters_replay_and_status_on_a_cluster(single_proxy: ProxyProcess,
     assert admin(single_proxy, "groups/g/topics/t/dead-letters")["total"] == 0
     # what /metrics and the console read from Redis: per-slot reads of offsets, leases, lag
     metrics = http(single_proxy, "metrics").decode()
-    for line in ('ddmq_dead_letters{group="g",topic="t"} 0.0', 'ddmq_queues_without_owner{group="g",topic="t"} 0.0',
+    for line in ('ddmq_dead_letters{group="g"} 0.0', 'ddmq_queues_without_owner{group="g"} 0.0',
                  'ddmq_lag_messages{group="g",topic="t"}'):
         assert line in metrics, metrics[-3000:]
     deadline = time.monotonic() + 12  # the console samples every 5 s; the first may precede the consumer

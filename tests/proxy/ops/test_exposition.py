@@ -75,7 +75,7 @@ async def test_a_real_proxys_families_render_as_prometheus_client_does(redis_url
         text = service.metrics.render().decode()
     assert render(families) == reference(families)
     assert sum(len(family.rows) + len(family.histograms) for family in families) > 50
-    # The whole body: the engine's families first, then prometheus-client's own (pull histogram, process).
+    # The whole body: the engine's families first (the pull histogram too), then prometheus-client's own.
     parsed = {family.name for family in text_string_to_metric_families(text)}
     assert {"ddmq_lag_messages", "ddmq_pull_duration_seconds", "process_cpu_seconds"} <= parsed
     assert text.startswith(render(families)[:200])

@@ -1,5 +1,6 @@
 """/metrics: the Prometheus series move as messages are read, pulled, acked, failed, timed out,
-retried and dead-lettered, per (group, topic) by default and per queue with ``metrics.per_queue``.
+retried and dead-lettered; by default a few families per (group, topic) and the rest per group or
+per proxy, with ``metrics.per_queue`` the queue-level ones per queue and the others per (group, topic).
 Scraped over real HTTP and parsed with prometheus-client's parser."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ddmq.config.schema import MetricsConfig
 from ddmq.protocol.producer import AsyncProducer
-from ddmq.proxy.ops.collector import LatencyHistogram
+from ddmq.proxy.ops.latency import LatencyHistogram
 
 from ...http_support import ApiClient
 from ..servers.test_http_api import eventually, http_proxy, pull
@@ -24,9 +25,49 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 QUEUE = {"group": "g", "topic": "t", "qid": "0"}
 TOPIC = {"group": "g", "topic": "t"}
+GROUP = {"group": "g"}
 #: Families that only exist per queue: an offset has no sum.
 PER_QUEUE_ONLY = {"ddmq_consume_offset", "ddmq_produce_offset"}
+#: The queue-level families: a ``qid`` label with ``per_queue``.
+QUEUE_LEVEL = {
+    *(f"ddmq_messages_{name}" for name in ("delivered", "acked", "failed", "timed_out", "retried", "dead_lettered",
+                                           "released", "extended", "in_flight", "ready", "retry_wait", "unfinished")),
+    "ddmq_acks_unknown", "ddmq_fails_unknown", "ddmq_acks_late", "ddmq_verbs_ignored", "ddmq_queue_owned",
+    "ddmq_lag_messages", "ddmq_lag_seconds", "ddmq_queue_rollbacks", *PER_QUEUE_ONLY,
+}
+#: What keeps the ``topic`` label by default (what the dashboard and the alerts follow per topic).
+DEFAULT_PER_TOPIC = {"ddmq_lag_messages", "ddmq_lag_seconds", "ddmq_messages_in_flight", "ddmq_messages_delivered",
+                     "ddmq_messages_acked", "ddmq_messages_failed", "ddmq_messages_dead_lettered"}
+#: Without ``group`` and ``topic`` by default: distributions (a series per bucket), the counters of
+#: client verbs the proxy ignores or takes as a hint.
+DEFAULT_PER_PROXY = {"ddmq_order_chain_length", "ddmq_action_duration_seconds", "ddmq_pull_duration_seconds",
+                     "ddmq_fails_unknown", "ddmq_acks_late", "ddmq_messages_released", "ddmq_messages_extended",
+                     "ddmq_verbs_ignored"}
+#: Per group with ``per_queue`` (and per proxy by default).
+GROUP_LEVEL = {"ddmq_pull_duration_seconds"}
 MODES = pytest.mark.parametrize("per_queue", [False, True], ids=["per_topic", "per_queue"])
+
+
+def family_of(sample: str) -> str:
+    """The family a sample line belongs to (``x_total`` -> ``x``, ``x_bucket`` -> ``x``, ...)."""
+    for suffix in ("_total", "_bucket", "_gcount", "_gsum", "_count", "_sum"):
+        if sample.endswith(suffix):
+            return sample.removesuffix(suffix)
+    return sample
+
+
+def at(name: str, per_queue: bool) -> dict[str, str]:
+    """The labels of (group g, topic t, queue 0)'s series of ``name`` (a sample or family name) in
+    the mode, the families' extra labels (``event``, ``state``, ``le``) left out."""
+    family = family_of(name)
+    if per_queue:
+        return QUEUE if family in QUEUE_LEVEL else GROUP if family in GROUP_LEVEL else TOPIC
+    return TOPIC if family in DEFAULT_PER_TOPIC else {} if family in DEFAULT_PER_PROXY else GROUP
+
+
+def of(samples: Samples, per_queue: bool, name: str, **labels: str) -> float:
+    """Group g, topic t, queue 0's series of engine family ``name`` with the mode's labels."""
+    return value(samples, name, **at(name, per_queue), **labels)
 
 
 async def scrape(api: ApiClient) -> Samples:
@@ -47,7 +88,7 @@ def names(samples: Samples) -> set[str]:
     return {name for name, _ in samples}
 
 
-async def until(api: ApiClient, name: str, expected: float, **labels: str) -> Samples:
+async def until_at(api: ApiClient, name: str, expected: float, **labels: str) -> Samples:
     """Scrape until ``name{labels}`` equals ``expected``; returns that scrape."""
     found: list[Samples] = []
 
@@ -72,72 +113,75 @@ async def ack(api: ApiClient, success: list[int] = [], fail: list[int] = [], qid
 async def test_counters_and_gauges_follow_a_messages_life(redis_url: str, per_queue: bool) -> None:
     # One queue: the (group, topic) series and the queue's carry the same figures.
     config = {"order_key": "NONE", "timeout_ms": 300, "max_retry": 1, "retry_intervals_ms": [10]}
-    where = QUEUE if per_queue else TOPIC
+
+    async def until(api: ApiClient, name: str, expected: float) -> Samples:
+        return await until_at(api, name, expected, **at(name, per_queue))
+
     async with http_proxy(redis_url, config, queues=1, metrics={"per_queue": per_queue}) as (_, api):
         async with AsyncProducer(redis_url) as producer:
             await producer.send_batch("t", [{"value": f"v{i}"} for i in range(10)])
 
-        samples = await until(api, "ddmq_messages_ready", 10, **where)
-        assert value(samples, "ddmq_messages_unfinished", **where) == 10
-        assert value(samples, "ddmq_queue_owned", **where) == 1
+        samples = await until(api, "ddmq_messages_ready", 10)
+        assert of(samples, per_queue, "ddmq_messages_unfinished") == 10
+        assert of(samples, per_queue, "ddmq_queue_owned") == 1
         if per_queue:
-            assert value(samples, "ddmq_produce_offset", **where) == 11
-            assert value(samples, "ddmq_consume_offset", **where) == 1
+            assert of(samples, per_queue, "ddmq_produce_offset") == 11
+            assert of(samples, per_queue, "ddmq_consume_offset") == 1
         else:
             assert not names(samples) & PER_QUEUE_ONLY
             assert not [labels for name, labels in samples if name.startswith("ddmq_") and "qid" in dict(labels)]
-        assert value(samples, "ddmq_lag_messages", **where) == 10
-        # Action durations per (group, action) by default: the same code runs for every topic.
+        assert of(samples, per_queue, "ddmq_lag_messages") == 10
+        # Action durations per action by default: the same code runs for every group and topic.
         for action in ("Json", "Order", "PullServer"):
-            count = value(samples, "ddmq_action_duration_seconds_count", **(TOPIC if per_queue else {"group": "g"}),
-                          action=action)
-            assert count == 10, action
-        assert value(samples, "ddmq_consumer_events_total", group="g", topic="t", event="read") == 10
+            assert of(samples, per_queue, "ddmq_action_duration_seconds_count", action=action) == 10, action
+        assert of(samples, per_queue, "ddmq_consumer_events_total", event="read") == 10
 
         batch = await pull(api, max_batch=10)
         offsets = [m["offset"] for m in batch["messages"]]
         assert len(offsets) == 10
         samples = await scrape(api)
-        assert value(samples, "ddmq_messages_delivered_total", **where) == 10
-        assert value(samples, "ddmq_messages_in_flight", **where) == 10
-        assert value(samples, "ddmq_messages_ready", **where) == 0
-        assert value(samples, "ddmq_pull_duration_seconds_count", group="g", result="messages") == 1
+        assert of(samples, per_queue, "ddmq_messages_delivered_total") == 10
+        assert of(samples, per_queue, "ddmq_messages_in_flight") == 10
+        assert of(samples, per_queue, "ddmq_messages_ready") == 0
+        assert of(samples, per_queue, "ddmq_pull_duration_seconds_count", result="messages") == 1
 
         # 4 acked, 3 failed (retried after 10 ms), 3 left to time out (300 ms) and be retried too.
         await ack(api, success=offsets[:4], fail=offsets[4:7])
-        samples = await until(api, "ddmq_messages_retried_total", 6, **where)
-        assert value(samples, "ddmq_messages_acked_total", **where) == 4
-        assert value(samples, "ddmq_messages_failed_total", **where) == 3
-        assert value(samples, "ddmq_messages_timed_out_total", **where) == 3
-        assert value(samples, "ddmq_messages_ready", **where) == 6
-        assert value(samples, "ddmq_messages_in_flight", **where) == 0
-        assert value(samples, "ddmq_messages_unfinished", **where) == 6
+        samples = await until(api, "ddmq_messages_retried_total", 6)
+        assert of(samples, per_queue, "ddmq_messages_acked_total") == 4
+        assert of(samples, per_queue, "ddmq_messages_failed_total") == 3
+        assert of(samples, per_queue, "ddmq_messages_timed_out_total") == 3
+        assert of(samples, per_queue, "ddmq_messages_ready") == 6
+        assert of(samples, per_queue, "ddmq_messages_in_flight") == 0
+        assert of(samples, per_queue, "ddmq_messages_unfinished") == 6
 
         # Second attempt of the 6 fails: max_retry 1 is used up, so they are dead-lettered.
         batch = await pull(api, max_batch=10)
         assert sorted(m["offset"] for m in batch["messages"]) == sorted(offsets[4:])
         await ack(api, fail=[m["offset"] for m in batch["messages"]])
-        samples = await until(api, "ddmq_messages_dead_lettered_total", 6, **where)
-        assert value(samples, "ddmq_messages_delivered_total", **where) == 16
-        assert value(samples, "ddmq_messages_failed_total", **where) == 9
-        samples = await until(api, "ddmq_lag_messages", 0, **where)
+        samples = await until(api, "ddmq_messages_dead_lettered_total", 6)
+        assert of(samples, per_queue, "ddmq_messages_delivered_total") == 16
+        assert of(samples, per_queue, "ddmq_messages_failed_total") == 9
+        samples = await until(api, "ddmq_lag_messages", 0)
         if per_queue:
-            assert value(samples, "ddmq_consume_offset", **where) == 11
-        assert value(samples, "ddmq_messages_unfinished", **where) == 0
+            assert of(samples, per_queue, "ddmq_consume_offset") == 11
+        assert of(samples, per_queue, "ddmq_messages_unfinished") == 0
 
         # Acks nobody can match are counted, never an error.
         await ack(api, success=[offsets[0]])
         await ack(api, fail=[offsets[0]], qid=99)
         samples = await scrape(api)
-        assert value(samples, "ddmq_acks_unknown_total", **where) == 1
+        assert of(samples, per_queue, "ddmq_acks_unknown_total") == 1
         assert value(samples, "ddmq_proxy_events_total", event="unknown_results") == 1
 
 
-async def test_order_chains_and_parked_pulls(redis_url: str) -> None:
-    async with http_proxy(redis_url, {"order_key": "KEY", "timeout_ms": 60_000}, queues=1) as (_, api):
+@MODES
+async def test_order_chains_and_parked_pulls(redis_url: str, per_queue: bool) -> None:
+    config = {"order_key": "KEY", "timeout_ms": 60_000}
+    async with http_proxy(redis_url, config, queues=1, metrics={"per_queue": per_queue}) as (_, api):
         parked = asyncio.create_task(pull(api, linger_ms=10_000))
-        samples = await until(api, "ddmq_parked_pulls", 1, group="g")
-        assert value(samples, "ddmq_order_keys", group="g", topic="t") == 0
+        samples = await until_at(api, "ddmq_parked_pulls", 1, group="g")
+        assert of(samples, per_queue, "ddmq_order_keys") == 0
         assert "ddmq_action_duration_seconds_count" not in names(samples)  # no action ran yet: no series
         async with AsyncProducer(redis_url) as producer:
             await producer.send_batch(
@@ -150,16 +194,17 @@ async def test_order_chains_and_parked_pulls(redis_url: str) -> None:
         assert sorted(got) == ["a0", "b0"]
 
         samples = await scrape(api)
-        topic = {"group": "g", "topic": "t"}
         assert value(samples, "ddmq_parked_pulls", group="g") == 0
-        assert value(samples, "ddmq_order_keys", **topic) == 2
-        assert value(samples, "ddmq_order_waiting_messages", **topic) == 2
-        assert value(samples, "ddmq_order_chain_length_max", **topic) == 3
-        assert value(samples, "ddmq_order_chain_length_bucket", **topic, le="1.0") == 1
-        assert value(samples, "ddmq_order_chain_length_bucket", **topic, le="2.0") == 1
-        assert value(samples, "ddmq_order_chain_length_bucket", **topic, le="4.0") == 2
-        assert value(samples, "ddmq_order_chain_length_gcount", **topic) == 2
-        assert value(samples, "ddmq_topic_unfinished_messages", **topic) == 4
+        assert of(samples, per_queue, "ddmq_order_keys") == 2
+        assert of(samples, per_queue, "ddmq_order_waiting_messages") == 2
+        assert of(samples, per_queue, "ddmq_order_chain_length_max") == 3
+        # The distribution of chain lengths: per (group, topic) with per_queue, per proxy by default.
+        assert of(samples, per_queue, "ddmq_order_chain_length_bucket", le="1.0") == 1
+        assert of(samples, per_queue, "ddmq_order_chain_length_bucket", le="2.0") == 1
+        assert of(samples, per_queue, "ddmq_order_chain_length_bucket", le="4.0") == 2
+        assert of(samples, per_queue, "ddmq_order_chain_length_gcount") == 2
+        assert of(samples, per_queue, "ddmq_topic_unfinished_messages") == 4
+        assert of(samples, per_queue, "ddmq_keys", state="in_flight") == 2
 
 
 def test_latency_histogram_buckets_are_cumulative_and_inclusive() -> None:
@@ -207,56 +252,57 @@ async def test_time_lag_dead_letter_length_and_unowned_queues(redis_url: str, pe
     config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 0}
     # Queue 1 stays empty: per (group, topic) the lag is queue 0's, the age the older of the two.
     where = QUEUE if per_queue else TOPIC
+    # Read from Redis per (group, topic): per group by default.
+    redis_figures = TOPIC if per_queue else GROUP
     async with http_proxy(redis_url, config, queues=2, metrics={"per_queue": per_queue}) as (service, api):
         async with AsyncProducer(redis_url) as producer:
             await producer.send_batch("t", [{"key": "k", "value": f"v{i}", "qid": 0} for i in range(3)])
         produced_at = int(time.time() * 1000)
-        samples = await until(api, "ddmq_lag_messages", 3, **where)
+        samples = await until_at(api, "ddmq_lag_messages", 3, **where)
         if per_queue:
             assert value(samples, "ddmq_lag_seconds", group="g", topic="t", qid="1") == 0  # nothing produced there
         await asyncio.sleep(0.3)
         samples = await scrape(api)
         age = value(samples, "ddmq_lag_seconds", **where)
         assert 0.3 <= age <= (time.time() * 1000 - produced_at) / 1000 + 1, age
-        assert value(samples, "ddmq_queues_without_owner", group="g", topic="t") == 0
-        assert value(samples, "ddmq_dead_letters", group="g", topic="t") == 0
+        assert value(samples, "ddmq_queues_without_owner", **redis_figures) == 0
+        assert value(samples, "ddmq_dead_letters", **redis_figures) == 0
 
         head = await pull(api, max_batch=10)
         assert [m["value_text"] for m in head["messages"]] == ["v0"]
         await ack(api, fail=[head["messages"][0]["offset"]])  # max_retry 0: dead-lettered at once
-        await until(api, "ddmq_dead_letters", 1, group="g", topic="t")
+        await until_at(api, "ddmq_dead_letters", 1, **redis_figures)
         second = await pull(api, max_batch=10)
         assert [m["value_text"] for m in second["messages"]] == ["v1"]
         await ack(api, success=[second["messages"][0]["offset"]])
         await ack(api, success=[(await pull(api, max_batch=10))["messages"][0]["offset"]])
-        samples = await until(api, "ddmq_lag_seconds", 0, **where)
+        samples = await until_at(api, "ddmq_lag_seconds", 0, **where)
         assert value(samples, "ddmq_lag_messages", **where) == 0
         # The counter keeps counting; the gauge follows the stream, also after a purge.
         status, _ = await api.call("POST", "/admin/groups/g/topics/t/dead-letters/purge", json={"all": True})
         assert status == 200
-        samples = await until(api, "ddmq_dead_letters", 0, group="g", topic="t")
+        samples = await until_at(api, "ddmq_dead_letters", 0, **redis_figures)
         assert value(samples, "ddmq_messages_dead_lettered_total", **where) == 1
 
         await service.groups["g"].stop_reading()  # as on shutdown: no claim loop takes the queues back
         await service.groups["g"].release_leases()
-        samples = await until(api, "ddmq_queues_without_owner", 2, group="g", topic="t")
+        samples = await until_at(api, "ddmq_queues_without_owner", 2, **redis_figures)
 
 
 def folded(samples: Samples) -> Samples:
-    """Per-queue samples folded to (group, topic) as the default mode exports them: sums, the max for
-    the age of the oldest message, no offsets; action durations summed per (group, action)."""
+    """Per-queue samples folded to the default mode's labels: sums (the max for the age of the oldest
+    message and the longest key chain), no offsets."""
     out: Samples = {}
     for (name, labels), number in samples.items():
-        keyed = dict(labels)
-        fine = "topic" if name.startswith("ddmq_action_duration_seconds") else "qid"
-        if fine not in keyed:
-            out[name, labels] = number
+        family = family_of(name)
+        if family in PER_QUEUE_ONLY:
             continue
-        if name in PER_QUEUE_ONLY:
-            continue
-        del keyed[fine]
-        key = (name, frozenset(keyed.items()))
-        out[key] = max(out.get(key, 0.0), number) if name == "ddmq_lag_seconds" else out.get(key, 0.0) + number
+        keep = set(at(family, False)) | {label for label, _ in labels} - {"group", "topic", "qid"}
+        key = (name, frozenset((label, text) for label, text in labels if label in keep))
+        if family in ("ddmq_lag_seconds", "ddmq_order_chain_length_max"):
+            out[key] = max(out.get(key, 0.0), number)
+        else:
+            out[key] = out.get(key, 0.0) + number
     return out
 
 
@@ -269,17 +315,24 @@ def engine_series(samples: Samples) -> Samples:
 
 async def test_the_default_series_are_the_per_queue_ones_summed_and_a_reload_switches(redis_url: str) -> None:
     config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 5, "retry_intervals_ms": [60_000]}
-    async with http_proxy(redis_url, config, queues=4) as (service, api):
+    queues = {"t": 4, "u": 2}
+    topics = {topic: {"queues": count} for topic, count in queues.items()}
+    groups = {"g": {topic: config for topic in queues}}
+    async with http_proxy(redis_url, topics=topics, groups=groups) as (service, api):
         async with AsyncProducer(redis_url) as producer:
-            await producer.send_batch("t", [{"key": f"k{i % 8}", "value": f"v{i}", "qid": i % 4} for i in range(24)])
-        await until(api, "ddmq_messages_unfinished", 24, **TOPIC)
+            for topic, count in queues.items():
+                await producer.send_batch(
+                    topic, [{"key": f"k{i % 8}", "value": f"v{i}", "qid": i % count} for i in range(24)])
+        await until_at(api, "ddmq_messages_unfinished", 48, **GROUP)
         # Some acked, some failed (waiting 60 s for their retry), some in flight, the rest ready or waiting.
-        for _ in range(3):
-            batch = await pull(api, max_batch=4)
-            offsets = [m["offset"] for m in batch["messages"]]
-            await ack(api, success=offsets[:1], fail=offsets[1:2], qid=batch["qid"])
-        await pull(api, max_batch=4)
-        await until(api, "ddmq_messages_unfinished", 21, **TOPIC)
+        for topic in queues:
+            for _ in range(3):
+                batch = await pull(api, topic=topic, max_batch=4)
+                offsets = [m["offset"] for m in batch["messages"]]
+                results = [{"topic": topic, "qid": batch["qid"], "success": offsets[:1], "fail": offsets[1:2]}]
+                assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": results}))[0] == 200
+            await pull(api, topic=topic, max_batch=4)
+        await until_at(api, "ddmq_messages_unfinished", 42, **GROUP)
 
         per_topic = await scrape(api)
         began = time.time()
@@ -292,15 +345,19 @@ async def test_the_default_series_are_the_per_queue_ones_summed_and_a_reload_swi
 
     qids = {dict(labels).get("qid") for name, labels in per_queue if name == "ddmq_messages_delivered_total"}
     assert len(qids) >= 2, qids  # several queues were summed
-    for name in ("ddmq_messages_in_flight", "ddmq_messages_ready", "ddmq_messages_retry_wait",
-                 "ddmq_messages_failed_total", "ddmq_lag_messages"):
-        assert value(per_topic, name, **TOPIC) > 0, name
-    assert value(per_topic, "ddmq_queue_owned", **TOPIC) == 4
+    for topic in queues:
+        for name in ("ddmq_messages_in_flight", "ddmq_messages_failed_total", "ddmq_lag_messages"):
+            assert value(per_topic, name, group="g", topic=topic) > 0, (name, topic)
+    for name in ("ddmq_messages_ready", "ddmq_messages_retry_wait", "ddmq_messages_timed_out_total"):
+        assert (name, frozenset(GROUP.items())) in per_topic, name
+    assert value(per_topic, "ddmq_messages_retry_wait", **GROUP) > 0
+    assert value(per_topic, "ddmq_queue_owned", **GROUP) == 6
     assert value(per_queue, "ddmq_consume_offset", **QUEUE) >= 1
 
     expected, found = engine_series(folded(per_queue)), engine_series(per_topic)
-    age = ("ddmq_lag_seconds", frozenset(TOPIC.items()))
-    assert found[age] <= expected.pop(age) <= found.pop(age) + elapsed + 0.01
+    for topic in queues:
+        age = ("ddmq_lag_seconds", frozenset({"group": "g", "topic": topic}.items()))
+        assert found[age] <= expected.pop(age) <= found.pop(age) + elapsed + 0.01
     assert found == expected
     assert not [labels for name, labels in back if "qid" in dict(labels)]
 
@@ -318,6 +375,11 @@ async def _one_message_per_queue(redis_url: str, api: ApiClient, queues: dict[st
             assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": results}))[0] == 200
 
 
+#: Families whose labels are the same in both modes.
+SAME_IN_BOTH = ("ddmq_parked_pulls", "ddmq_proxy_events", "ddmq_server_",
+                "ddmq_build_info", "ddmq_redis_", "ddmq_retention_", "ddmq_stream_")
+
+
 @MODES
 async def test_the_series_of_a_topic_do_not_grow_with_its_queues_by_default(redis_url: str, per_queue: bool) -> None:
     queues = {"few": 2, "many": 16}
@@ -326,15 +388,23 @@ async def test_the_series_of_a_topic_do_not_grow_with_its_queues_by_default(redi
     metrics = {"per_queue": per_queue}
     async with http_proxy(redis_url, topics=topics, groups=groups, metrics=metrics) as (_, api):
         await _one_message_per_queue(redis_url, api, queues)
-        samples = await until(api, "ddmq_messages_acked_total", 16 if not per_queue else 1,
-                              group="g", topic="many", **({"qid": "15"} if per_queue else {}))
+        samples = await until_at(api, "ddmq_messages_acked_total", 16 if not per_queue else 1,
+                                 group="g", topic="many", **({"qid": "15"} if per_queue else {}))
     # The retention series come and go with the trimmer's rounds (a group holding a trim back): left out.
-    series = {topic: [(name, labels) for name, labels in samples if dict(labels).get("topic") == topic
-                      and not name.startswith("ddmq_retention_")] for topic in queues}
+    series = {topic: sorted((name, labels) for name, labels in samples if dict(labels).get("topic") == topic
+                            and "group" in dict(labels) and not name.startswith("ddmq_retention_"))
+              for topic in queues}
     per_queue_names = {name for name, labels in series["few"] if "qid" in dict(labels)}
     if per_queue:
         assert len(per_queue_names) == 22  # 12 counters of the pull buffer, 10 gauges and counters of a queue
         assert len(series["many"]) - len(series["few"]) == (16 - 2) * len(per_queue_names)
     else:
         assert not per_queue_names
-        assert len(series["many"]) == len(series["few"]) > 40
+        # One series per family that keeps the topic by default, whatever the queues.
+        assert sorted(family_of(name) for name, _ in series["few"]) == sorted(DEFAULT_PER_TOPIC)
+        assert len(series["many"]) == len(series["few"])
+    # Every engine family has the mode's labels (besides its own: event, state, action, le).
+    wrong = {(name, tuple(sorted(found))) for name, labels in samples
+             if name.startswith("ddmq_") and not name.startswith(SAME_IN_BOTH)
+             and (found := {label for label, _ in labels} & {"group", "topic", "qid"}) != set(at(name, per_queue))}
+    assert not wrong, sorted(wrong)

@@ -1,0 +1,163 @@
+"""The engine's metric families: their names, help and finest labels, and the figures the collector
+fills them with (:class:`~ddmq.proxy.ops.collector.EngineCollector`; the default mode's labels are
+:mod:`~ddmq.proxy.ops.rollup`'s)."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import accumulate
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+from ddmq.proxy.ops.exposition import COUNTER, GAUGE, GAUGE_HISTOGRAM, Family
+
+if TYPE_CHECKING:
+    from ddmq.proxy.groups.group import TopicConsumer
+
+#: Upper bounds of the key-chain length histogram.
+CHAIN_BUCKETS: Final = (1, 2, 4, 8, 16, 64, 256)
+CHAIN_LES: Final = (*(str(float(bound)) for bound in CHAIN_BUCKETS), "+Inf")
+
+QUEUE_LABELS: Final = ("group", "topic", "qid")
+TOPIC_LABELS: Final = ("group", "topic")
+
+
+class TopicFigures(NamedTuple):
+    """What :meth:`ProxyMetrics.refresh <ddmq.proxy.ops.metrics.ProxyMetrics.refresh>` reads from Redis
+    per (group, topic): the same on every proxy."""
+
+    dead_letters: int
+    unowned_queues: int
+
+
+class QueueFigures(NamedTuple):
+    """One opened queue's gauges at scrape time, or the sums over a (group, topic)'s opened queues."""
+
+    in_flight: int
+    ready: int
+    retry_wait: int
+    unfinished: int
+    owned: int
+    #: First unfinished offset (the live commit point).
+    committed: int
+    #: Next produce offset, None when this scrape could not read it (then no lag either).
+    produced: int | None
+    lag: int
+    age_s: float
+
+
+class QueueFamilies:
+    """The queue-level gauges and the rollback counter: per queue with ``per_queue``; by default the
+    collector sums each (group, topic)'s queues (the max age) and writes the sums at each family's
+    default labels (:class:`~ddmq.proxy.ops.rollup.TopicRows`)."""
+
+    def __init__(self, per_queue: bool) -> None:
+        self.per_queue = per_queue
+        labels = QUEUE_LABELS if per_queue else TOPIC_LABELS
+        where = "per held queue" if per_queue else "over the queues this proxy holds"
+
+        def gauge(name: str, doc: str) -> Family:
+            return Family(name, GAUGE, doc, labels)
+
+        self.in_flight = gauge("ddmq_messages_in_flight", "Pulled messages awaiting ack/fail.")
+        self.ready = gauge("ddmq_messages_ready", "Messages ready to be pulled.")
+        self.retry_wait = gauge("ddmq_messages_retry_wait", "Failed messages waiting for their retry interval.")
+        self.unfinished = gauge(
+            "ddmq_messages_unfinished",
+            "Messages read from the queue and not finished yet (waiting behind their key, ready, in flight).",
+        )
+        self.owned = gauge("ddmq_queue_owned", "Queues this proxy holds the lease of (per queue: 1 or 0).")
+        self.committed = gauge(
+            "ddmq_consume_offset", "Next offset to commit (first unfinished message) per held queue."
+        )
+        self.produce = gauge("ddmq_produce_offset", "Next offset to be produced per held queue.")
+        self.lag = gauge("ddmq_lag_messages", f"Produced but not yet finished messages {where}.")
+        self.age = gauge(
+            "ddmq_lag_seconds",
+            f"Age of the oldest unfinished message {where} (now minus its produce time); 0 when caught up.",
+        )
+        self.rollbacks = Family(
+            "ddmq_queue_rollbacks", COUNTER,
+            "Times this proxy found Redis had lost writes it had read under a queue (a rollback).", labels,
+        )
+
+    def add(self, labels: tuple[str, ...], figures: QueueFigures) -> None:
+        """One queue's figures (per queue), or a (group, topic)'s summed ones."""
+        self.in_flight.add_metric(labels, figures.in_flight)
+        self.ready.add_metric(labels, figures.ready)
+        self.retry_wait.add_metric(labels, figures.retry_wait)
+        self.unfinished.add_metric(labels, figures.unfinished)
+        self.owned.add_metric(labels, figures.owned)
+        self.committed.add_metric(labels, figures.committed)
+        if figures.produced is not None:
+            self.produce.add_metric(labels, figures.produced)
+            self.lag.add_metric(labels, figures.lag)
+            self.age.add_metric(labels, figures.age_s)
+
+    def families(self) -> list[Family]:
+        # An offset has no meaningful sum: the offsets are exported per queue only.
+        offsets = [self.committed, self.produce] if self.per_queue else []
+        return [self.in_flight, self.ready, self.retry_wait, self.unfinished, self.owned, *offsets,
+                self.lag, self.age, self.rollbacks]
+
+
+class TopicFamilies:
+    """The series per (group, topic) with ``per_queue`` (per group or proxy by default): key chains,
+    concurrency, engine events."""
+
+    def __init__(self) -> None:
+        labels = TOPIC_LABELS
+        self.keys = Family("ddmq_order_keys", GAUGE, "Order keys with an unfinished message.", labels)
+        self.waiting = Family(
+            "ddmq_order_waiting_messages", GAUGE, "Messages waiting behind an unfinished one of the same key.", labels
+        )
+        self.longest = Family("ddmq_order_chain_length_max", GAUGE, "Unfinished messages of the busiest key.", labels)
+        self.chains = Family(
+            "ddmq_order_chain_length", GAUGE_HISTOGRAM, "Order keys by their number of unfinished messages.", labels
+        )
+        self.unfinished = Family(
+            "ddmq_topic_unfinished_messages", GAUGE,
+            "Unfinished messages of the consumers (each capped by its topic's concurrency).", labels,
+        )
+        self.concurrency = Family(
+            "ddmq_topic_concurrency_limit", GAUGE,
+            "The configured concurrency: most unfinished messages (by default summed over the group's topics).", labels,
+        )
+        self.events = Family(
+            "ddmq_consumer_events", COUNTER, "Engine events of the consumers (read, filtered, json_invalid, ...).",
+            (*labels, "event"),
+        )
+        self.key_states = Family(
+            "ddmq_keys", GAUGE,
+            "Order keys with an unfinished message here, by state (parked, failing, in_flight, waiting).",
+            (*labels, "state"),
+        )
+
+    def add(self, group: str, topic: str, consumer: TopicConsumer) -> None:
+        labels = (group, topic)
+        lengths, counts = chain_lengths(consumer)
+        total = sum(lengths)
+        self.keys.add_metric(labels, len(lengths))
+        self.waiting.add_metric(labels, total - len(lengths))
+        self.longest.add_metric(labels, max(lengths, default=0))
+        self.chains.add_histogram(labels, list(zip(CHAIN_LES, accumulate(counts), strict=True)), total)
+        self.unfinished.add_metric(labels, consumer.unfinished)
+        for state, count in consumer.parking.counts().items():
+            self.key_states.add_metric((group, topic, state), count)
+        self.concurrency.add_metric(labels, consumer.config.concurrency)
+        for event, count in sorted(consumer.counters.items()):
+            self.events.add_metric((group, topic, event), count)
+
+    def families(self) -> list[Family]:
+        return [self.keys, self.waiting, self.longest, self.chains, self.unfinished, self.concurrency, self.events,
+                self.key_states]
+
+
+def chain_lengths(consumer: TopicConsumer) -> tuple[list[int], list[int]]:
+    """Unfinished messages of each order key with one, and how many keys fall in each of
+    :data:`CHAIN_BUCKETS` (not cumulative; the last: above them all)."""
+    queue = consumer.blocking_queue
+    lengths = [queue.chain_length(key) for key, _ in queue.heads()]
+    counts = [0] * len(CHAIN_LES)
+    for length in lengths:
+        counts[bisect_left(CHAIN_BUCKETS, length)] += 1
+    return lengths, counts
