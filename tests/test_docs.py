@@ -81,3 +81,21 @@ def test_every_page_of_the_docs_folder_is_in_the_site_navigation() -> None:
     pages = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
     generated = {_hooks().CONFIG_PAGE, _hooks().CLI_PAGE}
     assert listed == pages | generated
+
+
+def test_no_file_holds_a_merge_conflict_marker() -> None:
+    """A merge left unresolved still builds (Markdown renders the markers as text): look for them."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    tracked = (listed.stdout.split() if listed.returncode == 0 else  # not a checkout: the sources as they lie
+               [str(p.relative_to(REPO)) for p in REPO.rglob("*") if not {".venv", ".git", "site"} & set(p.parts)])
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.MULTILINE)
+    found = []
+    for name in tracked:
+        path = REPO / name
+        if path.suffix not in {".md", ".py", ".yaml", ".yml", ".toml", ".thrift", ".cfg", ".txt"} or not path.is_file():
+            continue
+        if marker.search(path.read_text(errors="replace")):
+            found.append(name)
+    assert found == []
