@@ -48,6 +48,8 @@ _new_message: Callable[[tuple[int, bytes, str, str, dict[str, str], int]], Store
 )
 #: A command option that makes the XREAD callback hand back the unparsed reply.
 _RAW_REPLY = "ddmq_raw_reply"
+#: Queues opened at once by the whole proxy (:attr:`Broker.opening`).
+OPENING_AT_ONCE = 32
 
 
 @contextmanager
@@ -182,6 +184,12 @@ class Broker:
         #: Watches idle queues with one blocking read; None on a cluster (one slot per queue: nothing to
         #: group), where a reader blocks on its own stream.
         self.idle: IdleWatcher | None = None if isinstance(redis, RedisCluster) else IdleWatcher(redis)
+        #: Held while a consumer reads its topic's metadata and while a queue is opened (its lease
+        #: claimed, its offsets and parked keys loaded: up to three connections at once). The client's
+        #: pool keeps every connection it ever opened, so 1,000 consumers starting all at once would
+        #: leave 2,000-3,000 idle connections behind (about 20 MB of the proxy's memory with 8,000 queues);
+        #: a few dozen at a time keep Redis as busy.
+        self.opening = asyncio.Semaphore(OPENING_AT_ONCE)
 
     async def close(self) -> None:
         """Stop watching idle queues (after the readers stopped; before the client closes)."""
