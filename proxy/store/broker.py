@@ -24,7 +24,7 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -196,11 +196,15 @@ class Broker:
         if self.idle is not None:
             await self.idle.close()
 
-    async def wait_for_entries(self, topic: str, qid: int, after: int) -> None:
+    def wait_for_entries(self, topic: str, qid: int, after: int) -> Awaitable[None]:
         """Wait, with the other idle queues, until the queue holds an entry after offset ``after``;
-        at once on a cluster. BrokerError when Redis failed meanwhile."""
-        if self.idle is not None:
-            await self.idle.wait(keys.stream(topic, qid), after)
+        at once on a cluster. BrokerError when Redis failed meanwhile.
+
+        Returns the watcher's wait itself rather than awaiting it in a coroutine of its own: an idle
+        queue's reader waits in it for long, and each frame of that chain is kept per queue."""
+        if self.idle is None:
+            return asyncio.sleep(0)
+        return self.idle.wait(keys.stream(topic, qid), after)
 
     async def topic_queues(self, topic: str) -> int | None:
         with map_redis_errors(f"reading metadata of topic {topic}"):
