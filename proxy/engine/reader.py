@@ -92,6 +92,9 @@ class ReaderHost(QueueConsumer, Protocol):
 class QueueReader:
     """Reads queue ``qid`` from where ``tracker`` stands, for ``consumer``, under lease ``term``."""
 
+    # One per queue held, thousands in a proxy: no instance dict.
+    __slots__ = ("_checked", "_first_gap", "_stopping", "_task", "consumer", "qid", "queue", "term", "tracker")
+
     def __init__(self, consumer: ReaderHost, qid: int, tracker: OffsetTracker, term: int = 0) -> None:
         self.consumer = consumer
         self.qid = qid
@@ -111,11 +114,7 @@ class QueueReader:
             raise RuntimeError("QueueReader already started")
         name = f"reader:{self.consumer.group}/{self.consumer.topic}#{self.qid}"
         self._task = asyncio.create_task(self._run(), name=name)
-        self._task.add_done_callback(self._report_crash)
-
-    def _report_crash(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("reader %s stopped by an unexpected error", task.get_name(), exc_info=task.exception())
+        self._task.add_done_callback(_report_crash)
 
     async def stop(self) -> None:
         if self._task is None:
@@ -169,18 +168,16 @@ class QueueReader:
         gap, self._first_gap = self._first_gap, None
         return gap if gap is not None else self.consumer.take_gap(self.qid)
 
-    async def _wait_for_entries(self, tracker: OffsetTracker) -> bool:
-        """Wait with the other idle queues (the broker's idle watcher) until this one holds an entry
-        past what was read. False when the watch failed: Redis failed meanwhile, so the stream is
-        checked before the next read, which blocks on its own as after any failure."""
+    async def _wanted(self) -> int:
+        """How many messages the next read may ask for: the consumer's room and its rate limit."""
         consumer = self.consumer
-        try:
-            await consumer.broker.wait_for_entries(consumer.topic, self.qid, tracker.next_offset - 1)
-        except BrokerError as exc:
-            self._checked = -1
-            log.debug("%s#%s: %s", consumer.topic, self.qid, exc)
-            return False
-        return True
+        room = await consumer.wait_for_room()
+        # Looked up per batch, not once: a config reload may change them in place.
+        wanted = min(consumer.config.read_batch_size, room)
+        limiter = consumer.limiter
+        if limiter is not None:
+            wanted = await limiter.take(wanted)
+        return wanted
 
     async def _read(self, tracker: OffsetTracker, wanted: int, block_ms: int | None) -> list[StoredMessage] | None:
         """One read from where ``tracker`` stands; None when Redis rolled back (the queue is dropped).
@@ -215,14 +212,16 @@ class QueueReader:
             if idle and broker.idle is not None:
                 # Nothing came for a whole block: stop blocking on this stream alone and wait with the
                 # other idle queues; once the watcher saw an entry, read it without blocking.
+                # Awaited here, not in a helper coroutine: an idle queue's reader waits here for long,
+                # and each frame of the chain it waits in is kept per queue.
                 idle = False
-                block = None if await self._wait_for_entries(tracker) else READ_BLOCK_MS
-            room = await consumer.wait_for_room()
-            # Looked up per batch, not once: a config reload may change them in place.
-            wanted = min(consumer.config.read_batch_size, room)
-            limiter = consumer.limiter
-            if limiter is not None:
-                wanted = await limiter.take(wanted)
+                try:
+                    await broker.wait_for_entries(consumer.topic, self.qid, tracker.next_offset - 1)
+                    block = None
+                except BrokerError as exc:  # Redis failed meanwhile: check the stream, then block on it
+                    block, self._checked = READ_BLOCK_MS, -1
+                    log.debug("%s#%s: %s", consumer.topic, self.qid, exc)
+            wanted = await self._wanted()
             if not consumer.may_serve(self.qid):
                 # Not confirmed lately (e.g. the process was paused past its TTL): read nothing under a
                 # term that may be gone until the lease loop renews it or drops the queue.
@@ -256,3 +255,9 @@ class QueueReader:
                 continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
             await self._took(tracker, messages)
             await consumer.accept(queue, messages)
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    # A function, not a bound method: a reader's task keeps its callback for as long as it runs.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("reader %s stopped by an unexpected error", task.get_name(), exc_info=task.exception())

@@ -82,3 +82,18 @@ def test_offsets_a_previous_owner_finished_are_skipped_and_the_commit_point_move
     successor.finish(4)
     successor.finish(6)
     assert successor.commit_point == 7 and successor.finished_beyond() == ""
+
+
+def test_a_tracker_that_read_nothing_yet_reports_and_skips_like_any_other() -> None:
+    # Its containers are made on first use (a proxy holds thousands of queues that see no message).
+    tracker = OffsetTracker(start=10)
+    assert (tracker.commit_point, tracker.next_offset, tracker.unfinished, tracker.finished_beyond()) == (10, 10, 0, "")
+    assert tracker.skip_ahead({3, 12, 13}) == 2  # 3 is below what is read next: out of reach
+    assert tracker.skip_ahead({13, 15}) == 1 and tracker.finished_beyond() == "12-13,15"
+    skipped = [offset for offset in range(10, 17) if tracker.track(offset)]
+    assert skipped == [12, 13, 15] and tracker.unfinished == 4 and tracker.commit_point == 10
+    for offset in (16, 14, 11):
+        tracker.finish(offset)
+    assert tracker.commit_point == 10 and tracker.finished_beyond() == "11-16"
+    tracker.finish(10)
+    assert (tracker.commit_point, tracker.unfinished, tracker.finished_beyond()) == (17, 0, "")

@@ -168,3 +168,28 @@ async def test_a_queue_handed_off_while_idle_delivers_everything_once_in_order(
             await produce(redis_url, produced, keys)
             await consume_all([(old, 0), (new, 0)], checker, produced)
     assert checker.violations == [] and checker.missing(produced) == {} and checker.duplicates == 0
+
+
+async def test_idle_readers_whose_watch_fails_read_on_their_own_and_lose_nothing(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    queues = 6
+    await ensure_topic(redis_client, "t", queues)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    keys = [f"k{i % 5}" for i in range(40)]
+    async with Proxy(redis_client, "p1") as proxy:
+        await proxy.wait_held(set(range(queues)))
+        await until_idle(proxy, queues)
+        # Kill the blocked reads (the idle watcher's, the key-command bell's) as a Redis restart would:
+        # every reader's wait fails, and it checks its stream and blocks on it alone before going idle again.
+        killed = [c["id"] for c in await redis_client.client_list() if c.get("cmd") == "xread"]
+        assert killed
+        for client_id in killed:
+            await redis_client.client_kill_filter(_id=client_id)
+        await produce(redis_url, produced, keys)
+        await consume_all([(proxy, 0)], checker, produced)
+        await until_idle(proxy, queues)
+        await produce(redis_url, produced, keys)
+        await consume_all([(proxy, 0)], checker, produced)
+    assert checker.violations == [] and checker.missing(produced) == {} and checker.duplicates == 0
