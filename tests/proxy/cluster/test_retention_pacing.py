@@ -204,3 +204,39 @@ async def test_after_a_quiet_spell_what_the_group_consumed_is_trimmed_again_and_
         assert sum(retention.trimmed.values()) == 600
         if not told:  # nobody took the consuming proxy's notes of its commits
             assert service.registry.broker.take_commits() == {("t", 0), ("t", 1)}
+
+
+async def test_a_round_reads_the_registry_for_the_topics_with_entries_only(
+    broker: Broker, redis_client: aioredis.Redis, redis_url: str
+) -> None:
+    """With many groups and topics registered and one topic holding entries, a round asks each group
+    about that topic alone (Redis's MONITOR shows the HMGETs), and trims it as far as its groups allow."""
+    topics = [f"t{i:02d}" for i in range(30)]
+    for group in (f"g{i:02d}" for i in range(20)):
+        await redis_client.sadd(keys.groups(), group)
+        await redis_client.hset(keys.group_topics(group), mapping={topic: 10**15 for topic in topics})
+
+    def produce() -> None:
+        with Producer(redis_url) as producer:
+            for topic in topics:
+                producer.ensure_topic(topic, 2)
+            for i in range(6):
+                producer.send("t00", f"m{i}", key="k", qid=0)
+
+    await asyncio.to_thread(produce)
+    await redis_client.set(keys.committed("g00", "t00", 0), 3)
+    retention = Retention(broker, "me", lambda: {t: (2, RetentionConfig()) for t in topics}, HOUR_MS)
+    seen: list[list[str]] = []
+    async with aioredis.Redis.from_url(redis_url, decode_responses=True) as watcher:
+        async with watcher.monitor() as monitor:
+            await retention.round()
+            await redis_client.echo("round over")
+            while True:
+                command = (await asyncio.wait_for(monitor.next_command(), 10))["command"]
+                if command == "ECHO round over":
+                    break
+                if command.startswith("HMGET "):
+                    seen.append(command.split()[2:])
+    assert len(seen) == 20 and all(fields == ["t00"] for fields in seen), seen[:3]
+    # Only g00 committed (up to 3); the 19 others hold the queue at its head, so nothing is trimmed.
+    assert await redis_client.xlen(keys.stream("t00", 0)) == 6
