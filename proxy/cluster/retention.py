@@ -154,8 +154,15 @@ class Retention:
         # The queues this proxy committed on since the last round are probed now, whatever their pace.
         due = pacing.due([(topic, qid) for topic, (count, _) in sorted(topics.items()) for qid in range(count)],
                          self.broker.take_commits())
-        found_all = await trim.probe(self.redis, due, [pacing.held(queue) for queue in due], self.owner,
-                                     lease_ttl_ms(self.interval_ms))
+        held = [pacing.held(queue) for queue in due]
+        # Counted as held before the probe: if the task is cancelled while it is out, close() still
+        # drops the leases it may have taken (the drop deletes only this proxy's), so another proxy
+        # need not wait for their TTL.
+        self._held.update(due)
+        found_all = await trim.probe(self.redis, due, held, self.owner, lease_ttl_ms(self.interval_ms))
+        for queue, found in zip(due, found_all, strict=True):
+            if found is None:
+                self._held.discard(queue)
         # The registry is read for the topics with entries to look at only: one HMGET per registered group
         # naming every known topic would answer groups times topics fields a round (a million with 1,000 of
         # each), while at most a few topics hold entries at once.
@@ -164,15 +171,10 @@ class Retention:
         groups = await trim.registered_groups_of(self.redis, with_entries) if with_entries else {}
         for (topic, qid), found in zip(due, found_all, strict=True):
             busy = False
-            if found is None:
-                self._held.discard((topic, qid))
+            if found is None or found.first is None:  # another proxy trims it, or empty: nothing to trim
                 self.holders.pop((topic, qid), None)
             else:
-                self._held.add((topic, qid))
-                if found.first is None:  # empty: nothing to trim
-                    self.holders.pop((topic, qid), None)
-                else:
-                    busy = await self._trim_queue(topic, qid, topics[topic][1], groups.get(topic, {}), found)
+                busy = await self._trim_queue(topic, qid, topics[topic][1], groups.get(topic, {}), found)
             pacing.probed((topic, qid), found, busy)
         if time.monotonic() - self._measured >= MEASURE_EVERY_S:
             await self.measure(topics, fresh=False)
