@@ -7,7 +7,7 @@ again the generic way, which also reports what is wrong with it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ddmq.protocol.layout import (
     KEY_HEADER,
@@ -31,7 +31,7 @@ __all__ = ["read_message", "read_messages"]
 
 
 #: An empty properties map and produceTime's field header: what follows a message's offset.
-_EMPTY_PROPERTIES_THEN_TIME = bytes((PROPERTIES_HEADER, 0, PRODUCE_TIME_HEADER))
+_EMPTY_PROPERTIES_THEN_TIME: Final = bytes((PROPERTIES_HEADER, 0, PRODUCE_TIME_HEADER))
 
 
 class _OtherLayout(Exception):

@@ -35,6 +35,7 @@ from ddmq.protocol.layout import (
     shape,
     varint,
 )
+from ddmq.protocol.stream_entry import StoredMessage
 from ddmq.protocol.structs import ConsumerService, Context, Message, PullResponse
 from ddmq.protocol.writer import encode
 
@@ -53,21 +54,9 @@ __all__ = [
 ]
 
 
-class ReplyMessage(Protocol):
-    """What a reply needs of a message (the engine's ``StoredMessage`` is one)."""
-
-    @property
-    def offset(self) -> int: ...
-    @property
-    def value(self) -> bytes: ...
-    @property
-    def key(self) -> str: ...
-    @property
-    def tag(self) -> str: ...
-    @property
-    def properties(self) -> dict[str, str]: ...
-    @property
-    def produce_ms(self) -> int: ...
+#: What a reply carries of a message: the engine's messages as read. A NamedTuple rather than a
+#: Protocol, so the compiled build reads its fields by index instead of by attribute lookups.
+ReplyMessage = StoredMessage
 
 
 class PullReplyEncoder(Protocol):
@@ -83,9 +72,6 @@ class PullReplyEncoder(Protocol):
         runs: Sequence[int] | None = None,
     ) -> bytes: ...
 
-
-_I64_MIN: Final = -(1 << 63)
-_I64_MAX: Final = (1 << 63) - 1
 
 # Compact-protocol field headers: (field-id delta << 4) | compact type.
 _STRING_NEXT: Final = b"\x18"  # next field id, BINARY (strings and binaries alike)
@@ -104,41 +90,56 @@ _I32_ELEMENT: Final = 0x05
 _I32_LIST_MANY: Final = 0xF5
 _REPLY_HEADER: Final = bytes((PROTOCOL_ID, VERSION | (TMessageType.REPLY << 5)))
 _PULL_NAME: Final = b"\x04pull"
-# Message, in MESSAGE_LAYOUT: key, value, tag (length-prefixed), offset, properties, produceTime, STOP.
-_MESSAGE: Final = b"%c%%b%%b%c%%b%%b%c%%b%%b%c%%b%c%%b%c%%b\x00" % (
-    KEY_HEADER,
-    VALUE_HEADER,
-    TAG_HEADER,
-    OFFSET_HEADER,
-    PROPERTIES_HEADER,
-    PRODUCE_TIME_HEADER,
-)
+# Message, in MESSAGE_LAYOUT: key, value, tag (length-prefixed), offset, properties, produceTime, STOP;
+# the field headers as the bytes between the values.
+_KEY_FIELD: Final = bytes((KEY_HEADER,))
+_VALUE_FIELD: Final = bytes((VALUE_HEADER,))
+_TAG_FIELD: Final = bytes((TAG_HEADER,))
+_OFFSET_FIELD: Final = bytes((OFFSET_HEADER,))
+_PROPERTIES_FIELD: Final = bytes((PROPERTIES_HEADER,))
+_PRODUCE_TIME_FIELD: Final = bytes((PRODUCE_TIME_HEADER,))
+_NO_PROPERTIES_THEN_TIME: Final = bytes((PROPERTIES_HEADER, 0, PRODUCE_TIME_HEADER))
 
 
 def encode_message(message: ReplyMessage) -> bytes:
     """One ``Message`` struct as the reply carries it (properties always present, maybe empty)."""
+    parts: list[bytes] = []
+    _add_message(parts, message)
+    return b"".join(parts)
+
+
+def _add_message(parts: list[bytes], message: ReplyMessage) -> None:
+    """Appends ``message``'s encoding to ``parts`` (joined once per reply): no bytes object of its own,
+    no formatting; lengths below 2^14 (nearly all) are looked up. Runs once per message delivered."""
+    offset = message.offset
+    produced = message.produce_ms
+    # An i64 shifted right by 63 is 0 or -1; the shift stays a machine-word operation when compiled,
+    # where comparing with the i64 bounds themselves takes the big-integer path.
+    if not (-1 <= offset >> 63 <= 0 and -1 <= produced >> 63 <= 0):
+        raise ValueError(f"offset {offset} or produce time {produced} does not fit a thrift i64")
     key = message.key.encode("utf-8")
     value = message.value
     tag = message.tag.encode("utf-8")
     properties = message.properties
-    offset = message.offset
-    produced = message.produce_ms
-    if not (_I64_MIN <= offset <= _I64_MAX and _I64_MIN <= produced <= _I64_MAX):
-        raise ValueError(f"offset {offset} or produce time {produced} does not fit a thrift i64")
-    # Written out rather than a zigzag or varint call per field: this runs once per message delivered.
-    # Lengths below 2^14 (nearly all) are looked up.
     n_key, n_value, n_tag = len(key), len(value), len(tag)
-    return _MESSAGE % (
+    parts += (
+        _KEY_FIELD,
         SHORT_VARINTS[n_key] if n_key < SHORT_VARINT_LIMIT else varint(n_key),
         key,
+        _VALUE_FIELD,
         SHORT_VARINTS[n_value] if n_value < SHORT_VARINT_LIMIT else varint(n_value),
         value,
+        _TAG_FIELD,
         SHORT_VARINTS[n_tag] if n_tag < SHORT_VARINT_LIMIT else varint(n_tag),
         tag,
+        _OFFSET_FIELD,
         varint((offset << 1) ^ (offset >> 63)),
-        _encode_properties(properties) if properties else _EMPTY_MAP,
-        varint((produced << 1) ^ (produced >> 63)),
     )
+    if properties:
+        parts += (_PROPERTIES_FIELD, _encode_properties(properties), _PRODUCE_TIME_FIELD)
+    else:
+        parts.append(_NO_PROPERTIES_THEN_TIME)
+    parts += (varint((produced << 1) ^ (produced >> 63)), _STOP)
 
 
 #: Most bytes a pull reply frame takes besides its messages: frame and message headers, the seqid, the
@@ -211,7 +212,8 @@ def encode_pull_reply(
         _LIST_NEXT,
         list_header,
     ]
-    parts += map(encode_message, messages)
+    for message in messages:
+        _add_message(parts, message)
     if runs is not None:
         parts.append(_encode_runs(runs))
     parts += (_STOP, _STOP)  # end of PullResponse, end of pull_result

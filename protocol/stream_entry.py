@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, NamedTuple
 
 __all__ = [
     "KEY",
@@ -28,6 +28,7 @@ __all__ = [
     "PROPERTIES",
     "TAG",
     "VALUE",
+    "StoredMessage",
     "decode_properties",
     "encode_entry",
     "encode_properties",
@@ -38,6 +39,19 @@ KEY: Final = b"k"
 TAG: Final = b"t"
 PROPERTIES: Final = b"p"
 PRODUCE_TIME: Final = b"ts"
+
+
+class StoredMessage(NamedTuple):
+    """A message as read from a queue's stream; pull replies carry it as the wire's ``Message``
+    (:mod:`ddmq.protocol.pull_codec`)."""
+
+    offset: int
+    value: bytes
+    key: str
+    tag: str
+    properties: dict[str, str]
+    produce_ms: int
+
 
 _NO_PROPERTIES: Final[dict[str, str]] = {}
 

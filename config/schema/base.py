@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
 
 from pydantic import BaseModel, ConfigDict
 
@@ -12,9 +13,9 @@ ACTION_NAMES: frozenset[str] = frozenset({"Json", "Transit", "Filter", "Order", 
 SINK_ACTIONS: tuple[str, ...] = ("PullServer", "AsyncHttp", "Redis")
 
 #: Order keys that are not JSONPaths.
-ORDER_KEY_QID = "QID"
-ORDER_KEY_KEY = "KEY"
-ORDER_KEY_NONE = "NONE"
+ORDER_KEY_QID: Final = "QID"
+ORDER_KEY_KEY: Final = "KEY"
+ORDER_KEY_NONE: Final = "NONE"
 
 
 class Model(BaseModel):

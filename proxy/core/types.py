@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from ddmq.protocol.pull_codec import REPLY_OVERHEAD_BYTES, message_bytes_bound
+from ddmq.protocol.stream_entry import StoredMessage as StoredMessage  # re-exported: the engine names it from here
 
 
 class QueueId(NamedTuple):
@@ -18,15 +19,6 @@ class QueueId(NamedTuple):
         return f"{self.topic}#{self.qid}"
 
 
-class StoredMessage(NamedTuple):
-    """A message as read from a queue's stream."""
-
-    offset: int
-    value: bytes
-    key: str
-    tag: str
-    properties: dict[str, str]
-    produce_ms: int
 
 
 class FailNote(NamedTuple):

@@ -32,19 +32,21 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Final
 
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 
-log = logging.getLogger(__name__)
+log: Final = logging.getLogger(__name__)
 
-TICK_S = 0.02
+TICK_S: Final = 0.02
 
 # Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
-_IN_FLIGHT = JobState.IN_FLIGHT
-_RETRY_WAIT = JobState.RETRY_WAIT
-_FINISHED = JobState.FINISHED
+# Final: the compiled build keeps them in C statics, where a plain global is a dict lookup per use.
+_IN_FLIGHT: Final = JobState.IN_FLIGHT
+_RETRY_WAIT: Final = JobState.RETRY_WAIT
+_FINISHED: Final = JobState.FINISHED
 
 
 @dataclass

@@ -26,7 +26,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
@@ -41,13 +41,19 @@ from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.store.idle_watch import IdleWatcher
 
-_EMPTY_PROPERTIES: dict[str, str] = {}
+# Final: in the compiled build these are C statics; a plain global (or a name imported from a module
+# that is not compiled) is a dict lookup on every use, and decode_fields runs once per message read.
+_EMPTY_PROPERTIES: Final[dict[str, str]] = {}
+_VALUE: Final = VALUE
+_KEY: Final = KEY
+_TAG: Final = TAG
+_PRODUCE_TIME: Final = PRODUCE_TIME
 #: ``StoredMessage(*fields)`` without the generated ``__new__``'s Python frame (once per message read).
-_new_message: Callable[[tuple[int, bytes, str, str, dict[str, str], int]], StoredMessage] = functools.partial(
+_new_message: Final[Callable[[tuple[int, bytes, str, str, dict[str, str], int]], StoredMessage]] = functools.partial(
     tuple.__new__, StoredMessage
 )
 #: A command option that makes the XREAD callback hand back the unparsed reply.
-_RAW_REPLY = "ddmq_raw_reply"
+_RAW_REPLY: Final = "ddmq_raw_reply"
 #: Queues opened at once by the whole proxy (:attr:`Broker.opening`).
 OPENING_AT_ONCE = 32
 
@@ -111,7 +117,8 @@ def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
     """One entry from XREAD's flat ``[name, value, ...]`` list; ValueError when it cannot be read."""
     if fields is None:
         raise ValueError("the entry has no fields")
-    if len(fields) == 8 and fields[0] == VALUE and fields[2] == KEY and fields[4] == TAG and fields[6] == PRODUCE_TIME:
+    if (len(fields) == 8 and fields[0] == _VALUE and fields[2] == _KEY and fields[4] == _TAG
+            and fields[6] == _PRODUCE_TIME):
         # The producer's layout for a message without properties: no dict needed.
         if entry_id[:2] != b"0-":
             raise ValueError(f"stream entry {entry_id!r} was not written by the ddmq producer")
