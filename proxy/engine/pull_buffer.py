@@ -283,7 +283,7 @@ class PullBuffer(HoldBuffer):
         jobs = self._jobs.get(queue)
         members = self._runs.get(queue)
         stats = self.queue_stats[queue]
-        unwatch = self.redelivery.unwatch
+        redelivery = self.redelivery  # its unwatch called directly: compiled, a bound alias goes through Python
         for offset in offsets:
             job = jobs.get(offset) if jobs is not None else None
             if job is None and members is not None:
@@ -301,7 +301,7 @@ class PullBuffer(HoldBuffer):
                 log.debug("ignoring ack for undelivered offset %s@%s of group %s", queue, offset, self.group)
                 continue
             if job.state is _IN_FLIGHT:
-                unwatch(job)
+                redelivery.unwatch(job)
             else:
                 stats.late_acks += 1
             stats.acked += 1

@@ -38,6 +38,22 @@ def test_unreadable_entries_are_value_errors(entry_id: bytes, fields: list[bytes
         decode_fields(entry_id, fields)
 
 
+@pytest.mark.parametrize("text", [b"0", b"7", b"1763776220123", b"0012", b"9" * 30, b" 12", b"+5", b"-3", b"1_000"])
+def test_numbers_read_from_the_layout_are_what_int_reads(text: bytes) -> None:
+    # what decode_fields reads of the layout is what int() reads
+    fields = [b"v", b"x", b"k", b"", b"t", b"", b"ts", text]
+    message = decode_fields(b"0-" + text.strip(b" +"), fields) if text.strip(b" +").isdigit() else None
+    if message is not None:
+        assert (message.offset, message.produce_ms) == (int(text.strip(b" +")), int(text))
+    assert decode_fields(b"0-1", fields).produce_ms == int(text)
+
+
+@pytest.mark.parametrize("entry_id", [b"0-", b"0-x1", b"0-1x"])
+def test_an_entry_id_without_a_number_is_a_value_error(entry_id: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_fields(entry_id, [b"v", b"x", b"k", b"", b"t", b"", b"ts", b"1"])
+
+
 async def test_read_returns_what_the_producer_wrote(redis_url: str, redis_client: aioredis.Redis) -> None:
     producer = AsyncProducer(redis_url)
     try:
