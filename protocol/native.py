@@ -58,6 +58,8 @@ COMPILED: Final = (
     "ddmq.actions.order",
     "ddmq.actions.pull_server",
     "ddmq.protocol.pull_codec",
+    # which client holds which message (the console's view): two dict operations per message delivered
+    "ddmq.proxy.servers.clients",
     # the wire codec, both sides: varints and the Message layout, the compact reader (requests on the
     # proxy, replies on the clients) and its Message loop, the frame decoder, the writer (acks)
     "ddmq.protocol.layout",

@@ -32,7 +32,7 @@ FORGET_AFTER_MS: Final = 10 * 60 * 1000
 MAX_VERSION_CHARS: Final = 100
 
 _ClientKey = tuple[str, str, str]  # protocol, peer, group
-_Held = tuple[str, str, int, int]  # group, topic, qid, offset
+_Place = tuple[str, str, int]  # group, topic, qid
 
 
 @dataclass(frozen=True)
@@ -49,21 +49,27 @@ class PullClient:
 
 
 class _Client:
-    __slots__ = ("first_ms", "held", "last_ms", "pulls", "version")
+    __slots__ = ("first_ms", "holding", "last_ms", "pulls", "version")
 
     def __init__(self, now: int) -> None:
         self.first_ms = self.last_ms = now
         self.pulls = 0
         self.version: str | None = None
-        self.held: dict[_Held, int] = {}  # -> ack deadline (ms)
+        #: Its entries in the tracker's held map (a forgotten client's stay there until answered or due).
+        self.holding = 0
 
 
 class ClientTracker:
+    """Held messages are kept per queue, offset to (client, ack deadline), and each client counts its
+    own: a pull's messages cost one dict entry each, looked up by offset within their queue's map, as do
+    their results (this runs for every message delivered and acked)."""
+
     def __init__(self, timeout_ms: Callable[[str, str], int], clock_ms: Callable[[], int] | None = None) -> None:
         self._timeout_ms = timeout_ms
         self._now = clock_ms or (lambda: int(time.time() * 1000))
         self._clients: dict[_ClientKey, _Client] = {}
-        self._holder: dict[_Held, _ClientKey] = {}
+        self._held: dict[_Place, dict[int, tuple[_Client, int]]] = {}
+        self._held_count = 0
 
     def pulled(self, protocol: str, peer: str, group: str, version: str | None, batch: PullBatch,
                results: Iterable[QueueResult] = ()) -> None:
@@ -79,32 +85,42 @@ class ClientTracker:
         client.pulls += 1
         if version:
             client.version = version[:MAX_VERSION_CHARS]
-        if batch.queue is None or not batch.messages:
+        queue = batch.queue
+        if queue is None or not batch.messages:
             return
-        topic, qid = batch.queue.topic, batch.queue.qid
-        deadline = now + self._timeout_ms(group, topic)
+        place = (group, queue.topic, queue.qid)
+        held = self._held.get(place)
+        if held is None:
+            held = self._held[place] = {}
+        holding = (client, now + self._timeout_ms(group, queue.topic))
         for message in batch.messages:
-            held = (group, topic, qid, message.offset)
-            if len(self._holder) >= MAX_HELD and held not in self._holder:
-                break
-            previous = self._holder.get(held)
-            if previous is not None and previous != key and previous in self._clients:
-                self._clients[previous].held.pop(held, None)  # redelivered: the other one lost it
-            self._holder[held] = key
-            client.held[held] = deadline
+            offset = message.offset
+            previous = held.get(offset)
+            if previous is None:
+                if self._held_count >= MAX_HELD:
+                    break
+                self._held_count += 1
+            else:
+                previous[0].holding -= 1  # delivered again: whoever had it holds it no more
+            held[offset] = holding
+            client.holding += 1
 
     def answered(self, results: Iterable[QueueResult], group: str | None = None) -> None:
         """Acks and fails arrived: those messages are no longer held by anyone."""
         for result in results:
             owner = result.group or group
-            if owner is None or not result.qid.isdigit():
+            qid = result.qid
+            if owner is None or not (qid.isascii() and qid.isdigit()):
                 continue
-            qid = int(result.qid)
-            for offset in (*result.success, *result.fail):
-                held = (owner, result.topic, qid, offset)
-                key = self._holder.pop(held, None)
-                if key is not None and key in self._clients:
-                    self._clients[key].held.pop(held, None)
+            held = self._held.get((owner, result.topic, int(qid)))
+            if not held:
+                continue
+            for offsets in (result.success, result.fail):
+                for offset in offsets:
+                    holding = held.pop(offset, None)
+                    if holding is not None:
+                        holding[0].holding -= 1
+                        self._held_count -= 1
 
     def clients(self, group: str) -> list[PullClient]:
         """The clients of ``group`` seen within :data:`FORGET_AFTER_MS`, most recent pull first."""
@@ -114,25 +130,23 @@ class ClientTracker:
         for (protocol, peer, name), client in self._clients.items():
             if name == group:
                 found.append(PullClient(protocol, peer, name, client.version, client.first_ms, client.last_ms,
-                                        client.pulls, len(client.held)))
+                                        client.pulls, client.holding))
         return sorted(found, key=lambda c: -c.last_pull_ms)
 
     def _expire(self, now: int) -> None:
         for key in [key for key, client in self._clients.items() if now - client.last_ms > FORGET_AFTER_MS]:
-            self._forget(key)
-        for client in self._clients.values():
-            for held in [held for held, deadline in client.held.items() if deadline <= now]:
-                del client.held[held]
-                self._holder.pop(held, None)
+            del self._clients[key]
+        for place, held in list(self._held.items()):
+            for offset in [offset for offset, (_, deadline) in held.items() if deadline <= now]:
+                held.pop(offset)[0].holding -= 1
+                self._held_count -= 1
+            if not held:
+                del self._held[place]
 
     def _make_room(self, now: int) -> None:
         if len(self._clients) >= MAX_CLIENTS:
             self._expire(now)
         while len(self._clients) >= MAX_CLIENTS:
-            self._forget(min(self._clients, key=lambda key: self._clients[key].last_ms))
-
-    def _forget(self, key: _ClientKey) -> None:
-        client = self._clients.pop(key)
-        for held in client.held:
-            if self._holder.get(held) == key:
-                del self._holder[held]
+            # Forgotten at once; what it held stays in the held map (bounded by MAX_HELD) until answered,
+            # delivered again or due, so that forgetting never walks the map.
+            del self._clients[min(self._clients, key=lambda key: self._clients[key].last_ms)]

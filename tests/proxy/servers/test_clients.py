@@ -70,3 +70,23 @@ def test_the_tracker_forgets_past_deadlines_and_stays_bounded() -> None:
         tracker.pulled("http", f"h:{index}", "g", None, PullBatch(None, []))
     assert len(tracker.clients("g")) == MAX_CLIENTS
     assert tracker.clients("other") == []
+
+
+def test_a_forgotten_client_and_odd_results_leave_the_counts_right() -> None:
+    now = [1_000_000]
+    tracker = ClientTracker(lambda group, topic: 100, clock_ms=lambda: now[0])
+    messages = [StoredMessage(offset, b"v", "k", "", {}, 0) for offset in (1, 2, 3)]
+    tracker.pulled("thrift", "first", "g", None, PullBatch(QueueId("t", 0), messages))
+    for index in range(MAX_CLIENTS):  # the first client is the longest idle: forgotten
+        now[0] += 1
+        tracker.pulled("http", f"h:{index}", "g", None, PullBatch(None, []))
+    assert "first" not in {c.peer for c in tracker.clients("g")}
+    # What it held goes to the client it is delivered to next, and results count against that one.
+    tracker.pulled("thrift", "second", "g", None, PullBatch(QueueId("t", 0), messages[:2]))
+    held = {c.peer: c.in_flight for c in tracker.clients("g") if c.in_flight}
+    assert held == {"second": 2}
+    # qids that are not plain ASCII digits (the superscript two is a digit to str.isdigit) are ignored
+    tracker.answered([QueueResult("g", "t", "\u00b2", [1], []), QueueResult("g", "t", "0", [1, 9], [2])])
+    assert {c.peer: c.in_flight for c in tracker.clients("g") if c.in_flight} == {}
+    now[0] += 200  # offset 3, still with the forgotten client, falls due: nothing is left held
+    assert sum(c.in_flight for c in tracker.clients("g")) == 0 and tracker._held == {}
