@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from jsonpath_ng.ext.parser import parse as parse_jsonpath
 
 #: What a getter returns when the path finds nothing (``None`` is a JSON value: null).
-MISSING: Any = object()
+MISSING: Final[Any] = object()
 
-_SIMPLE_PATH = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_SIMPLE_PATH: Final = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
 def check_jsonpath(path: str) -> str:
@@ -60,7 +60,7 @@ def compile_jsonpath(path: str) -> Callable[[Any], Any]:
     return get_general
 
 
-_PLACEHOLDER = re.compile(r"\{(\$[^}]*)\}")
+_PLACEHOLDER: Final = re.compile(r"\{(\$[^}]*)\}")
 
 #: One part of a key template: literal text, or a getter into the body.
 _Part = str | Callable[[Any], Any]

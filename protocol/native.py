@@ -56,6 +56,9 @@ COMPILED: Final = (
     "ddmq.proxy.engine.redelivery",
     "ddmq.proxy.core.types",
     "ddmq.actions.order",
+    # with a JSONPath order key: the body parsed once per message, and the getter into it
+    "ddmq.actions.json_action",
+    "ddmq.config.jsonpath",
     "ddmq.actions.pull_server",
     "ddmq.protocol.pull_codec",
     # which client holds which message (the console's view): two dict operations per message delivered
