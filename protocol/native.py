@@ -46,6 +46,7 @@ __all__ = [
 COMPILED: Final = (
     "ddmq.proxy.store.broker",
     "ddmq.proxy.api.fetch",
+    "ddmq.proxy.api.consume",
     "ddmq.proxy.groups.group",
     "ddmq.proxy.engine.job",
     "ddmq.proxy.engine.offsets",
