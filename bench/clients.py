@@ -446,7 +446,8 @@ async def sleep_floor(work_ms: list[float], ready: Ready) -> dict[str, Any]:
 class LatencyPair:
     """Long-polling proxy pullers and raw ``XREAD BLOCK`` readers (one per stream) on the same
     streams at the same time; both take ``time.time() - body.ts`` when a message arrives. Messages
-    with ``n < warmup`` are not counted."""
+    with ``n < warmup`` are not counted. ``sides`` runs only some of them (``("proxy",)`` or
+    ``("raw",)``): one process per side, so neither side's messages wait for the other's to be handled."""
 
     port: int
     group: str
@@ -459,15 +460,20 @@ class LatencyPair:
     linger_ms: int = 1000
     block_ms: int = 1000
     timeout_s: float = 120.0
+    sides: tuple[str, ...] = ("proxy", "raw")
 
 
 async def latency_pair(spec: LatencyPair, ready: Ready) -> dict[str, Any]:
-    clients = await _connected(spec.port, spec.connections)
-    readers = [async_redis(spec.redis_url) for _ in spec.streams]
+    clients = await _connected(spec.port, spec.connections) if "proxy" in spec.sides else []
+    readers = [async_redis(spec.redis_url) for _ in spec.streams] if "raw" in spec.sides else []
     await asyncio.gather(*(reader.ping() for reader in readers))
     proxy_ms: dict[int, float] = {}
     raw_ms: dict[int, float] = {}
     proxy_done, raw_done = asyncio.Event(), asyncio.Event()
+    if "proxy" not in spec.sides:
+        proxy_done.set()
+    if "raw" not in spec.sides:
+        raw_done.set()
     tasks: list[asyncio.Task[None]] = []
     try:
         ready()

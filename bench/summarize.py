@@ -16,7 +16,7 @@ and the clients' together, out of the machine's cores); for P1 also the clients'
 clients against ``bench/replay.py``'s stand-in server, no engine, no Redis); for P3 the ratio, the
 client's own floor (``floor_ratio``: the same work fed from memory) and the ratio divided by it, and
 the proxy's CPU µs per message and the cores the proxy and the clients kept busy; for P4 the p50 and
-p99 ratios and latencies.
+p99 ratios and latencies, and the same for P4s (each side in a client process of its own).
 """
 
 from __future__ import annotations
@@ -148,6 +148,11 @@ def _figures() -> list[Figure]:
         Figure("P4 proxy p99 ms", _field("P4", "proxy_ms", "p99_ms"), 2),
         Figure("P4 baseline p50 ms", _field("P4", "baseline_ms", "p50_ms"), 2),
         Figure("P4 baseline p99 ms", _field("P4", "baseline_ms", "p99_ms"), 2),
+        # each side in a client process of its own (neither side's messages wait behind the other's)
+        Figure("P4s p50 ratio", _field("P4s", "ratio_p50"), 3),
+        Figure("P4s p99 ratio", _field("P4s", "ratio_p99"), 3),
+        Figure("P4s proxy p50 ms", _field("P4s", "proxy_ms", "p50_ms"), 2),
+        Figure("P4s baseline p50 ms", _field("P4s", "baseline_ms", "p50_ms"), 2),
     ]
     return [f if f.name not in TARGETS else Figure(f.name, f.get, f.digits, TARGETS[f.name]) for f in figures]
 

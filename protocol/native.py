@@ -36,9 +36,10 @@ __all__ = [
 ]
 
 #: The modules a regular install compiles, as they import. The per-message path of the proxy (reading,
-#: the chain, the key gate, the buffer, the timing wheel, offsets, acks, the pull reply) and the wire
-#: codec both sides run per message (request and reply decoding, the compact reader and its
-#: ``Message`` loop, the varints). Each earns its place in ``python bench/micro.py``. Left out on
+#: the chain, the key gate, the buffer, the timing wheel, offsets, acks, the pull reply, the request
+#: surface) and the wire codec both sides run per message (request and reply decoding, the compact
+#: reader and its ``Message`` loop, the varints). Each earns its place in ``python bench/micro.py`` or
+#: ``bench/instructions.py``. Left out on
 #: purpose: coroutines at the top of tasks (the Thrift server, the readers, the service, a consumer's
 #: ownership task), whose cancellation a compiled frame reports differently (a compiled ownership task
 #: left a second proxy of the same process unable to open the queues it claimed), and ``protocol/structs.py`` (thriftpy2

@@ -33,6 +33,8 @@ class UpstreamJobBlockingQueue:
         self._main: deque[UpstreamJob] = deque()
         self._reactivated: deque[UpstreamJob] = deque()
         self._nonempty = asyncio.Event()
+        #: Mirrors ``_nonempty``: Event.set() is a Python call, and put() runs once per message read.
+        self._signalled = False
 
     def put(self, job: UpstreamJob) -> bool:
         """Add a job in queue order; returns True when it is runnable now (head of its key)."""
@@ -47,7 +49,9 @@ class UpstreamJobBlockingQueue:
             self._heads[key] = job
         job.state = _RUNNABLE
         self._main.append(job)
-        self._nonempty.set()
+        if not self._signalled:
+            self._signalled = True
+            self._nonempty.set()
         return True
 
     def release(self, job: UpstreamJob) -> UpstreamJob | None:
@@ -66,7 +70,9 @@ class UpstreamJobBlockingQueue:
         if successor.state is _WAITING:
             successor.state = _RUNNABLE
             self._reactivated.append(successor)
-            self._nonempty.set()
+            if not self._signalled:
+                self._signalled = True
+                self._nonempty.set()
         # Otherwise the successor went out in the same ordered run as ``job`` and is in flight already
         # (see ``PullBuffer``): it is the key's head now, with nothing to run.
         return successor
@@ -77,6 +83,7 @@ class UpstreamJobBlockingQueue:
             return self._reactivated.popleft()
         if self._main:
             return self._main.popleft()
+        self._signalled = False
         self._nonempty.clear()
         return None
 

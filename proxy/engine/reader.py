@@ -19,7 +19,7 @@ from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.expiry import count_expired
 from ddmq.proxy.engine.offsets import OffsetTracker
-from ddmq.proxy.store.broker import Broker, ForeignEntry
+from ddmq.proxy.store.broker import Broker, ForeignEntry, ReadLink
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class ReaderHost(QueueConsumer, Protocol):
     def read_audit(self) -> ReadAuditLog | None: ...
 
     async def wait_for_room(self) -> int: ...
+    def has_room(self) -> bool: ...
     def may_serve(self, qid: int) -> bool: ...
     async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None: ...
     async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None: ...
@@ -93,7 +94,9 @@ class QueueReader:
     """Reads queue ``qid`` from where ``tracker`` stands, for ``consumer``, under lease ``term``."""
 
     # One per queue held, thousands in a proxy: no instance dict.
-    __slots__ = ("_checked", "_first_gap", "_stopping", "_task", "consumer", "qid", "queue", "term", "tracker")
+    __slots__ = (
+        "_checked", "_first_gap", "_link", "_stopping", "_task", "consumer", "qid", "queue", "term", "tracker",
+    )
 
     def __init__(self, consumer: ReaderHost, qid: int, tracker: OffsetTracker, term: int = 0) -> None:
         self.consumer = consumer
@@ -108,6 +111,8 @@ class QueueReader:
         self._checked = 0
         #: A rollback's gap taken from the consumer before the first read (see ``_take_gap``).
         self._first_gap: int | None = None
+        #: The connection this reader reads on while its queue is busy; given back while it is idle.
+        self._link = ReadLink()
 
     def start(self) -> None:
         if self._task is not None:
@@ -171,7 +176,19 @@ class QueueReader:
     async def _wanted(self) -> int:
         """How many messages the next read may ask for: the consumer's room and its rate limit."""
         consumer = self.consumer
-        room = await consumer.wait_for_room()
+        if consumer.has_room():
+            room = await consumer.wait_for_room()
+        else:
+            # A full consumer's readers may wait long (thousands of queues with a backlog): past a whole
+            # block they give their connection back, as idle ones do; a short wait (room comes back as
+            # clients ack) keeps it, rather than take one from the pool again for the next read.
+            handle = asyncio.get_running_loop().call_later(
+                READ_BLOCK_MS / 1000, consumer.broker.drop_link, self._link
+            )
+            try:
+                room = await consumer.wait_for_room()
+            finally:
+                handle.cancel()
         # Looked up per batch, not once: a config reload may change them in place.
         wanted = min(consumer.config.read_batch_size, room)
         limiter = consumer.limiter
@@ -190,12 +207,20 @@ class QueueReader:
         connections = consumer.broker.connections
         if connections.count != self._checked and not await self._stream_intact(tracker, None):
             return None
-        messages = await consumer.broker.read(consumer.topic, self.qid, tracker.next_offset - 1, wanted, block_ms)
+        messages = await consumer.broker.read(
+            consumer.topic, self.qid, tracker.next_offset - 1, wanted, block_ms, self._link
+        )
         if connections.count != self._checked and not await self._stream_intact(tracker, messages):
             return None
         return messages
 
     async def _run(self) -> None:
+        try:
+            await self._read_on()
+        finally:
+            self.consumer.broker.drop_link(self._link)
+
+    async def _read_on(self) -> None:
         consumer = self.consumer
         broker = consumer.broker
         tracker = self.tracker
@@ -215,6 +240,7 @@ class QueueReader:
                 # Awaited here, not in a helper coroutine: an idle queue's reader waits here for long,
                 # and each frame of the chain it waits in is kept per queue.
                 idle = False
+                broker.drop_link(self._link)  # an idle queue holds no connection of its own
                 try:
                     await broker.wait_for_entries(consumer.topic, self.qid, tracker.next_offset - 1)
                     block = None

@@ -222,6 +222,10 @@ class TopicConsumer:
         """Write ``qid``'s commit point now if it moved (see OffsetCommitter.commit)."""
         await self.commits.commit(qid)
 
+    def has_room(self) -> bool:
+        """Whether a reader may read now (:meth:`wait_for_room` would not wait)."""
+        return self.unfinished < self.config.concurrency
+
     async def wait_for_room(self) -> int:
         """Wait until fewer than ``concurrency`` jobs are unfinished; returns the room left."""
         while True:

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from ddmq.config.schema import TopicGroupConfig
 from ddmq.protocol.queues import ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
+from ddmq.proxy.engine.reader import READ_BLOCK_MS
 
 from ...support import OrderChecker
 from ..consumers import Proxy, consume_all, deliver, produce
@@ -192,4 +193,54 @@ async def test_idle_readers_whose_watch_fails_read_on_their_own_and_lose_nothing
         await until_idle(proxy, queues)
         await produce(redis_url, produced, keys)
         await consume_all([(proxy, 0)], checker, produced)
+    assert checker.violations == [] and checker.missing(produced) == {} and checker.duplicates == 0
+
+
+async def test_busy_readers_read_on_their_own_connection_and_a_killed_one_loses_nothing(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    queues = 4
+    await ensure_topic(redis_client, "t", queues)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    keys = [f"k{i % 7}" for i in range(240)]
+    config = TopicGroupConfig(concurrency=8, read_batch_size=4)  # many small reads per queue
+    async with Proxy(redis_client, "p1", config) as proxy:
+        await proxy.wait_held(set(range(queues)))
+        await produce(redis_url, produced, keys)
+        readers = proxy.consumer.owned.readers()
+        async with asyncio.timeout(10):
+            while not all(reader._link.connection for reader in readers):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        # Kill the readers' own connections mid-backlog (as a network fault would): each read on one fails,
+        # the reader backs off, reads again on a new connection (checking its stream first) and goes on.
+        for reader in readers:
+            connection = reader._link.connection
+            assert connection is not None and connection._writer is not None
+            host, port = connection._writer.get_extra_info("sockname")[:2]
+            assert await redis_client.client_kill_filter(addr=f"{host}:{port}", skipme=True) == 1
+        await consume_all([(proxy, 0)], checker, produced, concurrency=8)
+        # Idle again: the readers wait in the watcher and hold no connection of their own.
+        await until_idle(proxy, queues)
+        assert [reader._link.connection for reader in proxy.consumer.owned.readers()] == [None] * queues
+    assert checker.violations == [] and checker.missing(produced) == {} and checker.duplicates == 0
+
+
+async def test_readers_of_a_full_consumer_give_their_connection_back_after_a_block(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    queues = 3
+    await ensure_topic(redis_client, "t", queues)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    await produce(redis_url, produced, [f"k{i % 5}" for i in range(90)])
+    async with Proxy(redis_client, "p1", TopicGroupConfig(concurrency=6, read_batch_size=2)) as proxy:
+        await proxy.wait_held(set(range(queues)))
+        async with asyncio.timeout(10):
+            while proxy.consumer.has_room():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        # Nobody pulls: the readers wait for room, and after a whole block without it hold no connection.
+        await asyncio.sleep(READ_BLOCK_MS / 1000 + 0.5)
+        assert [reader._link.connection for reader in proxy.consumer.owned.readers()] == [None] * queues
+        await consume_all([(proxy, 0)], checker, produced, concurrency=6)
     assert checker.violations == [] and checker.missing(produced) == {} and checker.duplicates == 0
