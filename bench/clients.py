@@ -465,7 +465,8 @@ class LatencyPair:
 
 async def latency_pair(spec: LatencyPair, ready: Ready) -> dict[str, Any]:
     clients = await _connected(spec.port, spec.connections) if "proxy" in spec.sides else []
-    readers = [async_redis(spec.redis_url) for _ in spec.streams] if "raw" in spec.sides else []
+    streams = spec.streams if "raw" in spec.sides else ()
+    readers = [async_redis(spec.redis_url) for _ in streams]
     await asyncio.gather(*(reader.ping() for reader in readers))
     proxy_ms: dict[int, float] = {}
     raw_ms: dict[int, float] = {}
@@ -481,7 +482,7 @@ async def latency_pair(spec: LatencyPair, ready: Ready) -> dict[str, Any]:
         tasks = [asyncio.create_task(_latency_puller(c, spec, proxy_ms, proxy_done)) for c in clients]
         tasks += [
             asyncio.create_task(_latency_reader(r, stream, spec, raw_ms, raw_done))
-            for r, stream in zip(readers, spec.streams, strict=True)
+            for r, stream in zip(readers, streams, strict=True)
         ]
         both = asyncio.Event()
 
