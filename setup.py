@@ -74,6 +74,10 @@ def _compiled() -> dict[str, Any]:
     # paths, so give it that layout through symlinks (as .ci/run does for mypy).
     root = BUILD / "src"
     (root / "ddmq").mkdir(parents=True, exist_ok=True)
+    # A regular package here, not a namespace: mypy takes an installed copy (typed, py.typed) over a
+    # namespace package's modules, so over an older install the build would type-check this code
+    # against the installed modules that are not compiled, and fail on anything new in them.
+    (root / "ddmq" / "__init__.py").touch()
     for part in FOLDERS:
         link = root / "ddmq" / part
         if link.is_symlink():
