@@ -78,7 +78,6 @@ _STRING_NEXT: Final = b"\x18"  # next field id, BINARY (strings and binaries ali
 _STRUCT_NEXT: Final = b"\x1c"
 _LIST_NEXT: Final = b"\x19"
 _STOP: Final = b"\x00"
-_EMPTY_MAP: Final = b"\x00"
 _STRING_PAIR: Final = b"\x88"  # map<string, string>: key and value type BINARY
 _STRUCT_LIST_MANY: Final = 0xFC  # list<struct> of 15 or more: 0xF0 | STRUCT, then the size
 _STRUCT_ELEMENT: Final = 0x0C

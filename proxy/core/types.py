@@ -19,8 +19,6 @@ class QueueId(NamedTuple):
         return f"{self.topic}#{self.qid}"
 
 
-
-
 class FailNote(NamedTuple):
     """A failure in the client's words (the wire's ``FailDetail``): ``retry_after_ms`` asks for the next
     attempt that many milliseconds from now (None: the group's retry interval); ``reason`` becomes the

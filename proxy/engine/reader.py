@@ -19,7 +19,8 @@ from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.expiry import count_expired
 from ddmq.proxy.engine.offsets import OffsetTracker
-from ddmq.proxy.store.broker import Broker, ForeignEntry, ReadLink
+from ddmq.proxy.store.broker import Broker, ForeignEntry
+from ddmq.proxy.store.read_link import ReadLink
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,9 @@ class ReaderHost(QueueConsumer, Protocol):
     def read_audit(self) -> ReadAuditLog | None: ...
 
     async def wait_for_room(self) -> int: ...
-    def has_room(self) -> bool: ...
+    @property
+    def unfinished(self) -> int:
+        """Jobs read and not finished; readers read while it is under ``config.concurrency``."""
     def may_serve(self, qid: int) -> bool: ...
     async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None: ...
     async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None: ...
@@ -176,14 +179,14 @@ class QueueReader:
     async def _wanted(self) -> int:
         """How many messages the next read may ask for: the consumer's room and its rate limit."""
         consumer = self.consumer
-        if consumer.has_room():
+        if consumer.unfinished < consumer.config.concurrency:
             room = await consumer.wait_for_room()
         else:
             # A full consumer's readers may wait long (thousands of queues with a backlog): past a whole
             # block they give their connection back, as idle ones do; a short wait (room comes back as
             # clients ack) keeps it, rather than take one from the pool again for the next read.
             handle = asyncio.get_running_loop().call_later(
-                READ_BLOCK_MS / 1000, consumer.broker.drop_link, self._link
+                READ_BLOCK_MS / 1000, consumer.broker.links.drop, self._link
             )
             try:
                 room = await consumer.wait_for_room()
@@ -215,73 +218,62 @@ class QueueReader:
         return messages
 
     async def _run(self) -> None:
-        try:
-            await self._read_on()
-        finally:
-            self.consumer.broker.drop_link(self._link)
-
-    async def _read_on(self) -> None:
         consumer = self.consumer
         broker = consumer.broker
         tracker = self.tracker
-        queue = self.queue
         self._checked = broker.connections.count
         backoff = 0.1
-        # A new reader starts in the idle watcher, which tells it whether its queue holds anything (a
-        # proxy opening thousands of queues sends no read per queue), unless it has a rollback's gap
-        # to step over: that takes a read finding nothing past its position.
+        # A new reader starts in the idle watcher (a proxy opening thousands of queues sends no read per
+        # queue), unless it has a rollback's gap to step over: that takes a read finding nothing.
         self._first_gap = consumer.take_gap(self.qid)
         idle = broker.idle is not None and self._first_gap is None  # the last read found nothing
         block: int | None = READ_BLOCK_MS
-        while not self._stopping:
-            if idle and broker.idle is not None:
-                # Nothing came for a whole block: stop blocking on this stream alone and wait with the
-                # other idle queues; once the watcher saw an entry, read it without blocking.
-                # Awaited here, not in a helper coroutine: an idle queue's reader waits here for long,
-                # and each frame of the chain it waits in is kept per queue.
-                idle = False
-                broker.drop_link(self._link)  # an idle queue holds no connection of its own
-                try:
-                    await broker.wait_for_entries(consumer.topic, self.qid, tracker.next_offset - 1)
-                    block = None
-                except BrokerError as exc:  # Redis failed meanwhile: check the stream, then block on it
-                    block, self._checked = READ_BLOCK_MS, -1
-                    log.debug("%s#%s: %s", consumer.topic, self.qid, exc)
-            wanted = await self._wanted()
-            if not consumer.may_serve(self.qid):
-                # Not confirmed lately (e.g. the process was paused past its TTL): read nothing under a
-                # term that may be gone until the lease loop renews it or drops the queue.
-                await asyncio.sleep(_LEASE_WAIT_S)
-                continue
-            try:
-                try:
-                    messages = await self._read(tracker, wanted, block)
-                except ForeignEntry as entry:
-                    await consumer.skip_foreign(self.qid, tracker, entry)
+        try:
+            while not self._stopping:
+                if idle and broker.idle is not None:
+                    # Nothing came for a whole block: wait with the other idle queues, then read without
+                    # blocking. Awaited here, not in a helper: each frame an idle reader waits in is kept.
+                    idle = False
+                    broker.links.drop(self._link)  # an idle queue holds no connection of its own
+                    try:
+                        await broker.wait_for_entries(consumer.topic, self.qid, tracker.next_offset - 1)
+                        block = None
+                    except BrokerError as exc:  # Redis failed meanwhile: check the stream, then block on it
+                        block, self._checked = READ_BLOCK_MS, -1
+                        log.debug("%s#%s: %s", consumer.topic, self.qid, exc)
+                wanted = await self._wanted()
+                if not consumer.may_serve(self.qid):
+                    # Not confirmed lately (paused past its TTL?): nothing under a term that may be gone.
+                    await asyncio.sleep(_LEASE_WAIT_S)
                     continue
-            except BrokerError as exc:
-                self._checked = -1  # check the stream once Redis answers again
-                log.warning("%s#%s: %s; retrying in %.1fs", consumer.topic, self.qid, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            backoff = 0.1
-            block = READ_BLOCK_MS  # blocks on its own stream until a whole block passes without a message
-            if messages is None or self._stopping:
-                return  # rolled back, or stopping: not tracked, so never committed (read again later)
-            if not messages:
-                gap = self._take_gap()
-                if gap is not None:
-                    # Nothing past what was read, and producers write past ``gap`` (the sequence was
-                    # raised there after a rollback): the offsets up to it will never exist.
-                    tracker.skip_to(gap + 1)
-                idle = True
-                continue
-            if not consumer.may_serve(self.qid):
-                continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
-            await self._took(tracker, messages)
-            await consumer.accept(queue, messages)
-
+                try:
+                    try:
+                        messages = await self._read(tracker, wanted, block)
+                    except ForeignEntry as entry:
+                        await consumer.skip_foreign(self.qid, tracker, entry)
+                        continue
+                except BrokerError as exc:
+                    self._checked = -1  # check the stream once Redis answers again
+                    log.warning("%s#%s: %s; retrying in %.1fs", consumer.topic, self.qid, exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                backoff = 0.1
+                block = READ_BLOCK_MS  # blocks on its own stream until a whole block passes without one
+                if messages is None or self._stopping:
+                    return  # rolled back, or stopping: not tracked, so never committed (read again later)
+                if not messages:
+                    gap = self._take_gap()
+                    if gap is not None:  # nothing past what was read, and producers write past ``gap``
+                        tracker.skip_to(gap + 1)  # (raised there after a rollback): the rest never exists
+                    idle = True
+                    continue
+                if not consumer.may_serve(self.qid):
+                    continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
+                await self._took(tracker, messages)
+                await consumer.accept(self.queue, messages)
+        finally:
+            broker.links.drop(self._link)
 
 def _report_crash(task: asyncio.Task[None]) -> None:
     # A function, not a bound method: a reader's task keeps its callback for as long as it runs.

@@ -75,17 +75,14 @@ class TopicConsumer:
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         self.chain: list[Action] = build_chain(config.actions, self)
-        #: The chain's ``act`` methods, bound once: the compiled build would otherwise look each one up
-        #: and bind it again for every job.
+        #: The chain's ``act`` methods, bound once (compiled, a lookup and a binding per job otherwise).
         self._acts: list[Callable[[UpstreamJob], Status]] = [action.act for action in self.chain]
-        #: A pull chain ends with PullServer: a job at this index has nothing else left to run.
-        self._last_action = len(self.chain) - 1
+        self._last_action = len(self.chain) - 1  # a pull chain ends with PullServer: nothing left after it
         #: One duration observer per action of the chain (set by ProxyMetrics.instrument), or None.
         self.action_timers: list[Callable[[float], None]] | None = None
         #: The topic's number of queues, once its metadata is known (0 until then).
         self.queues = 0
-        #: One state per queue (lease, offsets, reader, hand-off, rollbacks), acted on by ownership,
-        #: commits and the readers.
+        #: One state per queue (lease, offsets, reader, hand-off, rollbacks): ownership, commits, readers.
         self.owned = OwnedQueues(lease_config.ttl_ms / 1000)
         self.unfinished = 0
         self._tags = frozenset(config.tags)
@@ -222,10 +219,6 @@ class TopicConsumer:
         """Write ``qid``'s commit point now if it moved (see OffsetCommitter.commit)."""
         await self.commits.commit(qid)
 
-    def has_room(self) -> bool:
-        """Whether a reader may read now (:meth:`wait_for_room` would not wait)."""
-        return self.unfinished < self.config.concurrency
-
     async def wait_for_room(self) -> int:
         """Wait until fewer than ``concurrency`` jobs are unfinished; returns the room left."""
         while True:
@@ -241,8 +234,7 @@ class TopicConsumer:
         tracker = self.owned.tracker(queue.qid)
         if tracker is None:
             return  # dropped meanwhile: untracked, so the queue's next reader reads them again
-        # tracker.track and self.run are called as such, not through local aliases: the compiled build
-        # calls them directly, where an alias is a bound method object called through Python.
+        # tracker.track and self.run without local aliases: compiled, an alias is a call through Python
         tags = self._tags
         counters = self.counters
         concurrency = self.config.concurrency

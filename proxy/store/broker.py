@@ -20,7 +20,6 @@ the reads over many queues and the multi-key reads of offsets: those are split p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import json
@@ -41,6 +40,7 @@ from ddmq.protocol.stream_entry import KEY, PRODUCE_TIME, TAG, VALUE
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.store.idle_watch import IdleWatcher
+from ddmq.proxy.store.read_link import ReadLink, ReadLinks
 
 # Final: in the compiled build these are C statics; a plain global (or a name imported from a module
 # that is not compiled) is a dict lookup on every use, and decode_fields runs once per message read.
@@ -145,21 +145,6 @@ def read_mark(n: int, message: StoredMessage | None) -> list[str | int]:
     return [message.offset, message.produce_ms, hashlib.sha1(message.value).hexdigest()]
 
 
-class ReadLink:
-    """A queue reader's own connection while its queue keeps it reading (:meth:`Broker.read`): one
-    ``XREAD`` after another on it, without redis-py's per-command path (taking a connection from the
-    pool and checking it, the retry wrapper, the observability hooks, giving it back: about as much
-    Python per read as decoding the batch). The reader gives it back when it goes to wait with the idle
-    queues or stops (:meth:`Broker.drop_link`); after a failed or cancelled read it is closed and given
-    back at once (its state is unknown), and the next read takes another from the pool, which a
-    :class:`ConnectionCounter` counts as any new connection."""
-
-    __slots__ = ("connection",)
-
-    def __init__(self) -> None:
-        self.connection: AbstractConnection | None = None
-
-
 class ConnectionCounter:
     """Counts the connections redis-py opens (``redis_connect_func``). Every command after a Redis
     restart runs on a new connection, so a reader that sees the count change knows Redis may have
@@ -201,10 +186,9 @@ class Broker:
         #: Connections opened so far (0 forever when the client was made without the counter).
         self.connections = connections or ConnectionCounter()
         self._raw_reads = redis.get_connection_kwargs().get("protocol") in (None, 2, "2")
-        #: Reads on a reader's own connection (:class:`ReadLink`): one server, RESP2 replies.
+        #: Reads on a reader's own connection (:mod:`~ddmq.proxy.store.read_link`): one server, RESP2.
         self._linked_reads = self._raw_reads and not self.cluster
-        #: Connections of links being handed back to the pool.
-        self._releasing: set[asyncio.Task[None]] = set()
+        self.links = ReadLinks(None if isinstance(redis, RedisCluster) else redis.connection_pool)
         if self._raw_reads:
             parse = redis.response_callbacks["XREAD"]
             redis.set_response_callback("XREAD", _xread_callback(parse))
@@ -234,38 +218,7 @@ class Broker:
         """Stop watching idle queues (after the readers stopped; before the client closes)."""
         if self.idle is not None:
             await self.idle.close()
-        while self._releasing:
-            await asyncio.gather(*self._releasing, return_exceptions=True)
-
-    def drop_link(self, link: ReadLink, close: bool = False) -> None:
-        """Hand ``link``'s connection back to the pool (closed first with ``close``), if it holds one.
-        Not a coroutine, so a reader being cancelled can call it: a task does the handing back."""
-        connection, link.connection = link.connection, None
-        if connection is None:
-            return
-        task = asyncio.create_task(self._give_back(connection, close), name="read-link-release")
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
-
-    async def _give_back(self, connection: AbstractConnection, close: bool) -> None:
-        pool = self.redis.connection_pool
-        try:
-            if close:
-                await connection.disconnect()
-        finally:
-            with contextlib.suppress(KeyError):  # the pool was reset meanwhile (the client closed)
-                await pool.release(connection)
-
-    async def _read_linked(self, link: ReadLink, args: tuple[EncodableT, ...]) -> Any:
-        connection = link.connection
-        if connection is None:
-            connection = link.connection = await self.redis.connection_pool.get_connection()
-        try:
-            await connection.send_command("XREAD", *args)
-            return await connection.read_response()
-        except BaseException:
-            self.drop_link(link, close=True)
-            raise
+        await self.links.close()
 
     def wait_for_entries(self, topic: str, qid: int, after: int) -> Awaitable[None]:
         """Wait, with the other idle queues, until the queue holds an entry after offset ``after``;
@@ -293,7 +246,7 @@ class Broker:
                 block = () if block_ms is None else ("BLOCK", block_ms)
                 args = ("COUNT", count, *block, "STREAMS", stream, keys.stream_id_after(after))
                 if link is not None and self._linked_reads:
-                    reply: Any = await self._read_linked(link, args)
+                    reply: Any = await self.links.xread(link, args)
                 else:
                     reply = await self.redis.execute_command("XREAD", *args, **{_RAW_REPLY: True})
             else:

@@ -237,7 +237,7 @@ async def test_readers_of_a_full_consumer_give_their_connection_back_after_a_blo
     async with Proxy(redis_client, "p1", TopicGroupConfig(concurrency=6, read_batch_size=2)) as proxy:
         await proxy.wait_held(set(range(queues)))
         async with asyncio.timeout(10):
-            while proxy.consumer.has_room():  # noqa: ASYNC110
+            while proxy.consumer.unfinished < 6:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
         # Nobody pulls: the readers wait for room, and after a whole block without it hold no connection.
         await asyncio.sleep(READ_BLOCK_MS / 1000 + 0.5)
