@@ -46,6 +46,7 @@ from redis.exceptions import ResponseError
 from ddmq.protocol import keys
 from ddmq.protocol.connection import REDIS_FAILURES
 from ddmq.proxy.core.errors import BrokerError
+from ddmq.proxy.store.read_link import give_back
 
 log = logging.getLogger(__name__)
 
@@ -282,17 +283,9 @@ class IdleWatcher:
 
     def _release(self, link: _Link) -> None:
         """Hand ``link``'s connection back to the pool, closed (its state is unknown)."""
-        task = asyncio.create_task(self._close_link(link), name="idle-watch-release")
+        task = asyncio.create_task(give_back(self._redis.connection_pool, link.connection), name="idle-watch-release")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _close_link(self, link: _Link) -> None:
-        pool = self._redis.connection_pool
-        try:
-            await link.connection.disconnect()
-        finally:
-            with contextlib.suppress(KeyError):  # the pool was reset meanwhile (the client closed)
-                await pool.release(link.connection)
 
     async def close(self) -> None:
         """Stop watching (every waiter left gets :class:`BrokerError`) and hand the connections back."""

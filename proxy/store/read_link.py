@@ -19,7 +19,17 @@ from typing import Any
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.typing import EncodableT
 
-__all__ = ["ReadLink", "ReadLinks"]
+__all__ = ["ReadLink", "ReadLinks", "give_back"]
+
+
+async def give_back(pool: ConnectionPool, connection: AbstractConnection, close: bool = True) -> None:
+    """Hand a connection taken from ``pool`` back to it, closed first with ``close`` (its state unknown)."""
+    try:
+        if close:
+            await connection.disconnect()
+    finally:
+        with contextlib.suppress(KeyError):  # the pool was reset meanwhile (the client closed)
+            await pool.release(connection)
 
 
 class ReadLink:
@@ -65,12 +75,7 @@ class ReadLinks:
 
     async def _give_back(self, connection: AbstractConnection, close: bool) -> None:
         assert self._pool is not None
-        try:
-            if close:
-                await connection.disconnect()
-        finally:
-            with contextlib.suppress(KeyError):  # the pool was reset meanwhile (the client closed)
-                await self._pool.release(connection)
+        await give_back(self._pool, connection, close)
 
     async def close(self) -> None:
         """Wait until every connection being handed back is back."""
