@@ -12,6 +12,8 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from ddmq.config.schema import TopicGroupConfig
@@ -182,22 +184,35 @@ class QueueReader:
         if consumer.unfinished < consumer.config.concurrency:
             room = await consumer.wait_for_room()
         else:
-            # A full consumer's readers may wait long (thousands of queues with a backlog): past a whole
-            # block they give their connection back, as idle ones do; a short wait (room comes back as
-            # clients ack) keeps it, rather than take one from the pool again for the next read.
-            handle = asyncio.get_running_loop().call_later(
-                READ_BLOCK_MS / 1000, consumer.broker.links.drop, self._link
-            )
-            try:
+            with self._link_kept_for_a_block():
                 room = await consumer.wait_for_room()
-            finally:
-                handle.cancel()
         # Looked up per batch, not once: a config reload may change them in place.
         wanted = min(consumer.config.read_batch_size, room)
         limiter = consumer.limiter
         if limiter is not None:
             wanted = await limiter.take(wanted)
         return wanted
+
+    @contextmanager
+    def _link_kept_for_a_block(self) -> Iterator[None]:
+        """Around a wait for the consumer's room: a full consumer's readers may wait long (thousands of
+        queues with a backlog), so past a whole block they give their connection back, as idle ones do;
+        a short wait (room comes back as clients ack) keeps it, rather than take one again to read."""
+        drop = self.consumer.broker.links.drop
+        handle = asyncio.get_running_loop().call_later(READ_BLOCK_MS / 1000, drop, self._link)
+        try:
+            yield
+        finally:
+            handle.cancel()
+
+    async def _accept(self, messages: list[StoredMessage]) -> None:
+        """Hand a read's batch to the consumer, which holds what it has no room for until it has."""
+        consumer = self.consumer
+        if consumer.unfinished + len(messages) <= consumer.config.concurrency:
+            await consumer.accept(self.queue, messages)
+            return
+        with self._link_kept_for_a_block():
+            await consumer.accept(self.queue, messages)
 
     async def _read(self, tracker: OffsetTracker, wanted: int, block_ms: int | None) -> list[StoredMessage] | None:
         """One read from where ``tracker`` stands; None when Redis rolled back (the queue is dropped).
@@ -271,7 +286,7 @@ class QueueReader:
                 if not consumer.may_serve(self.qid):
                     continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
                 await self._took(tracker, messages)
-                await consumer.accept(self.queue, messages)
+                await self._accept(messages)
         finally:
             broker.links.drop(self._link)
 
