@@ -28,7 +28,6 @@ being read or decoded at once, over all connections (a frame waits for room with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import Sequence
@@ -235,8 +234,7 @@ class ThriftServer:
         self.connections += 1
         channel = None
         try:
-            with contextlib.suppress(OSError):  # a peer already gone: the transport says so next
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _, channel = await asyncio.get_running_loop().connect_accepted_socket(FrameChannel, sock)
             log.debug("thrift connection from %s", peer)
             await self._serve_frames(channel, connection)
