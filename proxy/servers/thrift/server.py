@@ -4,9 +4,8 @@ A thin adapter: it reads frames, decodes them with :mod:`ddmq.protocol.wire` and
 :class:`~ddmq.proxy.servers.thrift.handler.ThriftHandler`, which calls one method of the
 :class:`~ddmq.proxy.api.surface.ConsumeService` and encodes the answer. This module owns the connections and
 frames; request rules, ordering, offsets and retries live behind the service. Built on a
-:class:`~ddmq.proxy.servers.listener.Listener` and a protocol of its own
-(:class:`~ddmq.proxy.servers.thrift.channel.FrameChannel`) rather than thriftpy2's server so that every
-frame is size-checked before it is buffered and every payload is decoded by the bounded reader.
+:class:`~ddmq.proxy.servers.listener.Listener` and asyncio streams rather than thriftpy2's server so that
+every frame is size-checked before it is buffered and every payload is decoded by the bounded reader.
 
 Per connection, requests are served one after another (a long-poll ``pull`` holds its connection);
 connections are served concurrently. A frame whose declared length is not in ``1..max_frame_bytes``
@@ -41,12 +40,12 @@ from ddmq.protocol.wire import (
     FrameDecodeError,
     FrameRefusedError,
     decode,
+    frame_length,
 )
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS, ConsumeService
 from ddmq.proxy.servers.byte_budget import ByteBudget
 from ddmq.proxy.servers.clients import ClientTracker
 from ddmq.proxy.servers.listener import Evictions, Listener, parse_networks
-from ddmq.proxy.servers.thrift.channel import ChannelClosedError, FrameChannel
 from ddmq.proxy.servers.thrift.handler import ThriftHandler, args_for
 
 log = logging.getLogger(__name__)
@@ -232,12 +231,11 @@ class ThriftServer:
         connection = self._connections[task]
         peer = connection.peer
         self.connections += 1
-        channel = None
+        writer = None
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _, channel = await asyncio.get_running_loop().connect_accepted_socket(FrameChannel, sock)
+            reader, writer = await asyncio.open_connection(sock=sock)
             log.debug("thrift connection from %s", peer)
-            await self._serve_frames(channel, connection)
+            await self._serve_frames(reader, writer, connection)
         except asyncio.CancelledError:
             if self._closing or (connection.expired is None and not connection.evicted):
                 raise
@@ -253,10 +251,14 @@ class ThriftServer:
         finally:
             del self._connections[task]
             self._listener.closed()
-            if channel is None:
+            if writer is None:
                 sock.close()
             else:
-                await channel.close()
+                writer.close()
+                try:
+                    await writer.wait_closed()
+                except (ConnectionError, TimeoutError):
+                    pass
 
     async def _sweep(self) -> None:
         """Cancel the connections past their deadline, a few times per shortest timeout."""
@@ -270,23 +272,23 @@ class ThriftServer:
                     connection.expired = _EXPIRED[connection.phase]
                     connection.task.cancel()
 
-    async def _serve_frames(self, channel: FrameChannel, connection: _Connection) -> None:
+    async def _serve_frames(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection
+    ) -> None:
         loop = asyncio.get_running_loop()
         peer = connection.peer
         while True:
             connection.phase, connection.deadline = _IDLE, loop.time() + self._idle_s
             try:
-                if not channel.buffered:
-                    await channel.wait_for(1)
-                # From the first byte on, the frame has frame_timeout_ms to arrive whole.
+                # The first byte alone: from it on, the frame has frame_timeout_ms to arrive whole.
+                first = await reader.readexactly(1)
                 connection.phase, connection.deadline = _FRAME, loop.time() + self._frame_s
-                if channel.buffered < FRAME_HEADER_BYTES:
-                    await channel.wait_for(FRAME_HEADER_BYTES)
-            except ChannelClosedError as exc:
-                if exc.partial:
+                header = first + await reader.readexactly(FRAME_HEADER_BYTES - 1)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial or connection.phase == _FRAME:
                     log.debug("%s closed the connection inside a frame header", peer)
                 return
-            length = channel.frame_length()
+            length = frame_length(header)
             if not 0 < length <= self._max_frame_bytes:
                 self.frames_rejected += 1
                 log.warning(
@@ -298,16 +300,13 @@ class ThriftServer:
                 return
             try:
                 if length > INLINE_DECODE_MAX_BYTES:
-                    envelope = await self._read_big_frame(channel, length, connection)
+                    envelope = await self._read_big_frame(reader, length, connection)
                 else:
-                    if channel.buffered < FRAME_HEADER_BYTES + length:
-                        await channel.wait_for(FRAME_HEADER_BYTES + length)
-                    payload = channel.take_payload(length)
+                    payload = await reader.readexactly(length)
                     connection.phase, connection.deadline = _BUSY, float("inf")
                     envelope = decode(payload, args_for, MAX_RESULT_OFFSETS)
-            except ChannelClosedError as exc:
-                got = max(exc.partial - FRAME_HEADER_BYTES, 0)
-                log.info("%s closed the connection after %d of %d frame bytes", peer, got, length)
+            except asyncio.IncompleteReadError as exc:
+                log.info("%s closed the connection after %d of %d frame bytes", peer, len(exc.partial), length)
                 return
             except FrameRefusedError as exc:
                 reply = self._handler.refused(exc, peer)
@@ -319,19 +318,30 @@ class ThriftServer:
                 reply = await self._handler.dispatch(envelope, peer)
             if reply is not None:
                 connection.phase, connection.deadline = _REPLY, loop.time() + self._frame_s
-                channel.write(reply)
-                if channel.must_drain:
-                    await channel.drain()
+                writer.write(reply)
+                await writer.drain()
 
-    async def _read_big_frame(self, channel: FrameChannel, length: int, connection: _Connection) -> Envelope:
+    async def _read_big_frame(self, reader: asyncio.StreamReader, length: int, connection: _Connection) -> Envelope:
         """Read and decode a frame above INLINE_DECODE_MAX_BYTES within the byte budget; its payload is
         gone when this returns (a method of its own so that no local outlives the reservation)."""
         async with self._budget.reserve(length):
-            await channel.wait_for(FRAME_HEADER_BYTES + length)
-            payload = channel.take_payload(length)
+            payload = await _read_big(reader, length)
             connection.phase, connection.deadline = _BUSY, float("inf")
             async with self._decoding:
                 return await asyncio.to_thread(decode, payload, args_for, MAX_RESULT_OFFSETS)
+
+async def _read_big(reader: asyncio.StreamReader, length: int) -> bytes:
+    """``readexactly(length)`` in pieces: the stream's own buffer stays small. (After one big
+    readexactly, its bytearray keeps the frame's capacity for as long as the connection lives.)"""
+    chunks: list[bytes] = []
+    left = length
+    while left:
+        chunk = await reader.read(min(left, INLINE_DECODE_MAX_BYTES))
+        if not chunk:
+            raise asyncio.IncompleteReadError(b"".join(chunks), length)
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _peer_name(sock: socket.socket) -> str:
