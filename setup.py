@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,10 @@ def _compiled() -> dict[str, Any]:
         _say(f"installing the pure-Python hot path: {decided.reason}")
         return {}
     compiled = _compiled_modules()
+    # Extensions of an earlier build here whose modules are no longer compiled would be packaged with
+    # this one's (build_py copies all of build/lib), and import a shim the shared runtime lacks.
+    for stale in BUILD.glob("lib.*"):
+        shutil.rmtree(stale)
     _say(f"compiling the hot path with mypyc ({len(compiled)} modules; DDMQ_COMPILE=0 installs pure Python)")
 
     # The sources live in proxy/, client/, ... but import as ddmq.*: mypyc names modules after their

@@ -1,7 +1,7 @@
 """Instructions per message of the proxy's engine path, counted by valgrind's callgrind.
 
 ``python bench/instructions.py [--order-key KEY|QID|$.k] [--max-per-key N] [--thrift | --client-decode]
-[--python PATH] [--keep DIR [--by-object]]``
+[--loop asyncio|uvloop] [--python PATH] [--keep DIR [--by-object]]``
 
 CPU time on a shared virtual machine drifts by a quarter from run to run; instruction counts do not,
 so this is the figure to compare two versions of the hot path by. Two drains of a backlog run under
@@ -11,7 +11,7 @@ more message costs, with start-up and shutdown cancelled out.
 - default: a real :class:`~ddmq.proxy.service.ProxyService` and an embedded Redis in the traced
   process, drained by 8 pullers calling ``ProxyService.api.pull`` (acks on the next pull): reading, the
   chain (``Order, PullServer``; ``Json`` first for a JSONPath order key), the key gate, the buffer and
-  acks, no Thrift; the traced process runs asyncio's own event loop;
+  acks, no Thrift; the traced process runs asyncio's own event loop (``--loop uvloop``: uvloop's);
 - ``--thrift``: the same service drained through its Thrift server by the benchmark's pull clients in
   a child process (not traced), so the figure is the proxy's whole cost, request decoding and reply
   encoding included;
@@ -204,8 +204,10 @@ def _what_ran() -> str:
     return f"{compiled} of the {len(loaded)} loaded modules of the compiled list are extensions; " + "; ".join(named)
 
 
-def _traced(messages: int, topic: str, order_key: str, max_per_key: int, thrift: bool, clients_python: str) -> None:
-    """The body of one traced run: embedded Redis, backlog from a child process, one drain."""
+def _traced(
+    messages: int, topic: str, order_key: str, max_per_key: int, thrift: bool, clients_python: str, loop: str
+) -> None:
+    """The body of one traced run: embedded Redis, backlog from a child process, one drain on ``loop``."""
     try:
         from ddmq.proxy.store.embedded import EmbeddedRedis
     except ImportError:  # a release from before proxy/ had subpackages
@@ -216,10 +218,19 @@ def _traced(messages: int, topic: str, order_key: str, max_per_key: int, thrift:
         try:
             subprocess.run([sys.executable, __file__, "--produce", redis_server.url, topic, str(messages)], check=True)
             drain = _drain_over_thrift if thrift else _drain_in_process
-            asyncio.run(drain(redis_server.url, topic, messages, order_key, max_per_key, clients_python))
+            with asyncio.Runner(loop_factory=_loop_factory(loop)) as runner:
+                runner.run(drain(redis_server.url, topic, messages, order_key, max_per_key, clients_python))
         finally:
             redis_server.stop()
     print(f"ran: {_what_ran()}")
+
+
+def _loop_factory(loop: str) -> Any:
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None  # asyncio's own
 
 
 def _by_object(out: Path) -> dict[str, int]:
@@ -279,7 +290,9 @@ def _count(messages: int, args: argparse.Namespace, out_dir: Path) -> tuple[int,
     else:
         thrift = "1" if args.thrift else "0"
         # TOPIC: the benchmark clients' topic
-        command += ["--traced", str(messages), TOPIC, args.order_key, str(args.max_per_key), thrift, sys.executable]
+        command += [
+            "--traced", str(messages), TOPIC, args.order_key, str(args.max_per_key), thrift, sys.executable, args.loop
+        ]
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"the traced run of {messages} messages failed:\n{run.stderr[-3000:]}")
@@ -298,7 +311,9 @@ def main() -> int:
         _clients(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--traced":
-        _traced(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1", sys.argv[7])
+        _traced(
+            int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1", sys.argv[7], sys.argv[8]
+        )
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--traced-decode":
         _traced_decode(int(sys.argv[2]))
@@ -321,6 +336,11 @@ def main() -> int:
         "--python", default=sys.executable,
         help="the interpreter to measure (default: this one); a regular install's (pip install .) for the "
         "compiled build: ddmq is imported from its environment, and each run prints which hot path it loaded",
+    )
+    parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio",
+        help="the traced process's event loop (default asyncio's own, as the figures in bench/README.md "
+        "were taken; the proxy runs on uvloop where it is installed)",
     )
     parser.add_argument("--small", type=int, default=None, help="messages of the small drain")
     parser.add_argument("--large", type=int, default=None, help="messages of the large drain")
@@ -353,7 +373,7 @@ def main() -> int:
         print(f"the client's decoding of {BATCH}-message pull replies ({args.python})")
     else:
         mode = "Thrift server, clients in a child process" if args.thrift else "in-process pulls"
-        print(f"order_key={args.order_key} max_per_key={args.max_per_key} ({mode}; {args.python})")
+        print(f"order_key={args.order_key} max_per_key={args.max_per_key} ({mode}; {args.loop}; {args.python})")
     for n, (_, ran) in runs.items():
         print(f"ran ({n:,} messages): {ran}")
     print(f"instructions: {counts[small]:,} for {small:,} messages, {counts[large]:,} for {large:,}")

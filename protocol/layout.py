@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
-from thriftpy2.thrift import TType
+from thriftpy2.thrift import TMessageType, TType
 
 from ddmq.protocol.structs import Message
 
@@ -65,6 +65,33 @@ class CompactType:
     STRUCT: Final = 12
 
 
+class ThriftType:
+    """thriftpy2's ``TType`` numbers (the types in ``thrift_spec``) as Final constants: compiled code
+    reads ``TType.X`` as an attribute of a Python class, a type lookup at every use."""
+
+    BOOL: Final = 2
+    BYTE: Final = 3
+    DOUBLE: Final = 4
+    I16: Final = 6
+    I32: Final = 8
+    I64: Final = 10
+    STRING: Final = 11
+    STRUCT: Final = 12
+    MAP: Final = 13
+    SET: Final = 14
+    LIST: Final = 15
+    BINARY: Final = 18
+
+
+class MessageType:
+    """thriftpy2's ``TMessageType`` numbers as Final constants (see :class:`ThriftType`)."""
+
+    CALL: Final = 1
+    REPLY: Final = 2
+    EXCEPTION: Final = 3
+    ONEWAY: Final = 4
+
+
 COMPACT_OF_TTYPE: Final[dict[int, int]] = {
     TType.BOOL: CompactType.TRUE,
     TType.BYTE: CompactType.BYTE,
@@ -79,6 +106,11 @@ COMPACT_OF_TTYPE: Final[dict[int, int]] = {
     TType.MAP: CompactType.MAP,
     TType.STRUCT: CompactType.STRUCT,
 }
+
+if any(getattr(TType, name) != value for name, value in vars(ThriftType).items() if name.isupper()) or any(
+    getattr(TMessageType, name) != value for name, value in vars(MessageType).items() if name.isupper()
+):
+    raise ImportError("thriftpy2's TType/TMessageType numbers differ from ddmq.protocol.layout's")
 
 
 def field_header(delta: int, ttype: int) -> int:

@@ -65,6 +65,9 @@ COMPILED: Final = (
     "ddmq.protocol.pull_codec",
     # which client holds which message (the console's view): two dict operations per message delivered
     "ddmq.proxy.servers.clients",
+    # a Thrift call from its decoded struct to its reply frame; its coroutines are awaited by the
+    # server's connection task, never at the top of one
+    "ddmq.proxy.servers.thrift.handler",
     # the wire codec, both sides: varints and the Message layout, the compact reader (requests on the
     # proxy, replies on the clients) and its Message loop, the frame decoder, the writer (acks)
     "ddmq.protocol.layout",

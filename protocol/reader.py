@@ -11,9 +11,10 @@ iterations. Whatever is wrong with a payload surfaces as one exception, :class:`
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Any, Final
 
-from thriftpy2.thrift import TMessageType, TPayload, TType
+from thriftpy2.thrift import TPayload
 
 from ddmq.protocol.layout import (
     COMPACT_OF_TTYPE,
@@ -22,6 +23,8 @@ from ddmq.protocol.layout import (
     PROTOCOL_ID,
     VERSION,
     CompactType,
+    MessageType,
+    ThriftType,
     VarintTooLongError,
     read_varint,
     read_zigzag_varints,
@@ -58,15 +61,15 @@ class _OutOfRange(FrameDecodeError):
 
 #: The inclusive range of each integer type of the IDL.
 _INT_RANGES: Final = {
-    TType.I16: (-(1 << 15), (1 << 15) - 1),
-    TType.I32: (-(1 << 31), (1 << 31) - 1),
-    TType.I64: (-(1 << 63), (1 << 63) - 1),
+    ThriftType.I16: (-(1 << 15), (1 << 15) - 1),
+    ThriftType.I32: (-(1 << 31), (1 << 31) - 1),
+    ThriftType.I64: (-(1 << 63), (1 << 63) - 1),
 }
 
 
 def _out_of_range(name: str, value: int, ttype: int) -> _OutOfRange:
     low, high = _INT_RANGES[ttype]
-    kind = {TType.I16: "i16", TType.I32: "i32", TType.I64: "i64"}[ttype]
+    kind = {ThriftType.I16: "i16", ThriftType.I32: "i32", ThriftType.I64: "i64"}[ttype]
     return _OutOfRange(f"{name} = {value} is outside the range of an {kind} ({low}..{high})")
 
 
@@ -74,13 +77,13 @@ def _out_of_range(name: str, value: int, ttype: int) -> _OutOfRange:
 _C_STOP: Final = CompactType.STOP
 _C_TRUE: Final = CompactType.TRUE
 _C_FALSE: Final = CompactType.FALSE
-_T_STRING: Final = TType.STRING
-_T_BINARY: Final = TType.BINARY
-_T_BOOL: Final = TType.BOOL
-_T_I16: Final = TType.I16
-_T_I32: Final = TType.I32
-_T_I64: Final = TType.I64
-_T_STRUCT: Final = TType.STRUCT
+_T_STRING: Final = ThriftType.STRING
+_T_BINARY: Final = ThriftType.BINARY
+_T_BOOL: Final = ThriftType.BOOL
+_T_I16: Final = ThriftType.I16
+_T_I32: Final = ThriftType.I32
+_T_I64: Final = ThriftType.I64
+_T_STRUCT: Final = ThriftType.STRUCT
 
 
 def _same_type(ctype: int, ttype: int) -> bool:
@@ -99,10 +102,13 @@ def _fields_of(struct_class: type) -> dict[int, _FieldEntry]:
     fields = _FIELDS.get(struct_class)
     if fields is None:
         spec: dict[int, Any] = struct_class.thrift_spec  # type: ignore[attr-defined]
-        fields = _FIELDS[struct_class] = {
-            fid: (COMPACT_OF_TTYPE.get(field[0], -1), field[0], field[1], field[2] if len(field) == 4 else None)
-            for fid, field in spec.items()
-        }
+        fields = {}
+        for fid, field in spec.items():
+            ttype = field[0]
+            # The name interned: setattr interns a name that is not, a lookup in the interned table.
+            name = sys.intern(field[1])
+            fields[fid] = (COMPACT_OF_TTYPE.get(ttype, -1), ttype, name, field[2] if len(field) == 4 else None)
+        _FIELDS[struct_class] = fields
     return fields
 
 
@@ -177,7 +183,7 @@ class CompactReader:
         if version != VERSION:
             raise FrameDecodeError(f"unsupported compact protocol version {version}")
         mtype = version_type >> 5
-        if mtype not in (TMessageType.CALL, TMessageType.REPLY, TMessageType.EXCEPTION, TMessageType.ONEWAY):
+        if mtype not in (MessageType.CALL, MessageType.REPLY, MessageType.EXCEPTION, MessageType.ONEWAY):
             raise FrameDecodeError(f"unknown message type {mtype}")
         seqid = self._varint()
         if seqid > MAX_SEQID:
@@ -208,7 +214,7 @@ class CompactReader:
         data = self._data
         size = len(data)
         last_fid = 0
-        # Plain locals and globals below, not ``TType.X``/``CompactType.X``: this loop runs for every
+        # Plain locals and globals below, not ``ThriftType.X``/``CompactType.X``: this loop runs for every
         # field of every request, and a class attribute costs more to read than a local.
         while True:
             # The field header, inline.
@@ -269,32 +275,32 @@ class CompactReader:
         return data[pos:end]
 
     def _read_value(self, ttype: int, spec: Any) -> Any:
-        if ttype == TType.STRING:
+        if ttype == ThriftType.STRING:
             return self._bytes().decode("utf-8")
-        if ttype == TType.BINARY:
+        if ttype == ThriftType.BINARY:
             return self._bytes()
-        if ttype in (TType.I16, TType.I32, TType.I64):
+        if ttype in (ThriftType.I16, ThriftType.I32, ThriftType.I64):
             value = self._zigzag()
             low, high = _INT_RANGES[ttype]
             if not low <= value <= high:
                 raise _out_of_range("an element", value, ttype)
             return value
-        if ttype == TType.BYTE:
+        if ttype == ThriftType.BYTE:
             byte = self._byte()
             return byte - 256 if byte > 127 else byte
-        if ttype == TType.BOOL:
+        if ttype == ThriftType.BOOL:
             return self._byte() == CompactType.TRUE
-        if ttype == TType.DOUBLE:
+        if ttype == ThriftType.DOUBLE:
             return _DOUBLE.unpack(self._take(8))[0]
-        if ttype == TType.STRUCT:
+        if ttype == ThriftType.STRUCT:
             if spec is Message and MESSAGE_LAYOUT_MATCHES:
                 return read_message(self)
             obj = spec()
             self.read_struct(obj)
             return obj
-        if ttype in (TType.LIST, TType.SET):
+        if ttype in (ThriftType.LIST, ThriftType.SET):
             return self._read_list(spec)
-        if ttype == TType.MAP:
+        if ttype == ThriftType.MAP:
             return self._read_map(spec)
         raise FrameDecodeError(f"cannot read thrift type {ttype}")
 
@@ -305,7 +311,7 @@ class CompactReader:
             raise FrameDecodeError(f"list elements have compact type {ctype}, expected thrift type {elem_ttype}")
         self._enter()
         items: list[Any]
-        if elem_ttype in (TType.I16, TType.I32, TType.I64):
+        if elem_ttype in (ThriftType.I16, ThriftType.I32, ThriftType.I64):
             items = self._zigzag_list(size)  # offsets in acks: the one long list of a request
             low, high = _INT_RANGES[elem_ttype]
             if items and not (low <= min(items) and max(items) <= high):

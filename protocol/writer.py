@@ -11,7 +11,7 @@ import struct
 from typing import Any, Final
 
 from thriftpy2.protocol.exc import TProtocolException as _ThriftProtocolException
-from thriftpy2.thrift import TPayload, TType
+from thriftpy2.thrift import TPayload
 
 from ddmq.protocol.layout import (
     COMPACT_OF_TTYPE,
@@ -20,6 +20,7 @@ from ddmq.protocol.layout import (
     PROTOCOL_ID,
     VERSION,
     CompactType,
+    ThriftType,
     split_spec,
     varint,
 )
@@ -30,7 +31,7 @@ _DOUBLE: Final = struct.Struct("<d")
 
 # thriftpy2's protocol error carries no annotations; raised as the error thriftpy2's writer raises.
 TProtocolException: Any = _ThriftProtocolException
-_INT_LIMITS: Final = {TType.I16: 1 << 15, TType.I32: 1 << 31, TType.I64: 1 << 63}
+_INT_LIMITS: Final = {ThriftType.I16: 1 << 15, ThriftType.I32: 1 << 31, ThriftType.I64: 1 << 63}
 _BYTE: Final = struct.Struct("!b")
 _WriterField = tuple[int, int, str, Any, int]  # (field id, thrift type, name, element spec, compact type)
 _WRITER_FIELDS: dict[type, list[_WriterField]] = {}
@@ -83,33 +84,33 @@ class _CompactWriter:
             value = getattr(obj, name, None)
             if value is None:
                 continue
-            if ttype == TType.BOOL:
+            if ttype == ThriftType.BOOL:
                 ctype = CompactType.TRUE if value else CompactType.FALSE
             delta = fid - last_fid
             if 0 < delta <= 15:
                 out.append(delta << 4 | ctype)
             else:
                 out += _BYTE.pack(ctype)
-                out += _zigzag(fid, TType.I16)
+                out += _zigzag(fid, ThriftType.I16)
             last_fid = fid
-            if ttype != TType.BOOL:
+            if ttype != ThriftType.BOOL:
                 self.value(ttype, value, spec)
         out.append(CompactType.STOP)
 
     def value(self, ttype: int, value: Any, spec: Any) -> None:
         out = self.out
-        if ttype == TType.STRING:
+        if ttype == ThriftType.STRING:
             raw = value if isinstance(value, bytes) else value.encode("utf-8")
             out += varint(len(raw))
             out += raw
-        elif ttype == TType.BINARY:
+        elif ttype == ThriftType.BINARY:
             out += varint(len(value))  # thriftpy2 counts before encoding a str; so do we, for the same bytes
             out += value.encode() if isinstance(value, str) else value
         elif ttype in _INT_LIMITS:
             out += _zigzag(value, ttype)
-        elif ttype == TType.STRUCT:
+        elif ttype == ThriftType.STRUCT:
             self.struct(value)
-        elif ttype in (TType.LIST, TType.SET):
+        elif ttype in (ThriftType.LIST, ThriftType.SET):
             elem_ttype, elem_spec = split_spec(spec)
             size = len(value)
             elem_ctype = COMPACT_OF_TTYPE[elem_ttype]
@@ -123,7 +124,7 @@ class _CompactWriter:
             else:
                 for item in value:
                     self.value(elem_ttype, item, elem_spec)
-        elif ttype == TType.MAP:
+        elif ttype == ThriftType.MAP:
             key_ttype, key_spec = split_spec(spec[0])
             value_ttype, value_spec = split_spec(spec[1])
             if not value:
@@ -134,11 +135,11 @@ class _CompactWriter:
             for key in value:
                 self.value(key_ttype, key, key_spec)
                 self.value(value_ttype, value[key], value_spec)
-        elif ttype == TType.BOOL:  # inside a container: a byte of its own
+        elif ttype == ThriftType.BOOL:  # inside a container: a byte of its own
             out.append(CompactType.TRUE if value else CompactType.FALSE)
-        elif ttype == TType.BYTE:
+        elif ttype == ThriftType.BYTE:
             out += _BYTE.pack(value)
-        elif ttype == TType.DOUBLE:
+        elif ttype == ThriftType.DOUBLE:
             out += _DOUBLE.pack(value)
         else:
             raise TProtocolException(TProtocolException.INVALID_DATA, f"cannot write thrift type {ttype}")

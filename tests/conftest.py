@@ -8,6 +8,7 @@ it and once on uvloop, the proxy's default loop (``pytest_asyncio_loop_factories
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 import pytest
@@ -28,6 +29,12 @@ BOTH_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {**_ASYNCIO, "u
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "both_loops: run this async test on asyncio's event loop and on uvloop")
+    # A shell without job control starts a background job (`.ci/run &`) with SIGINT ignored, and an
+    # ignored signal stays ignored in every process started after it: the commands the tests stop
+    # with Ctrl-C would never see it. A handler (unlike SIG_IGN) is reset to the default by exec, so
+    # with one here the tests' children get SIGINT as a terminal would deliver it.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_asyncio_loop_factories(

@@ -4,8 +4,9 @@ A thin adapter: it reads frames, decodes them with :mod:`ddmq.protocol.wire` and
 :class:`~ddmq.proxy.servers.thrift.handler.ThriftHandler`, which calls one method of the
 :class:`~ddmq.proxy.api.surface.ConsumeService` and encodes the answer. This module owns the connections and
 frames; request rules, ordering, offsets and retries live behind the service. Built on a
-:class:`~ddmq.proxy.servers.listener.Listener` and asyncio streams rather than thriftpy2's server so that
-every frame is size-checked before it is buffered and every payload is decoded by the bounded reader.
+:class:`~ddmq.proxy.servers.listener.Listener` and a protocol of its own
+(:class:`~ddmq.proxy.servers.thrift.channel.FrameChannel`) rather than thriftpy2's server so that every
+frame is size-checked before it is buffered and every payload is decoded by the bounded reader.
 
 Per connection, requests are served one after another (a long-poll ``pull`` holds its connection);
 connections are served concurrently. A frame whose declared length is not in ``1..max_frame_bytes``
@@ -27,6 +28,7 @@ being read or decoded at once, over all connections (a frame waits for room with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Sequence
@@ -40,12 +42,12 @@ from ddmq.protocol.wire import (
     FrameDecodeError,
     FrameRefusedError,
     decode,
-    frame_length,
 )
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS, ConsumeService
 from ddmq.proxy.servers.byte_budget import ByteBudget
 from ddmq.proxy.servers.clients import ClientTracker
 from ddmq.proxy.servers.listener import Evictions, Listener, parse_networks
+from ddmq.proxy.servers.thrift.channel import ChannelClosedError, FrameChannel
 from ddmq.proxy.servers.thrift.handler import ThriftHandler, args_for
 
 log = logging.getLogger(__name__)
@@ -231,11 +233,13 @@ class ThriftServer:
         connection = self._connections[task]
         peer = connection.peer
         self.connections += 1
-        writer = None
+        channel = None
         try:
-            reader, writer = await asyncio.open_connection(sock=sock)
+            with contextlib.suppress(OSError):  # a peer already gone: the transport says so next
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _, channel = await asyncio.get_running_loop().connect_accepted_socket(FrameChannel, sock)
             log.debug("thrift connection from %s", peer)
-            await self._serve_frames(reader, writer, connection)
+            await self._serve_frames(channel, connection)
         except asyncio.CancelledError:
             if self._closing or (connection.expired is None and not connection.evicted):
                 raise
@@ -251,14 +255,10 @@ class ThriftServer:
         finally:
             del self._connections[task]
             self._listener.closed()
-            if writer is None:
+            if channel is None:
                 sock.close()
             else:
-                writer.close()
-                try:
-                    await writer.wait_closed()
-                except (ConnectionError, TimeoutError):
-                    pass
+                await channel.close()
 
     async def _sweep(self) -> None:
         """Cancel the connections past their deadline, a few times per shortest timeout."""
@@ -272,23 +272,23 @@ class ThriftServer:
                     connection.expired = _EXPIRED[connection.phase]
                     connection.task.cancel()
 
-    async def _serve_frames(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: _Connection
-    ) -> None:
+    async def _serve_frames(self, channel: FrameChannel, connection: _Connection) -> None:
         loop = asyncio.get_running_loop()
         peer = connection.peer
         while True:
             connection.phase, connection.deadline = _IDLE, loop.time() + self._idle_s
             try:
-                # The first byte alone: from it on, the frame has frame_timeout_ms to arrive whole.
-                first = await reader.readexactly(1)
+                if not channel.buffered:
+                    await channel.wait_for(1)
+                # From the first byte on, the frame has frame_timeout_ms to arrive whole.
                 connection.phase, connection.deadline = _FRAME, loop.time() + self._frame_s
-                header = first + await reader.readexactly(FRAME_HEADER_BYTES - 1)
-            except asyncio.IncompleteReadError as exc:
-                if exc.partial or connection.phase == _FRAME:
+                if channel.buffered < FRAME_HEADER_BYTES:
+                    await channel.wait_for(FRAME_HEADER_BYTES)
+            except ChannelClosedError as exc:
+                if exc.partial:
                     log.debug("%s closed the connection inside a frame header", peer)
                 return
-            length = frame_length(header)
+            length = channel.frame_length()
             if not 0 < length <= self._max_frame_bytes:
                 self.frames_rejected += 1
                 log.warning(
@@ -300,13 +300,16 @@ class ThriftServer:
                 return
             try:
                 if length > INLINE_DECODE_MAX_BYTES:
-                    envelope = await self._read_big_frame(reader, length, connection)
+                    envelope = await self._read_big_frame(channel, length, connection)
                 else:
-                    payload = await reader.readexactly(length)
+                    if channel.buffered < FRAME_HEADER_BYTES + length:
+                        await channel.wait_for(FRAME_HEADER_BYTES + length)
+                    payload = channel.take_payload(length)
                     connection.phase, connection.deadline = _BUSY, float("inf")
                     envelope = decode(payload, args_for, MAX_RESULT_OFFSETS)
-            except asyncio.IncompleteReadError as exc:
-                log.info("%s closed the connection after %d of %d frame bytes", peer, len(exc.partial), length)
+            except ChannelClosedError as exc:
+                got = max(exc.partial - FRAME_HEADER_BYTES, 0)
+                log.info("%s closed the connection after %d of %d frame bytes", peer, got, length)
                 return
             except FrameRefusedError as exc:
                 reply = self._handler.refused(exc, peer)
@@ -318,30 +321,19 @@ class ThriftServer:
                 reply = await self._handler.dispatch(envelope, peer)
             if reply is not None:
                 connection.phase, connection.deadline = _REPLY, loop.time() + self._frame_s
-                writer.write(reply)
-                await writer.drain()
+                channel.write(reply)
+                if channel.must_drain:
+                    await channel.drain()
 
-    async def _read_big_frame(self, reader: asyncio.StreamReader, length: int, connection: _Connection) -> Envelope:
+    async def _read_big_frame(self, channel: FrameChannel, length: int, connection: _Connection) -> Envelope:
         """Read and decode a frame above INLINE_DECODE_MAX_BYTES within the byte budget; its payload is
         gone when this returns (a method of its own so that no local outlives the reservation)."""
         async with self._budget.reserve(length):
-            payload = await _read_big(reader, length)
+            await channel.wait_for(FRAME_HEADER_BYTES + length)
+            payload = channel.take_payload(length)
             connection.phase, connection.deadline = _BUSY, float("inf")
             async with self._decoding:
                 return await asyncio.to_thread(decode, payload, args_for, MAX_RESULT_OFFSETS)
-
-async def _read_big(reader: asyncio.StreamReader, length: int) -> bytes:
-    """``readexactly(length)`` in pieces: the stream's own buffer stays small. (After one big
-    readexactly, its bytearray keeps the frame's capacity for as long as the connection lives.)"""
-    chunks: list[bytes] = []
-    left = length
-    while left:
-        chunk = await reader.read(min(left, INLINE_DECODE_MAX_BYTES))
-        if not chunk:
-            raise asyncio.IncompleteReadError(b"".join(chunks), length)
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def _peer_name(sock: socket.socket) -> str:
