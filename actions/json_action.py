@@ -13,6 +13,25 @@ from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 
 log: Final = logging.getLogger(__name__)
 
+# orjson (where its wheel installs) parses bytes straight from UTF-8, about three times as fast as json
+# on a small body. It is trusted only where it gives json's value: it refuses what json accepts beyond
+# the JSON standard (NaN, Infinity, 1e400, lone surrogates, a BOM, other encodings) and those bodies
+# fall through to json; but it reads an integer past 64 bits as a float where json keeps it an int,
+# so a result holding a float that large is parsed again by json (an order key of a big id stays
+# exact). orjson nests up to 1,024 levels, json to about the interpreter's recursion limit.
+def _orjson_loads() -> Callable[[bytes], Any] | None:
+    try:
+        import orjson
+    except ImportError:  # no wheel for this platform: json alone
+        return None
+    return orjson.loads
+
+
+#: orjson's ``loads``, or None where it is not installed.
+FAST_LOADS: Final = _orjson_loads()
+#: orjson's integers stop at -2**63 and 2**64 - 1; beyond, a float at least this large in magnitude.
+_BIG: Final = float(2**63)
+
 # json.loads(bytes) first detects the encoding and checks its keyword arguments, and JSONDecoder.decode
 # is Python around the C scanner (two regex matches for the whitespace at either end). A UTF-8 body that
 # is one JSON value with nothing around it (nearly all) goes to the scanner alone; anything else takes
@@ -31,10 +50,7 @@ class JsonAction:
     def act(self, job: UpstreamJob) -> Status:
         body = job.message.value
         try:
-            try:
-                job.data = _parse(body.decode("utf-8"))
-            except ValueError:  # not UTF-8 or with a BOM: json.loads detects UTF-16/32 and BOMs
-                job.data = json.loads(body)
+            job.data = load_body(body)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             # Not an error of the proxy: the rule for such bodies is the Order action's fallback.
             # RecursionError: arrays/objects nested deeper than the decoder's stack allows.
@@ -44,6 +60,40 @@ class JsonAction:
             self._ctx.count("json_invalid")
             log.debug("%r: %s", job, job.last_error)
         return _CONTINUE
+
+
+def load_body(body: bytes, fast: Callable[[bytes], Any] | None = FAST_LOADS) -> Any:
+    """``json.loads(body)``: the same value, or the same error (ValueError or RecursionError); except
+    that with orjson a body nested deeper than json goes (to 1,024 levels) is read rather than refused."""
+    if fast is not None:
+        try:
+            value = fast(body)
+        except ValueError:  # orjson's JSONDecodeError is json's: json tells what is wrong, or reads it
+            pass
+        else:
+            if not _holds_big_float(value):
+                return value
+    try:
+        return _parse(body.decode("utf-8"))
+    except ValueError:  # not UTF-8 or with a BOM: json.loads detects UTF-16/32 and BOMs
+        return json.loads(body)
+
+
+def _holds_big_float(value: Any) -> bool:
+    """Whether ``value`` (orjson's) holds a float of magnitude 2**63 or more, which may have been an
+    integer in the text. A loop, not recursion: orjson nests deeper than Python's recursion limit."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is float:
+            if not -_BIG < item < _BIG:
+                return True
+        elif kind is dict:
+            pending.extend(item.values())
+        elif kind is list:
+            pending.extend(item)
+    return False
 
 
 def _parse(text: str) -> Any:
