@@ -21,6 +21,7 @@ from ddmq.config.jsonpath import MISSING, compile_jsonpath
 from ddmq.config.schema import ORDER_KEY_KEY, ORDER_KEY_NONE, ORDER_KEY_QID
 from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 
+_CONTINUE: Final = Status.CONTINUE
 _ASYNC: Final = Status.ASYNC  # enum members read through their class are slow; Final: a C static when compiled
 
 log: Final = logging.getLogger(__name__)
@@ -64,10 +65,9 @@ class OrderAction:
 
     def act(self, job: UpstreamJob) -> Status:
         job.order_key = self.order_key(job)
-        # Runnable now or waiting behind its key's head: either way the consumer's dispatcher
-        # continues the chain once the blocking queue hands the job out.
-        self._queue.put(job)
-        return _ASYNC
+        # Its key's head with nothing else waiting to run: the chain goes on now. Otherwise the
+        # consumer's dispatcher continues it once the blocking queue hands the job out.
+        return _CONTINUE if self._queue.admit(job) else _ASYNC
 
 
 # Registered here rather than by decorating the class: the compiled build makes a decorated class a

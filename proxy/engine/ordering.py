@@ -1,7 +1,8 @@
 """UpstreamJobBlockingQueue: per-order-key chains where only the head may run.
 
 Jobs arrive in queue order. A job whose key has no unfinished job becomes its key's head and goes to
-the *main* queue; otherwise it is linked behind the key's tail and waits. When a head finishes, its
+the *main* queue (or, through :meth:`~UpstreamJobBlockingQueue.admit`, runs at once when nothing
+waits to run); otherwise it is linked behind the key's tail and waits. When a head finishes, its
 successor moves to the *reactivation* queue, which is served before the main queue so a key that
 was waiting does not wait again behind newer keys. Jobs without an order key are always runnable.
 A successor handed to a client in its head's ordered run (``PullBuffer``, ``maxPerKey``) is in flight
@@ -38,6 +39,27 @@ class UpstreamJobBlockingQueue:
 
     def put(self, job: UpstreamJob) -> bool:
         """Add a job in queue order; returns True when it is runnable now (head of its key)."""
+        if not self._link(job):
+            return False
+        self._main.append(job)
+        if not self._signalled:
+            self._signalled = True
+            self._nonempty.set()
+        return True
+
+    def admit(self, job: UpstreamJob) -> bool:
+        """:meth:`put`, except that a job runnable now while no other job waits to run is not queued:
+        True tells the caller to run it on the spot. The order of a key is the same either way (the
+        job is its key's head), and nothing waiting to run is overtaken: a reactivated successor or an
+        earlier head queued first puts this one in the queue behind it. A read's batch then goes down
+        the chain in the reader's step, not one loop iteration later in the dispatcher's."""
+        if self._main or self._reactivated:
+            self.put(job)
+            return False
+        return self._link(job)
+
+    def _link(self, job: UpstreamJob) -> bool:
+        """Link ``job`` at its key's tail: True (RUNNABLE) when it is the key's head, else WAITING."""
         key = job.order_key
         if key is not None:
             tail = self._tails.get(key)
@@ -48,10 +70,6 @@ class UpstreamJobBlockingQueue:
                 return False
             self._heads[key] = job
         job.state = _RUNNABLE
-        self._main.append(job)
-        if not self._signalled:
-            self._signalled = True
-            self._nonempty.set()
         return True
 
     def release(self, job: UpstreamJob) -> UpstreamJob | None:

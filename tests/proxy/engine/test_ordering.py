@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import redis.asyncio as aioredis
 
 from ddmq.config.schema import LeaseConfig, TopicGroupConfig
@@ -109,7 +110,11 @@ async def test_jobs_without_a_key_are_always_runnable() -> None:
     assert queue.release(jobs[0]) is None
 
 
-async def test_random_interleaving_keeps_per_key_order_and_one_running_job_per_key() -> None:
+@pytest.mark.parametrize("admit", [False, True], ids=["put", "admit"])
+async def test_random_interleaving_keeps_per_key_order_and_one_running_job_per_key(admit: bool) -> None:
+    """Jobs enter by ``put`` (the dispatcher pops every runnable one) or by ``admit`` (a lone runnable
+    head runs at once, as the Order action runs it): either way each key's jobs run one at a time, in
+    offset order, each once, and an admitted job never overtakes one waiting to run."""
     rng = random.Random(7)
     consumer = make_consumer()
     queue = UpstreamJobBlockingQueue()
@@ -125,7 +130,18 @@ async def test_random_interleaving_keeps_per_key_order_and_one_running_job_per_k
             offset += 1
             key = rng.choice(keys)
             produced.setdefault(key, []).append(offset)
-            queue.put(make_job(consumer, offset, key))
+            job = make_job(consumer, offset, key)
+            waiting_to_run = queue.runnable
+            if not admit:
+                queue.put(job)
+            elif queue.admit(job):  # runs now: it overtakes nothing, and its key had nothing unfinished
+                assert waiting_to_run == 0 and job.state is JobState.RUNNABLE
+                served.setdefault(key, []).append(offset)
+                if key is None:
+                    unkeyed_running.append(job)
+                else:
+                    assert key not in running, "two jobs of one key ran at once"
+                    running[key] = job
         elif action < 0.8:
             job = queue.pop()
             if job is not None:
@@ -158,3 +174,16 @@ async def test_random_interleaving_keeps_per_key_order_and_one_running_job_per_k
                 assert more.order_key not in running
                 running[more.order_key] = more
     assert served == produced
+
+
+async def test_admit_runs_a_lone_head_at_once_and_queues_behind_anything_waiting_to_run() -> None:
+    consumer = make_consumer()
+    queue = UpstreamJobBlockingQueue()
+    a1, a2, b1, c1 = (make_job(consumer, n, key) for n, key in ((1, "a"), (2, "a"), (3, "b"), (4, "c")))
+    assert queue.admit(a1) and a1.state is JobState.RUNNABLE and queue.runnable == 0
+    assert not queue.admit(a2) and a2.state is JobState.WAITING  # behind its key's head
+    assert queue.release(a1) is a2  # a2 is reactivated: waiting to run
+    assert not queue.admit(b1) and b1.state is JobState.RUNNABLE  # so b1 queues behind it
+    assert not queue.admit(c1)
+    assert drain(queue) == [a2, b1, c1]
+    assert queue.admit(make_job(consumer, 5, "d"))  # nothing waits to run again
