@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import json.scanner
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
 from ddmq.actions.base import ChainContext, Status, register
@@ -18,7 +18,7 @@ log: Final = logging.getLogger(__name__)
 # the JSON standard (NaN, Infinity, 1e400, lone surrogates, a BOM, other encodings) and those bodies
 # fall through to json; but it reads an integer past 64 bits as a float where json keeps it an int,
 # so a result holding a float that large is parsed again by json (an order key of a big id stays
-# exact). orjson nests up to 1,024 levels, json to about the interpreter's recursion limit.
+# exact), as is one nested deeper than json may go.
 def _orjson_loads() -> Callable[[bytes], Any] | None:
     try:
         import orjson
@@ -31,6 +31,9 @@ def _orjson_loads() -> Callable[[bytes], Any] | None:
 FAST_LOADS: Final = _orjson_loads()
 #: orjson's integers stop at -2**63 and 2**64 - 1; beyond, a float at least this large in magnitude.
 _BIG: Final = float(2**63)
+#: Bodies nested deeper are read by json alone: orjson goes to 1,024 levels, json about as deep as the
+#: interpreter's recursion limit lets it.
+_DEEP: Final = 200
 
 # json.loads(bytes) first detects the encoding and checks its keyword arguments, and JSONDecoder.decode
 # is Python around the C scanner (two regex matches for the whitespace at either end). A UTF-8 body that
@@ -63,15 +66,14 @@ class JsonAction:
 
 
 def load_body(body: bytes, fast: Callable[[bytes], Any] | None = FAST_LOADS) -> Any:
-    """``json.loads(body)``: the same value, or the same error (ValueError or RecursionError); except
-    that with orjson a body nested deeper than json goes (to 1,024 levels) is read rather than refused."""
+    """``json.loads(body)``: the same value, or the same error (ValueError or RecursionError)."""
     if fast is not None:
         try:
             value = fast(body)
         except ValueError:  # orjson's JSONDecodeError is json's: json tells what is wrong, or reads it
             pass
         else:
-            if not _holds_big_float(value):
+            if not _needs_json(value):
                 return value
     try:
         return _parse(body.decode("utf-8"))
@@ -79,20 +81,22 @@ def load_body(body: bytes, fast: Callable[[bytes], Any] | None = FAST_LOADS) -> 
         return json.loads(body)
 
 
-def _holds_big_float(value: Any) -> bool:
+def _needs_json(value: object, depth: int = 0) -> bool:
     """Whether ``value`` (orjson's) holds a float of magnitude 2**63 or more, which may have been an
-    integer in the text. A loop, not recursion: orjson nests deeper than Python's recursion limit."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        kind = type(item)
-        if kind is float:
+    integer in the text, or nests past ``_DEEP`` levels (json may refuse what orjson read). Typed so
+    that the compiled build walks dicts and lists natively."""
+    if isinstance(value, dict):
+        items: Iterable[object] = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return isinstance(value, float) and not -_BIG < value < _BIG
+    for item in items:
+        if isinstance(item, float):
             if not -_BIG < item < _BIG:
                 return True
-        elif kind is dict:
-            pending.extend(item.values())
-        elif kind is list:
-            pending.extend(item)
+        elif isinstance(item, (dict, list)) and (depth >= _DEEP or _needs_json(item, depth + 1)):
+            return True
     return False
 
 

@@ -46,6 +46,7 @@ BODIES = [text.encode() for text in TEXTS] + [
     '{"a":"é"}'.encode("utf-16"),  # json detects UTF-16
     b'"\xed\xa0\x80"', b'"\xff"', b'"a\x01b"', b'{"a":"\\ud83d\\ude00"}',
     b'[' * 900 + b']' * 900,
+    b'[' * 1010 + b']' * 1010,  # orjson reads it, json does not: json's answer
     b'{"a":' * 200 + b"1" + b"}" * 200,
 ]
 
