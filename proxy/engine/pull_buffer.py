@@ -39,7 +39,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Final
 
-from ddmq.protocol.pull_codec import MESSAGE_OVERHEAD_BYTES, UTF8_MAX_BYTES
+from ddmq.protocol.pull_codec import (
+    MESSAGE_OVERHEAD_BYTES,
+    UTF8_MAX_BYTES,
+)
 from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.holds import HoldBuffer
 from ddmq.proxy.engine.job import JobState, UpstreamJob
@@ -84,7 +87,7 @@ class PullBuffer(HoldBuffer):
         #: behind their key: finished instead of made ready when they get here (see finish_elsewhere).
         self._finished_elsewhere: dict[QueueId, set[int]] = {}
         self._waiters: deque[_Waiter] = deque()
-        self._wake: asyncio.Handle | None = None  # parked pulls to be answered in the next loop iteration
+        self._wake_scheduled = False
         self.redelivery = Redelivery(group, self.queue_stats, self._timed_out, self._make_ready, self._finish, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -142,10 +145,11 @@ class PullBuffer(HoldBuffer):
             self._ready_order.append(queue)
         ready.append(job)
         self._ready_count += 1
-        if self._waiters and self._wake is None:
-            # Deferred so a reader's whole batch lands first: the reader then calls wake_now().
+        if self._waiters and not self._wake_scheduled:
+            # Deferred so a reader's whole batch lands before parked pulls are answered.
+            self._wake_scheduled = True
             assert self._loop is not None
-            self._wake = self._loop.call_soon(self.wake_now)
+            self._loop.call_soon(self._wake_waiters)
 
     # pulls -------------------------------------------------------------------------------------
 
@@ -188,15 +192,8 @@ class PullBuffer(HoldBuffer):
             if not waiter.future.done():
                 waiter.future.cancel()
 
-    def wake_now(self) -> None:
-        """Answer parked pulls with the jobs made ready since the last wake-up. Scheduled for the next
-        loop iteration when a job is made ready; a reader whose batch has landed calls it at once, so
-        its pulls need not wait behind whatever else the loop finds ready meanwhile (the other readers,
-        the clients' requests)."""
-        wake, self._wake = self._wake, None
-        if wake is None:
-            return
-        wake.cancel()  # called by the reader: the scheduled call has nothing left to do
+    def _wake_waiters(self) -> None:
+        self._wake_scheduled = False
         waiters = self._waiters
         unserved: deque[_Waiter] = deque()
         while waiters and self._ready_count:

@@ -258,7 +258,6 @@ class TopicConsumer:
                 self.run(UpstreamJob(self, queue, message, tracker))
         finally:
             counters["read"] += read
-        self.buffer.wake_now()  # the heads among them are ready already (see Order): out they go
 
     async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None:
         """The queue's next entry was not written by the ddmq producer. An entry with an id ``0-<n>``

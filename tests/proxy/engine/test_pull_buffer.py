@@ -58,22 +58,6 @@ async def test_a_parked_pull_is_answered_when_a_job_arrives(buffer: PullBuffer, 
     assert job.state is JobState.IN_FLIGHT
 
 
-async def test_wake_now_answers_parked_pulls_without_waiting_for_the_loop(buffer: PullBuffer, owner: Owner) -> None:
-    """A read's batch lands, then ``wake_now``: the parked pull has its answer before the reader's step
-    ends, with the whole batch (one queue's), and the wake-up scheduled meanwhile finds nothing more."""
-    parked = asyncio.create_task(buffer.pull(None, 10, 60_000))
-    while not buffer.parked:  # noqa: ASYNC110  (the pull parks on its first step)
-        await asyncio.sleep(0)
-    jobs = [owner.job(f"k{i}") for i in range(3)]
-    assert not parked.done() and buffer.parked == 1  # deferred: the batch may not have landed yet
-    buffer.wake_now()
-    assert buffer.parked == 0
-    assert picked(await parked) == [(0, job.offset) for job in jobs]
-    buffer.wake_now()  # nothing scheduled: nothing happens
-    await asyncio.sleep(0)
-    assert all(job.state is JobState.IN_FLIGHT for job in jobs)
-
-
 async def test_a_parked_pull_answers_empty_at_its_linger(buffer: PullBuffer, owner: Owner) -> None:
     batch = await buffer.pull(None, 10, 10)
     assert batch.queue is None and batch.messages == []
