@@ -226,6 +226,7 @@ def _traced(
 
 
 def _loop_factory(loop: str) -> Any:
+    # Not ddmq.protocol.native.loop_factory: the traced side runs older releases too (see above).
     if loop == "uvloop":
         import uvloop
 
