@@ -68,6 +68,13 @@ COMPILED: Final = (
     # a Thrift call from its decoded struct to its reply frame; its coroutines are awaited by the
     # server's connection task, never at the top of one
     "ddmq.proxy.servers.thrift.handler",
+    # a connection's frames: its buffer (the protocol the event loop feeds) and the loop that takes each
+    # frame to the handler and writes the reply; awaited by the connection's task, never at its top
+    "ddmq.proxy.servers.thrift.channel",
+    "ddmq.proxy.servers.thrift.frame_loop",
+    # what every request passes through: its rules (linger, batch size, results) and the pull timer
+    "ddmq.proxy.api.requests",
+    "ddmq.proxy.ops.latency",
     # the wire codec, both sides: varints and the Message layout, the compact reader (requests on the
     # proxy, replies on the clients) and its Message loop, the frame decoder, the writer (acks)
     "ddmq.protocol.layout",

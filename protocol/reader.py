@@ -37,6 +37,7 @@ __all__ = [
     "MAX_NESTING",
     "CompactReader",
     "FrameDecodeError",
+    "new_struct",
 ]
 
 # Structs and containers nested deeper than this are refused. The deepest legitimate shape is the
@@ -110,6 +111,31 @@ def _fields_of(struct_class: type) -> dict[int, _FieldEntry]:
             fields[fid] = (COMPACT_OF_TTYPE.get(ttype, -1), ttype, name, field[2] if len(field) == 4 else None)
         _FIELDS[struct_class] = fields
     return fields
+
+
+_BLANKS: dict[type, dict[str, Any] | None] = {}
+_UNSEEN: Final[dict[str, Any]] = {}
+
+
+def new_struct(struct_class: Any) -> Any:
+    """``struct_class()``: a thriftpy2 struct with every field at its default, built by copying those
+    defaults into a new instance instead of running the class's generated ``__init__``, which is
+    interpreted bytecode (a request decodes four structs). A class with another ``__init__``, and an
+    exception class, is called."""
+    blank = _BLANKS.get(struct_class, _UNSEEN)
+    if blank is _UNSEEN:
+        init = getattr(struct_class.__init__, "__code__", None)
+        generated = (
+            init is not None and init.co_filename.startswith("<generated ")
+            and not issubclass(struct_class, BaseException)
+        )
+        blank = _BLANKS[struct_class] = dict(vars(struct_class())) if generated else None
+    if blank is None:
+        return struct_class()
+    obj = struct_class.__new__(struct_class)
+    # The defaults themselves, shared as __init__ shares its default arguments.
+    obj.__dict__.update(blank)
+    return obj
 
 
 class CompactReader:
@@ -247,7 +273,7 @@ class CompactReader:
                 if spec is Message and MESSAGE_LAYOUT_MATCHES:
                     value = read_message(self)
                 else:
-                    value = spec()
+                    value = new_struct(spec)
                     self.read_struct(value)
             elif ttype == _T_BINARY:
                 value = self._bytes()
@@ -295,7 +321,7 @@ class CompactReader:
         if ttype == ThriftType.STRUCT:
             if spec is Message and MESSAGE_LAYOUT_MATCHES:
                 return read_message(self)
-            obj = spec()
+            obj = new_struct(spec)
             self.read_struct(obj)
             return obj
         if ttype in (ThriftType.LIST, ThriftType.SET):

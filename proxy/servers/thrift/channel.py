@@ -35,8 +35,11 @@ class ChannelClosedError(ConnectionError):
         self.partial = partial
 
 
-class FrameChannel(asyncio.Protocol):
-    """A connection's buffer and flow control, read by one task."""
+class FrameChannel:
+    """A connection's buffer and flow control, read by one task.
+
+    An asyncio protocol by its methods, not by subclassing ``asyncio.Protocol``: event loops call
+    them by name, and as a class of its own it compiles to a native class (``protocol/native.py``)."""
 
     def __init__(self, high_water: int = DEFAULT_HIGH_WATER) -> None:
         self._buffer = bytearray()

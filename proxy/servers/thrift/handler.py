@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from ddmq.protocol.pull_codec import FAST_PULL_REPLY, encode_pull_reply
+from ddmq.protocol.reader import new_struct
 from ddmq.protocol.wire import (
     ConsumeResult,
     ConsumerService,
@@ -30,7 +31,6 @@ from ddmq.protocol.wire import (
     TApplicationException,
     TMessageType,
     encode,
-    iter_results,
 )
 from ddmq.proxy.api.requests import too_many_offsets
 from ddmq.proxy.api.surface import ConsumeService
@@ -75,19 +75,22 @@ class ThriftHandler:
         if handler is None or args is None:
             log.debug("%s called unknown method %r", peer, name)
             return _application_error(name, seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {name!r}")
-        result = _RESULTS[name]()
         try:
-            success = await (self._pull(args, peer) if name == "pull" else handler(args))
-            if isinstance(success, _PullReply):
+            if name == "pull":
+                group, topic, batch = await self._pull(args, peer)
                 if mtype == TMessageType.CALL and FAST_PULL_REPLY:
-                    return _encode_pull_reply(seqid, success, peer)
-                success = pull_response(*success)
-            result.success = success
+                    return _encode_pull_reply(seqid, group, topic, batch, peer)
+                success: Any = pull_response(group, topic, batch)
+            else:
+                success = await handler(args)
         except Exception as exc:
             reply = _error_reply(name, seqid, exc, peer)
             return None if mtype == TMessageType.ONEWAY else reply
         if mtype == TMessageType.ONEWAY:
             return None
+        # Made here, not before the call: the pull's own encoder needs no result struct.
+        result = _RESULTS[name]()
+        result.success = success
         try:
             return encode(name, TMessageType.REPLY, seqid, result)
         except Exception:
@@ -110,7 +113,8 @@ class ThriftHandler:
 
     # handlers: decode the request, call the service once, encode the answer --------------------
 
-    async def _pull(self, args: Any, peer: str = "") -> _PullReply:
+    async def _pull(self, args: Any, peer: str = "") -> tuple[str, str | None, PullBatch]:
+        """The request's group and topic, and the batch that answers it."""
         request = args.request
         if request is None or not request.groupId:
             raise BadRequestError("PullRequest.groupId is required")
@@ -130,7 +134,7 @@ class ThriftHandler:
         if self._clients is not None:
             version = request.version if isinstance(request.version, str) else None
             self._clients.pulled("thrift", peer, request.groupId, version, batch, results)
-        return _PullReply(request.groupId, request.topic, batch)
+        return request.groupId, request.topic, batch
 
     async def _ack_leases(self, args: Any) -> int:
         request = args.request
@@ -198,7 +202,9 @@ def results_from_wire(head: ConsumeResult | None) -> list[QueueResult]:
     values (the service gives a node without groupId the request's group, and ignores and counts
     what it cannot match)."""
     results = []
-    for node in iter_results(head):
+    node = head
+    # The walk of iter_results, inline: a generator of an interpreted module costs a Python frame.
+    while node is not None:
         context = node.context if node.context is not None else Context()
         results.append(
             QueueResult(
@@ -214,6 +220,7 @@ def results_from_wire(head: ConsumeResult | None) -> list[QueueResult]:
                 ] if node.failDetails else (),
             )
         )
+        node = node.nextResult
     return results
 
 
@@ -234,22 +241,13 @@ def _message(m: StoredMessage) -> Message:
     )
 
 
-class _PullReply(NamedTuple):
-    """What ``_pull`` answers before encoding: :func:`pull_response`'s arguments."""
-
-    group: str
-    topic: str | None
-    batch: PullBatch
-
-
-def _encode_pull_reply(seqid: int, reply: _PullReply, peer: str) -> bytes:
+def _encode_pull_reply(seqid: int, group: str, topic: str | None, batch: PullBatch, peer: str) -> bytes:
     """The reply frame by the hand-written encoder (:mod:`ddmq.protocol.pull_codec`)."""
-    queue = reply.batch.queue
+    queue = batch.queue
     try:
         if queue is None:
-            return encode_pull_reply(seqid, reply.group, reply.topic or "", "", ())
-        batch = reply.batch
-        return encode_pull_reply(seqid, reply.group, queue.topic, str(queue.qid), batch.messages, batch.runs)
+            return encode_pull_reply(seqid, group, topic or "", "", ())
+        return encode_pull_reply(seqid, group, queue.topic, str(queue.qid), batch.messages, batch.runs)
     except Exception:
         log.exception("could not encode the pull reply for %s", peer)
         return _application_error(
@@ -287,7 +285,7 @@ def _pull_exception(exc: Exception, method: str, peer: str) -> PullException:
 def args_for(name: str, mtype: int) -> Any:
     """The empty args struct to decode a call of ``name`` into (None for a method the IDL lacks)."""
     args_class = _ARGS.get(name)
-    return args_class() if args_class is not None else None
+    return new_struct(args_class) if args_class is not None else None
 
 
 def _application_error(name: str, seqid: int, kind: int, message: str) -> bytes:

@@ -31,61 +31,43 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Final
+from typing import Final, cast
 
-from ddmq.protocol.wire import (
-    DEFAULT_MAX_FRAME_BYTES,
-    FRAME_HEADER_BYTES,
-    Envelope,
-    FrameDecodeError,
-    FrameRefusedError,
-    decode,
-)
+from ddmq.protocol.wire import DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES, Envelope, decode
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS, ConsumeService
 from ddmq.proxy.servers.byte_budget import ByteBudget
 from ddmq.proxy.servers.clients import ClientTracker
 from ddmq.proxy.servers.listener import Evictions, Listener, parse_networks
-from ddmq.proxy.servers.thrift.channel import ChannelClosedError, FrameChannel
+from ddmq.proxy.servers.thrift.channel import FrameChannel
+from ddmq.proxy.servers.thrift.frame_loop import (
+    BUSY,
+    FRAME,
+    IDLE,
+    INLINE_DECODE_MAX_BYTES,
+    REPLY,
+    Connection,
+    FrameLoop,
+)
 from ddmq.proxy.servers.thrift.handler import ThriftHandler, args_for
+
+__all__ = ["INLINE_DECODE_MAX_BYTES", "ThriftServer"]
 
 log = logging.getLogger(__name__)
 
-#: Payloads above this size are decoded in a worker thread, so one big frame cannot stall the loop, and
-#: count against ``max_buffered_bytes``. A pull is a few hundred bytes: pulls never wait for that budget.
-INLINE_DECODE_MAX_BYTES: Final = 64 * 1024
 DEFAULT_MAX_CONNECTIONS: Final = 1000
 DEFAULT_IDLE_TIMEOUT_MS: Final = 60_000
 DEFAULT_FRAME_TIMEOUT_MS: Final = 10_000
 DEFAULT_MAX_BUFFERED_BYTES: Final = 64 * 1024 * 1024
 
-# What a connection is doing, for the timeout sweep.
-_IDLE: Final = "idle"
-_FRAME: Final = "frame"
-_REPLY: Final = "reply"
-_BUSY: Final = "busy"
+# What the log says a connection was doing when its deadline passed, or it made room for another.
 _EXPIRED: Final = {
-    _IDLE: "no request within idle_timeout_ms",
-    _FRAME: "the frame did not arrive whole within frame_timeout_ms",
-    _REPLY: "the reply was not taken within frame_timeout_ms",
+    IDLE: "no request within idle_timeout_ms",
+    FRAME: "the frame did not arrive whole within frame_timeout_ms",
+    REPLY: "the reply was not taken within frame_timeout_ms",
 }
-_DOING: Final = {_IDLE: "an idle", _FRAME: "a half-sent", _REPLY: "a stalled", _BUSY: "a busy"}
-
-
-class _Connection:
-    """One client connection: its task and the deadline of what it is doing (see ``_sweep``)."""
-
-    __slots__ = ("deadline", "evicted", "expired", "peer", "phase", "task")
-
-    def __init__(self, task: asyncio.Task[None], peer: str) -> None:
-        self.task = task
-        self.peer = peer
-        self.phase = _IDLE
-        self.deadline = float("inf")
-        self.expired: str | None = None
-        #: Closed to admit a new connection at max_connections.
-        self.evicted = False
+_DOING: Final = {IDLE: "an idle", FRAME: "a half-sent", REPLY: "a stalled", BUSY: "a busy"}
 
 
 class ThriftServer:
@@ -118,9 +100,9 @@ class ThriftServer:
         if max_buffered_bytes < max_frame_bytes:
             raise ValueError(f"max_buffered_bytes ({max_buffered_bytes}) must hold one frame of max_frame_bytes")
         self._handler = ThriftHandler(service, clients)
-        self._max_frame_bytes = max_frame_bytes
         self._idle_s = idle_timeout_ms / 1000
         self._frame_s = frame_timeout_ms / 1000
+        self._frames = FrameLoop(self._handler, max_frame_bytes, self._idle_s, self._frame_s, self._read_big_frame)
         self._host = host
         self._budget = ByteBudget(max_buffered_bytes)
         # One big frame decoded at a time: each decoding thread takes the GIL from the loop, so
@@ -132,12 +114,10 @@ class ThriftServer:
         )
         self._started = False
         self._closing = False
-        self._connections: dict[asyncio.Task[None], _Connection] = {}
-        self._evictions = Evictions(self._connections.values, frozenset({_FRAME}), _IDLE)
+        self._connections: dict[asyncio.Task[None], Connection] = {}
+        self._evictions = Evictions(self._connections.values, frozenset({FRAME}), IDLE)
         self._sweeper: asyncio.Task[None] | None = None
         self.connections = 0
-        self.frames_rejected = 0
-        self.decode_errors = 0
         self.timeouts = 0
 
     # lifecycle ---------------------------------------------------------------------------------
@@ -168,6 +148,16 @@ class ThriftServer:
     def port(self) -> int:
         """The bound port (the chosen one when constructed with port 0)."""
         return self._listener.port
+
+    @property
+    def frames_rejected(self) -> int:
+        """Frames whose declared length was outside ``1..max_frame_bytes`` (each closed its connection)."""
+        return self._frames.frames_rejected
+
+    @property
+    def decode_errors(self) -> int:
+        """Payloads that did not decode (each closed its connection)."""
+        return self._frames.decode_errors
 
     @property
     def active_connections(self) -> int:
@@ -215,7 +205,7 @@ class ThriftServer:
 
     def _accepted(self, sock: socket.socket) -> None:
         task = asyncio.get_running_loop().create_task(self._serve_connection(sock))
-        self._connections[task] = _Connection(task, _peer_name(sock))
+        self._connections[task] = Connection(task, _peer_name(sock))
 
     def _make_room(self) -> str | None:
         """At max_connections: close the connection :class:`Evictions` picks; what it was, for the log."""
@@ -237,9 +227,13 @@ class ThriftServer:
         try:
             with contextlib.suppress(OSError):  # a peer already gone: the transport says so next
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _, channel = await asyncio.get_running_loop().connect_accepted_socket(FrameChannel, sock)
+            # FrameChannel is a protocol by its methods (see its docstring), which typeshed cannot see.
+            _, protocol = await asyncio.get_running_loop().connect_accepted_socket(
+                cast("Callable[[], asyncio.Protocol]", FrameChannel), sock
+            )
+            channel = cast(FrameChannel, protocol)
             log.debug("thrift connection from %s", peer)
-            await self._serve_frames(channel, connection)
+            await self._frames.serve(channel, connection)
         except asyncio.CancelledError:
             if self._closing or (connection.expired is None and not connection.evicted):
                 raise
@@ -272,66 +266,13 @@ class ThriftServer:
                     connection.expired = _EXPIRED[connection.phase]
                     connection.task.cancel()
 
-    async def _serve_frames(self, channel: FrameChannel, connection: _Connection) -> None:
-        loop = asyncio.get_running_loop()
-        peer = connection.peer
-        while True:
-            connection.phase, connection.deadline = _IDLE, loop.time() + self._idle_s
-            try:
-                if not channel.buffered:
-                    await channel.wait_for(1)
-                # From the first byte on, the frame has frame_timeout_ms to arrive whole.
-                connection.phase, connection.deadline = _FRAME, loop.time() + self._frame_s
-                if channel.buffered < FRAME_HEADER_BYTES:
-                    await channel.wait_for(FRAME_HEADER_BYTES)
-            except ChannelClosedError as exc:
-                if exc.partial:
-                    log.debug("%s closed the connection inside a frame header", peer)
-                return
-            length = channel.frame_length()
-            if not 0 < length <= self._max_frame_bytes:
-                self.frames_rejected += 1
-                log.warning(
-                    "closing thrift connection from %s: frame length %d is outside 1..%d",
-                    peer,
-                    length,
-                    self._max_frame_bytes,
-                )
-                return
-            try:
-                if length > INLINE_DECODE_MAX_BYTES:
-                    envelope = await self._read_big_frame(channel, length, connection)
-                else:
-                    if channel.buffered < FRAME_HEADER_BYTES + length:
-                        await channel.wait_for(FRAME_HEADER_BYTES + length)
-                    payload = channel.take_payload(length)
-                    connection.phase, connection.deadline = _BUSY, float("inf")
-                    envelope = decode(payload, args_for, MAX_RESULT_OFFSETS)
-            except ChannelClosedError as exc:
-                got = max(exc.partial - FRAME_HEADER_BYTES, 0)
-                log.info("%s closed the connection after %d of %d frame bytes", peer, got, length)
-                return
-            except FrameRefusedError as exc:
-                reply = self._handler.refused(exc, peer)
-            except FrameDecodeError as exc:
-                self.decode_errors += 1
-                log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)
-                return
-            else:
-                reply = await self._handler.dispatch(envelope, peer)
-            if reply is not None:
-                connection.phase, connection.deadline = _REPLY, loop.time() + self._frame_s
-                channel.write(reply)
-                if channel.must_drain:
-                    await channel.drain()
-
-    async def _read_big_frame(self, channel: FrameChannel, length: int, connection: _Connection) -> Envelope:
+    async def _read_big_frame(self, channel: FrameChannel, length: int, connection: Connection) -> Envelope:
         """Read and decode a frame above INLINE_DECODE_MAX_BYTES within the byte budget; its payload is
         gone when this returns (a method of its own so that no local outlives the reservation)."""
         async with self._budget.reserve(length):
             await channel.wait_for(FRAME_HEADER_BYTES + length)
             payload = channel.take_payload(length)
-            connection.phase, connection.deadline = _BUSY, float("inf")
+            connection.phase, connection.deadline = BUSY, float("inf")
             async with self._decoding:
                 return await asyncio.to_thread(decode, payload, args_for, MAX_RESULT_OFFSETS)
 
