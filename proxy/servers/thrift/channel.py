@@ -19,20 +19,12 @@ import asyncio
 from typing import Final, cast
 
 from ddmq.protocol.wire import FRAME_HEADER_BYTES, frame_length
+from ddmq.proxy.servers.thrift.errors import ChannelClosedError
 
 __all__ = ["ChannelClosedError", "FrameChannel"]
 
 #: Bytes a channel buffers beyond what its task waits for before it stops reading the socket.
 DEFAULT_HIGH_WATER: Final = 128 * 1024
-
-
-class ChannelClosedError(ConnectionError):
-    """The peer closed its side (or the connection was lost) before the bytes awaited arrived;
-    ``partial`` bytes were buffered."""
-
-    def __init__(self, partial: int) -> None:
-        super().__init__(f"connection closed with {partial} byte(s) of a frame buffered")
-        self.partial = partial
 
 
 class FrameChannel:
