@@ -76,7 +76,7 @@ class ProxyService(OverRegistry):
         #: The request surface; the servers hold views of it bound to their own limits.
         self.api = ConsumeApi(
             self.registry, RequestRules(config.thrift.max_linger_ms),
-            waits=lambda: self._state in ("starting", "running"), observe_pull=self.metrics.observe_pull,
+            waits=lambda: self._state in ("starting", "running"), observe_pull=self.metrics.pull_timers.observe,
             counters=counters,
         )
         #: The clients pulling, for the console (fed by the server adapters).

@@ -27,14 +27,42 @@ _WAITING: Final = JobState.WAITING
 _RUNNABLE: Final = JobState.RUNNABLE
 
 
+class _Signal:
+    """``asyncio.Event``'s set, clear and wait, compiled with the key gate: Event's are Python methods,
+    and with one message per key in flight the gate is set, waited on and cleared once per ack."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def set(self) -> None:
+        self._set = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._waiters.remove(waiter)
+
+
 class UpstreamJobBlockingQueue:
     def __init__(self) -> None:
         self._heads: dict[Hashable, UpstreamJob] = {}
         self._tails: dict[Hashable, UpstreamJob] = {}
         self._main: deque[UpstreamJob] = deque()
         self._reactivated: deque[UpstreamJob] = deque()
-        self._nonempty = asyncio.Event()
-        #: Mirrors ``_nonempty``: Event.set() is a Python call, and put() runs once per message read.
+        self._nonempty = _Signal()
+        #: Mirrors ``_nonempty``: put() runs once per message read, and a flag is cheaper than a call.
         self._signalled = False
 
     def put(self, job: UpstreamJob) -> bool:

@@ -33,7 +33,7 @@ from ddmq.proxy.ops.collector import EngineCollector
 from ddmq.proxy.ops.exposition import render
 from ddmq.proxy.ops.families import TopicFigures
 from ddmq.proxy.ops.lag import Position, produce_times_at
-from ddmq.proxy.ops.latency import LatencyHistogram
+from ddmq.proxy.ops.latency import LatencyHistogram, PullTimers
 from ddmq.proxy.store.broker import Broker, map_redis_errors
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ class ProxyMetrics:
         #: Every collector but the engine's.
         self.others = CollectorRegistry(auto_describe=False)
         #: (group, result) -> durations of pull calls, ``result`` ``messages`` or ``empty``.
-        self.pull_seconds: dict[tuple[str, str], LatencyHistogram] = {}
+        self.pull_timers = PullTimers(PULL_BUCKETS)
+        self.pull_seconds = self.pull_timers.histograms
         #: (group, topic, action) -> durations; kept across consumer rebuilds so the counts only grow.
         self.action_seconds: dict[tuple[str, str, str], LatencyHistogram] = {}
         self.collector = EngineCollector(groups, counters, server_stats, self.action_seconds, self.pull_seconds)
@@ -94,7 +95,6 @@ class ProxyMetrics:
         self._groups = groups
         #: The produce times the last refresh found, by (topic, qid, offset).
         self._times: dict[Position, int] = {}
-        self._pull_children: dict[tuple[str, bool], Callable[[float], None]] = {}
 
     def register(self, collector: Collector) -> None:
         """Add ``collector``'s series to ``/metrics``."""
@@ -115,14 +115,7 @@ class ProxyMetrics:
                     consumer.action_timers = timers
 
     def observe_pull(self, group: str, batch: PullBatch, seconds: float) -> None:
-        key = (group, bool(batch.messages))
-        observe = self._pull_children.get(key)
-        if observe is None:
-            histogram = self.pull_seconds[group, "messages" if batch.messages else "empty"] = LatencyHistogram(
-                PULL_BUCKETS
-            )
-            observe = self._pull_children[key] = histogram.observe
-        observe(seconds)
+        self.pull_timers.observe(group, batch, seconds)
 
     async def refresh(self) -> None:
         """Read what the collector cannot read synchronously from Redis: produce offsets and the
