@@ -33,12 +33,7 @@ from ddmq.protocol.layout import (
 from ddmq.protocol.message_reader import read_message, read_messages
 from ddmq.protocol.structs import Message
 
-__all__ = [
-    "MAX_NESTING",
-    "CompactReader",
-    "FrameDecodeError",
-    "new_struct",
-]
+__all__ = ["MAX_NESTING", "CompactReader", "FrameDecodeError", "new_struct"]
 
 # Structs and containers nested deeper than this are refused. The deepest legitimate shape is the
 # ConsumeResult list (one level per (topic, qid)); the limit keeps the recursive reader and thriftpy2's
@@ -113,28 +108,23 @@ def _fields_of(struct_class: type) -> dict[int, _FieldEntry]:
     return fields
 
 
-_BLANKS: dict[type, dict[str, Any] | None] = {}
-_UNSEEN: Final[dict[str, Any]] = {}
+_BLANKS: dict[type, dict[str, Any] | None] = {}  # None: a class new_struct calls
 
 
 def new_struct(struct_class: Any) -> Any:
-    """``struct_class()``: a thriftpy2 struct with every field at its default, built by copying those
-    defaults into a new instance instead of running the class's generated ``__init__``, which is
-    interpreted bytecode (a request decodes four structs). A class with another ``__init__``, and an
-    exception class, is called."""
-    blank = _BLANKS.get(struct_class, _UNSEEN)
-    if blank is _UNSEEN:
+    """``struct_class()`` for a thriftpy2 struct: its fields' defaults copied into a new instance,
+    without the class's generated ``__init__``, interpreted bytecode (four per request decoded). A
+    class with another ``__init__``, or an exception class, is called."""
+    if struct_class not in _BLANKS:
         init = getattr(struct_class.__init__, "__code__", None)
-        generated = (
-            init is not None and init.co_filename.startswith("<generated ")
-            and not issubclass(struct_class, BaseException)
-        )
-        blank = _BLANKS[struct_class] = dict(vars(struct_class())) if generated else None
+        generated = init is not None and init.co_filename.startswith("<generated ")
+        plain = generated and not issubclass(struct_class, BaseException)
+        _BLANKS[struct_class] = dict(vars(struct_class())) if plain else None
+    blank = _BLANKS[struct_class]
     if blank is None:
         return struct_class()
     obj = struct_class.__new__(struct_class)
-    # The defaults themselves, shared as __init__ shares its default arguments.
-    obj.__dict__.update(blank)
+    obj.__dict__.update(blank)  # the defaults themselves, shared as __init__ shares its defaults
     return obj
 
 

@@ -13,6 +13,7 @@ import thriftpy2
 from thriftpy2.thrift import TPayload, TType
 
 from ddmq.protocol import wire
+from ddmq.protocol.reader import new_struct
 from ddmq.protocol.wire import (
     AckResult,
     ConsumeResult,
@@ -28,6 +29,7 @@ from ddmq.protocol.wire import (
     PullRequest,
     PullResponse,
     QidResponse,
+    TApplicationException,
     TMessageType,
 )
 
@@ -422,3 +424,31 @@ def test_the_nesting_limit_applies_to_real_structs() -> None:
     frame = wire.encode("submit", TMessageType.CALL, 1, ConsumerService.submit_args(result=wire.link_results(nodes)))
     with pytest.raises(FrameDecodeError, match="nested"):
         wire.decode(frame[4:], lambda name, mtype: ConsumerService.submit_args())
+
+
+def _payload_classes() -> list[type]:
+    """Every struct of the IDL, and the args and result struct of every method."""
+    classes = [getattr(wire, name) for name in EXPECTED]
+    for method in ConsumerService.thrift_services:
+        classes += [getattr(ConsumerService, f"{method}_args"), getattr(ConsumerService, f"{method}_result")]
+    return classes
+
+
+@pytest.mark.parametrize("struct_class", _payload_classes(), ids=lambda c: c.__name__)
+def test_a_new_struct_is_what_its_constructor_makes(struct_class: type) -> None:
+    made, built = struct_class(), new_struct(struct_class)
+    assert type(built) is struct_class
+    assert vars(built) == vars(made)
+    # Its own attributes: filling one leaves the next new struct at its defaults.
+    for name in vars(built):
+        setattr(built, name, "changed")
+    assert vars(new_struct(struct_class)) == vars(made)
+
+
+def test_a_class_with_its_own_init_is_called() -> None:
+    class Custom:
+        def __init__(self) -> None:
+            self.calls = 1
+
+    assert vars(new_struct(Custom)) == {"calls": 1}
+    assert isinstance(new_struct(TApplicationException), TApplicationException)

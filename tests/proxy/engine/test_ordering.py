@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -187,3 +188,25 @@ async def test_admit_runs_a_lone_head_at_once_and_queues_behind_anything_waiting
     assert not queue.admit(c1)
     assert drain(queue) == [a2, b1, c1]
     assert queue.admit(make_job(consumer, 5, "d"))  # nothing waits to run again
+
+
+async def test_wait_returns_once_a_job_may_run_and_blocks_while_none_can() -> None:
+    consumer = make_consumer()
+    queue = UpstreamJobBlockingQueue()
+    waiters = [asyncio.create_task(queue.wait()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    queue.put(make_job(consumer, 1, "a"))
+    await asyncio.wait_for(asyncio.gather(*waiters), 1)  # both waiters woken by one put
+    await asyncio.wait_for(queue.wait(), 1)  # still set: returns at once
+    assert drain(queue) and queue.pop() is None  # popping the queue empty clears it
+    blocked = asyncio.create_task(queue.wait())
+    cancelled = asyncio.create_task(queue.wait())
+    await asyncio.sleep(0.01)
+    assert not blocked.done()
+    cancelled.cancel()
+    await asyncio.gather(cancelled, return_exceptions=True)
+    job = make_job(consumer, 2, "b")
+    queue.put(job)
+    await asyncio.wait_for(blocked, 1)  # a cancelled waiter does not stop the others being woken
+    assert drain(queue) == [job]
