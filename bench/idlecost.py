@@ -243,9 +243,12 @@ def p1_with_idle_groups(idle_groups: int, quick: bool, settle_s: float = 10.0) -
 
                 spec = ProxyDrain(proxy.port, group, messages, CONNECTIONS, BATCH)
                 result = run_load(drain_proxy, spec, 120 + messages / 200, on_ready=on_ready)
+                deliveries = result["unique"] + result["duplicates"]
                 out[label] = {"msgs_per_s": round(messages / result["committed_s"]),
                               "delivered_msgs_per_s": round(messages / result["delivered_s"]),
                               "proxy_cpu_s": round(proxy.cpu_seconds() - marks["cpu"], 2),
+                              # how full the replies got: fewer per pull costs the proxy more per message
+                              "messages_per_pull": round(deliveries / max(1, result["replies_with_messages"]), 1),
                               "rss_mb": round(proxy.rss_mb(), 1)}
                 log(f"P1 {label}: {out[label]}")
         baselines += drain_baseline(server, [f"raw-idle-b{i}" for i in range(3)], messages)
