@@ -4,7 +4,8 @@ The engine keeps its own plain counters; :class:`~ddmq.proxy.ops.collector.Engin
 when Prometheus scrapes (a few families per (group, topic) and the rest per group or per proxy by
 default, per queue with ``metrics.per_queue``). Only two histograms are observed as the proxy works,
 into :class:`LatencyHistogram` accumulators the collector exports: the duration of each pull call (one
-observation per pull, not per message) and of each action call of the chain. What the collector cannot read
+observation per pull, not per message, into :attr:`ProxyMetrics.pull_timers`, whose ``observe`` the
+request surface calls) and of each action call of the chain. What the collector cannot read
 synchronously (produce offsets, produce times, dead-letter lengths, leases) :meth:`ProxyMetrics.refresh`
 reads from Redis just before a scrape.
 
@@ -28,7 +29,6 @@ from redis.asyncio.cluster import RedisCluster
 from ddmq.protocol import keys as key_names
 from ddmq.protocol.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
-from ddmq.proxy.core.types import PullBatch
 from ddmq.proxy.ops.collector import EngineCollector
 from ddmq.proxy.ops.exposition import render
 from ddmq.proxy.ops.families import TopicFigures
@@ -113,9 +113,6 @@ class ProxyMetrics:
                             histogram = self.action_seconds[key] = LatencyHistogram(ACTION_BUCKETS)
                         timers.append(histogram.observe)
                     consumer.action_timers = timers
-
-    def observe_pull(self, group: str, batch: PullBatch, seconds: float) -> None:
-        self.pull_timers.observe(group, batch, seconds)
 
     async def refresh(self) -> None:
         """Read what the collector cannot read synchronously from Redis: produce offsets and the
