@@ -5,8 +5,8 @@ The loop runs inside the connection's task (:meth:`ThriftServer._serve_connectio
 <ddmq.proxy.servers.thrift.server.ThriftServer>` owns the task, its cancellation and its logging): it
 waits for a frame, checks its length, decodes it and hands the call to the
 :class:`~ddmq.proxy.servers.thrift.handler.ThriftHandler`, then writes the reply. It is compiled with
-the hot path (``protocol/native.py``): it runs once per request, and interpreted it cost a dozen
-Python calls per request (the channel's buffer checks, the frame's length, its payload, the write).
+the hot path (``protocol/native.py``): it runs once per request, and as interpreted code each of its
+steps (the channel's buffer checks, the frame's length, its payload, the write) would be a Python call.
 Frames above :data:`INLINE_DECODE_MAX_BYTES` go to the server's ``big_frame`` coroutine, which holds
 them to the byte budget and decodes them in a worker thread.
 """
