@@ -87,7 +87,7 @@ class PullBuffer(HoldBuffer):
         #: behind their key: finished instead of made ready when they get here (see finish_elsewhere).
         self._finished_elsewhere: dict[QueueId, set[int]] = {}
         self._waiters: deque[_Waiter] = deque()
-        self._wake_scheduled = False
+        self._wake: asyncio.Handle | None = None  # the deferred _wake_waiters, while one is due
         self.redelivery = Redelivery(group, self.queue_stats, self._timed_out, self._make_ready, self._finish, clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -145,11 +145,16 @@ class PullBuffer(HoldBuffer):
             self._ready_order.append(queue)
         ready.append(job)
         self._ready_count += 1
-        if self._waiters and not self._wake_scheduled:
+        if self._waiters and self._wake is None:
             # Deferred so a reader's whole batch lands before parked pulls are answered.
-            self._wake_scheduled = True
             assert self._loop is not None
-            self._loop.call_soon(self._wake_waiters)
+            self._wake = self._loop.call_soon(self._wake_waiters)
+
+    def answer_parked(self) -> None:
+        """Answer parked pulls now (a read's batch has landed), not after this loop iteration's other reads."""
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake_waiters()
 
     # pulls -------------------------------------------------------------------------------------
 
@@ -193,7 +198,7 @@ class PullBuffer(HoldBuffer):
                 waiter.future.cancel()
 
     def _wake_waiters(self) -> None:
-        self._wake_scheduled = False
+        self._wake = None
         waiters = self._waiters
         unserved: deque[_Waiter] = deque()
         while waiters and self._ready_count:
@@ -388,10 +393,8 @@ class PullBuffer(HoldBuffer):
         ready = self._ready.pop(queue, None)
         if ready:
             self._ready_count -= len(ready)
-            try:
+            if queue in self._ready_order:
                 self._ready_order.remove(queue)
-            except ValueError:
-                pass
         return dropped
 
     # views -------------------------------------------------------------------------------------

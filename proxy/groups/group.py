@@ -258,6 +258,7 @@ class TopicConsumer:
                 self.run(UpstreamJob(self, queue, message, tracker))
         finally:
             counters["read"] += read
+            self.buffer.answer_parked()
 
     async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None:
         """The queue's next entry was not written by the ddmq producer. An entry with an id ``0-<n>``
@@ -317,8 +318,9 @@ class TopicConsumer:
                 if job.tracker.dropped:  # its queue moved away: let its key's successor go on
                     job.state = JobState.FINISHED
                     self.finish(job)
-                    continue
-                self.run(job)
+                else:
+                    self.run(job)
+            self.buffer.answer_parked()
 
     # finishing ---------------------------------------------------------------------------------
 
@@ -351,7 +353,7 @@ class ConsumerGroup:
     ) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
-        self._broker = broker
+        self.broker = broker
         self._leases = leases
         self._lease_config = lease_config
         self._membership = membership
@@ -365,13 +367,9 @@ class ConsumerGroup:
         #: Set when the group left the config: pulls get "unknown group", acks still count.
         self.removed = False
 
-    @property
-    def broker(self) -> Broker:
-        return self._broker
-
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
-        consumer = TopicConsumer(self.name, topic, config, self._broker, self.buffer, self._leases,
+        consumer = TopicConsumer(self.name, topic, config, self.broker, self.buffer, self._leases,
                                  self._lease_config, self._membership, self._upkeep, self._key_watcher)
         consumer.read_audit = self.read_audit
         return consumer

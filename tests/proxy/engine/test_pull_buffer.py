@@ -58,6 +58,26 @@ async def test_a_parked_pull_is_answered_when_a_job_arrives(buffer: PullBuffer, 
     assert job.state is JobState.IN_FLIGHT
 
 
+async def test_answer_parked_answers_at_once_with_every_job_that_landed(buffer: PullBuffer, owner: Owner) -> None:
+    """A read's batch lands, then answer_parked: the first parked pull gets the whole batch before the
+    loop runs anything else, and the deferred wake it replaces does not run."""
+    first = asyncio.create_task(buffer.pull(None, 10, 60_000))
+    second = asyncio.create_task(buffer.pull(None, 10, 60_000))
+    while buffer.parked < 2:  # noqa: ASYNC110  (each pull parks on its first step)
+        await asyncio.sleep(0)
+    jobs = [owner.job(f"k{i}") for i in range(3)]
+    buffer.answer_parked()
+    assert all(job.state is JobState.IN_FLIGHT for job in jobs)  # taken now, in this very step
+    assert buffer.parked == 1
+    assert picked(await first) == [(0, job.offset) for job in jobs]
+    await asyncio.sleep(0)  # past where the cancelled deferred wake would have run
+    assert not second.done() and buffer.parked == 1
+    later = owner.job("later")  # the next landing wakes the remaining pull as before
+    assert picked(await second) == [(0, later.offset)]
+    buffer.answer_parked()  # nothing due: nothing happens
+    assert buffer.parked == 0
+
+
 async def test_a_parked_pull_answers_empty_at_its_linger(buffer: PullBuffer, owner: Owner) -> None:
     batch = await buffer.pull(None, 10, 10)
     assert batch.queue is None and batch.messages == []
