@@ -287,16 +287,17 @@ async def drain_proxy(spec: ProxyDrain, ready: Ready) -> dict[str, Any]:
 @dataclass(frozen=True)
 class KeyedWork:
     """``connections`` pullers, each holding at most ``window`` messages: ``connections x window``
-    in flight. A puller pulls as many as it has free slots once at least ``refill_at`` are free. A
-    message's work is ``asyncio.sleep(w ms)`` (``w`` from its body); each message is acked the moment
-    its work ends, on a dedicated connection, coalesced while a submit is under way."""
+    in flight. A puller pulls as many as it has free slots once at least ``refill_at`` are free and its
+    previous pull has returned (one pull at a time per connection). A message's work is
+    ``asyncio.sleep(w ms)`` (``w`` from its body); each message is acked the moment its work ends, on a
+    dedicated connection, coalesced while a submit is under way."""
 
     port: int
     group: str
     expected: int
     connections: int = 10
     window: int = 10
-    refill_at: int = 5
+    refill_at: int = 1
     linger_ms: int = 1000
     timeout_s: float = 600.0
 
@@ -314,6 +315,7 @@ class _WorkState:
     max_in_flight: int = 0
     slept_s: float = 0.0
     submits: int = 0
+    pulls: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -361,6 +363,7 @@ async def keyed_work(spec: KeyedWork, ready: Ready) -> dict[str, Any]:
         "slept_s": state.slept_s,
         "max_in_flight": state.max_in_flight,
         "submits": state.submits,
+        "pulls": state.pulls,
         "acked": len(state.acked),
         "client_cpu_s": cpu,
     }
@@ -373,6 +376,7 @@ async def _work_puller(client: AsyncProxyClient, spec: KeyedWork, state: _WorkSt
         response = await client.pull(
             PullRequest(groupId=spec.group, topic=TOPIC, maxBatchSize=free, maxLingerTime=spec.linger_ms)
         )
+        state.pulls += 1
         if not response.messages:
             continue
         assert response.context is not None
