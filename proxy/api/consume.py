@@ -91,11 +91,12 @@ class ConsumeApi:
         lease: PullLease | None = None,
         max_per_key: int | None = None,
         reply: ReplySize | None = None,
+        early: Callable[[PullBatch], None] | None = None,
     ) -> PullBatch:
         """Serve one pull: apply ``results``, then answer ready messages of one queue. ``max_per_key``
         (None or 1: one per key) lets the reply carry ordered runs of a key (see ``PullBuffer``);
         ``reply`` counts the reply's bytes against the topic's ``max_reply_bytes`` (None: as a Thrift
-        frame)."""
+        frame); ``early`` is the buffer's (a lease's pulls do without it)."""
         if results:  # first: acks count even when the group was just removed
             await self._apply(in_group(results, group))
         consumer_group = self.registry.group(group)
@@ -126,7 +127,7 @@ class ConsumeApi:
                 lease.lease_id, lease.pull_index, timeout_ms, topic, batch, linger, run, reply
             )
         else:
-            answer = await buffer.pull(topic, batch, linger, None, run, (), reply)
+            answer = await buffer.pull(topic, batch, linger, None, run, (), reply, early)
         if self._observe_pull is not None:
             self._observe_pull(group, answer, perf_counter() - started)
         return answer

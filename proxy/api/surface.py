@@ -7,6 +7,7 @@ an adapter: both protocols answer the same request the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final, Protocol
 
 from ddmq.proxy.core.types import ConsumeStatsRow, FetchedQueue, PullBatch, PullLease, QueueResult, ReplySize
@@ -29,6 +30,7 @@ class ConsumeService(Protocol):
         lease: PullLease | None = None,
         max_per_key: int | None = None,
         reply: ReplySize | None = None,
+        early: Callable[[PullBatch], None] | None = None,
     ) -> PullBatch:
         """Apply the piggy-backed ``results`` first (at most :data:`MAX_RESULT_OFFSETS` offsets, all
         or none; a result naming no group is ``group``'s), then return ready messages of one queue,
@@ -38,6 +40,9 @@ class ConsumeService(Protocol):
         bytes (None: a Thrift frame), but always carries one message when any is ready.
         With a ``lease``, a repeated pull of the same lease and index answers the same messages
         (until acked/expired). Results count even when the group was just removed.
+        ``early``, when given, is called with the answer of a pull that had to wait, in the step that
+        answers it and before this coroutine returns it: an adapter may write its reply there, one
+        loop iteration sooner (and before the other reads of that iteration are taken in).
 
         Raises UnknownGroupError / UnknownTopicError / BadRequestError / UnavailableError.
         """

@@ -1,14 +1,14 @@
 """The pull buffer's answers to what clients and operators say beside acks and fails: a message given
 back (release) or still being worked on (extend), and a key's head taken out of delivery and put back
-(hold, unhold, drop_head: :mod:`ddmq.proxy.engine.parking`). A base class of
-:class:`~ddmq.proxy.engine.pull_buffer.PullBuffer`, as :class:`~ddmq.proxy.engine.runs.RunBuffer` is; the
-verbs' rules are in :mod:`ddmq.proxy.engine.verbs`.
+(hold, unhold, drop_head: :mod:`ddmq.proxy.engine.parking`); and the lookups of the jobs the buffer
+holds. A base class of :class:`~ddmq.proxy.engine.pull_buffer.PullBuffer`, as
+:class:`~ddmq.proxy.engine.runs.RunBuffer` is; the verbs' rules are in :mod:`ddmq.proxy.engine.verbs`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 from ddmq.proxy.core.types import QueueId
@@ -35,7 +35,19 @@ class HoldBuffer(RunBuffer):
         raise NotImplementedError
 
     def job(self, queue: QueueId, offset: int) -> UpstreamJob | None:
-        raise NotImplementedError
+        """The unfinished job of ``queue`` at ``offset``, if the buffer holds it."""
+        jobs = self._jobs.get(queue)
+        job = jobs.get(offset) if jobs is not None else None
+        if job is None and queue in self._runs:
+            job = self._runs[queue].get(offset)
+        return job
+
+    def jobs(self) -> Iterator[UpstreamJob]:
+        """Every unfinished job the buffer holds (ready, in flight, waiting for a retry)."""
+        for jobs in self._jobs.values():
+            yield from jobs.values()
+        for members in self._runs.values():
+            yield from members.values()
 
     # parking (engine/parking.py) ---------------------------------------------------------------
 

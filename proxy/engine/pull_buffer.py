@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Final
 
@@ -71,6 +71,7 @@ class _Waiter:
     timeout_ms: int | None = None
     max_per_key: int = 1
     reply: ReplySize = THRIFT_REPLY
+    early: Callable[[PullBatch], None] | None = None
 
 
 class PullBuffer(HoldBuffer):
@@ -167,6 +168,7 @@ class PullBuffer(HoldBuffer):
         max_per_key: int = 1,
         held: Sequence[UpstreamJob] = (),
         reply: ReplySize = THRIFT_REPLY,
+        early: Callable[[PullBatch], None] | None = None,
     ) -> PullBatch:
         """Ready messages of one queue, waiting up to ``linger_ms`` for some. They stay in flight for
         ``timeout_ms`` (None: the topic's ``timeout_ms``) unless acked or failed first. With
@@ -179,7 +181,10 @@ class PullBuffer(HoldBuffer):
         ``held``: the last message of each key that this reader holds from its earlier pulls, all
         processed in order before this reply (a replayable lease's pulls, read in index order by one
         task). With runs, those keys continue their runs here with what waits behind them, at once only:
-        a pull that has to wait takes fresh heads."""
+        a pull that has to wait takes fresh heads.
+
+        ``early``: called with the batch that answers this pull after it parked, in the step that
+        answers it (a read landing), before this coroutine resumes: a server writes its reply there."""
         if not self._closed:
             batch = self._take(topic, max_batch, timeout_ms, max_per_key, held, reply)
             if batch.messages or linger_ms <= 0:
@@ -187,7 +192,7 @@ class PullBuffer(HoldBuffer):
         if self._closed:
             return _EMPTY
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(topic, max_batch, loop.create_future(), timeout_ms, max_per_key, reply)
+        waiter = _Waiter(topic, max_batch, loop.create_future(), timeout_ms, max_per_key, reply, early)
         self._waiters.append(waiter)
         expiry = loop.call_later(linger_ms / 1000, _resolve, waiter.future, _EMPTY)
         try:
@@ -208,6 +213,8 @@ class PullBuffer(HoldBuffer):
             batch = self._take(waiter.topic, waiter.max_batch, waiter.timeout_ms, waiter.max_per_key, (), waiter.reply)
             if batch.messages:
                 waiter.future.set_result(batch)
+                if waiter.early is not None:
+                    waiter.early(batch)
             else:
                 unserved.append(waiter)
         unserved.extend(w for w in waiters if not w.future.done())
@@ -399,14 +406,6 @@ class PullBuffer(HoldBuffer):
 
     # views -------------------------------------------------------------------------------------
 
-    def job(self, queue: QueueId, offset: int) -> UpstreamJob | None:
-        """The unfinished job of ``queue`` at ``offset``, if the buffer holds it."""
-        jobs = self._jobs.get(queue)
-        job = jobs.get(offset) if jobs is not None else None
-        if job is None and queue in self._runs:
-            job = self._runs[queue].get(offset)
-        return job
-
     @property
     def stats(self) -> BufferStats:
         """The group's totals over all queues (a snapshot, summed when read)."""
@@ -415,13 +414,6 @@ class PullBuffer(HoldBuffer):
             for f in fields(BufferStats):
                 setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
         return total
-
-    def jobs(self) -> Iterator[UpstreamJob]:
-        """Every unfinished job the buffer holds (ready, in flight, waiting for a retry)."""
-        for jobs in self._jobs.values():
-            yield from jobs.values()
-        for members in self._runs.values():
-            yield from members.values()
 
     @property
     def ready(self) -> int:

@@ -124,9 +124,10 @@ class FrameLoop:
                 log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)
                 return
             else:
-                reply = await self._handler.dispatch(envelope, peer)
+                reply = await self._handler.dispatch(envelope, peer, channel.write)
             if reply is not None:
                 connection.phase, connection.deadline = REPLY, loop.time() + self._frame_s
                 channel.write(reply)
-                if channel.must_drain:
-                    await channel.drain()
+            if channel.must_drain:  # after this reply, or a pull's written as it was answered
+                connection.phase, connection.deadline = REPLY, loop.time() + self._frame_s
+                await channel.drain()

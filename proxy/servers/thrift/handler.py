@@ -64,8 +64,12 @@ class ThriftHandler:
             "ackLeases": self._ack_leases,
         }
 
-    async def dispatch(self, envelope: Envelope, peer: str) -> bytes | None:
-        """The reply frame for one decoded call (None for a oneway call)."""
+    async def dispatch(
+        self, envelope: Envelope, peer: str, write: Callable[[bytes], None] | None = None
+    ) -> bytes | None:
+        """The reply frame for one decoded call (None for a oneway call). With ``write``, a pull that
+        waits has its reply written there as soon as it is answered (:class:`EarlyPullReply`), and None
+        comes back for it."""
         name, mtype, seqid, args = envelope
         if mtype not in (TMessageType.CALL, TMessageType.ONEWAY):
             return _application_error(
@@ -77,8 +81,11 @@ class ThriftHandler:
             return _application_error(name, seqid, TApplicationException.UNKNOWN_METHOD, f"unknown method {name!r}")
         try:
             if name == "pull":
-                group, topic, batch = await self._pull(args, peer)
-                if mtype == TMessageType.CALL and FAST_PULL_REPLY:
+                fast = mtype == TMessageType.CALL and FAST_PULL_REPLY
+                group, topic, batch, sent = await self._pull(args, peer, write if fast else None, seqid)
+                if sent:
+                    return None
+                if fast:
                     return _encode_pull_reply(seqid, group, topic, batch, peer)
                 success: Any = pull_response(group, topic, batch)
             else:
@@ -113,8 +120,11 @@ class ThriftHandler:
 
     # handlers: decode the request, call the service once, encode the answer --------------------
 
-    async def _pull(self, args: Any, peer: str = "") -> tuple[str, str | None, PullBatch]:
-        """The request's group and topic, and the batch that answers it."""
+    async def _pull(
+        self, args: Any, peer: str = "", write: Callable[[bytes], None] | None = None, seqid: int = 0
+    ) -> tuple[str, str | None, PullBatch, bool]:
+        """The request's group and topic, the batch that answers it, and whether its reply (call
+        ``seqid``) went out through ``write`` already."""
         request = args.request
         if request is None or not request.groupId:
             raise BadRequestError("PullRequest.groupId is required")
@@ -122,6 +132,7 @@ class ThriftHandler:
         if request.leaseId is not None:
             lease = PullLease(request.leaseId, request.leaseIndex or 0, request.leaseTimeoutMs)
         results = results_from_wire(request.result)
+        early = EarlyPullReply(seqid, request.groupId, request.topic, peer, write) if write is not None else None
         batch = await self._service.pull(
             request.groupId,
             request.topic,
@@ -130,11 +141,12 @@ class ThriftHandler:
             results,
             lease,
             max_per_key=request.maxPerKey,
+            early=early,
         )
         if self._clients is not None:
             version = request.version if isinstance(request.version, str) else None
             self._clients.pulled("thrift", peer, request.groupId, version, batch, results)
-        return request.groupId, request.topic, batch
+        return request.groupId, request.topic, batch, early is not None and early.sent
 
     async def _ack_leases(self, args: Any) -> int:
         request = args.request
@@ -195,6 +207,32 @@ class ThriftHandler:
             raise BadRequestError("AckResult.groupId is required")
         await self._service.ack(result.groupId, result.offsets or {})
         return True
+
+
+class EarlyPullReply:
+    """A parked pull's reply, written in the step that answers the pull (a read landing, an ack's
+    successor dispatched) rather than when the connection's task resumes: that waits for every other
+    callback of the loop iteration, other readers' batches included. Only the bytes go out early; the
+    task still resumes to record the pull and read the connection's next frame."""
+
+    def __init__(self, seqid: int, group: str, topic: str | None, peer: str, write: Callable[[bytes], None]) -> None:
+        self.seqid = seqid
+        self.group = group
+        self.topic = topic
+        self.peer = peer
+        self.write = write
+        self.sent = False
+
+    def __call__(self, batch: PullBatch) -> None:
+        frame = _encode_pull_reply(self.seqid, self.group, self.topic, batch, self.peer)
+        try:
+            self.write(frame)
+        except ConnectionError:
+            return  # lost: the task meets it when it resumes and writes the reply itself
+        except Exception:  # never into the step that answered the pull (a reader's)
+            log.exception("could not write the pull reply for %s early", self.peer)
+            return
+        self.sent = True
 
 
 def results_from_wire(head: ConsumeResult | None) -> list[QueueResult]:

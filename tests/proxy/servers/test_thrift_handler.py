@@ -3,6 +3,7 @@ proxy's request surface (no sockets: the server's framing is tests/proxy/servers
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ddmq.protocol import wire
@@ -78,3 +79,51 @@ async def test_a_oneway_call_gets_no_reply_even_when_it_fails(redis_url: str) ->
         handler = ThriftHandler(service.api.bound(RequestRules(0)))
         frame = await handler.dispatch(call("pull", 1, TMessageType.ONEWAY, request=PullRequest(groupId="nope")), "p")
         assert frame is None
+
+
+async def test_a_parked_pull_is_written_as_it_is_answered_in_key_order_and_whole(redis_url: str) -> None:
+    """Each message arrives while the pull waits: its reply goes out through ``write`` in the step
+    that answers the pull, once, and dispatch then has nothing left to send. Keys stay in order and
+    every message produced is delivered."""
+    async with running_proxy(redis_url) as service, AsyncProducer(redis_url) as producer:
+        handler = ThriftHandler(service.api.bound(RequestRules(5000)))
+        request = PullRequest(groupId="g", topic="t", maxBatchSize=10, maxLingerTime=5000)
+        sent = [(f"k{seq % 3}", f"{seq % 3}:{seq // 3}".encode()) for seq in range(9)]
+        got: list[bytes] = []
+        acks: wire.ConsumeResult | None = None
+        for seqid, (key, value) in enumerate(sent, start=1):
+            frames: list[bytes] = []
+            request.result = acks
+            pulled = asyncio.create_task(handler.dispatch(call("pull", seqid, request=request), "peer", frames.append))
+            while service.registry.group("g").buffer.parked == 0:  # noqa: ASYNC110  (parks on its first steps)
+                await asyncio.sleep(0.001)
+            await producer.send("t", value, key=key)
+            assert await asyncio.wait_for(pulled, 5) is None  # written already: nothing more to send
+            assert len(frames) == 1
+            answer = reply(frames[0])
+            assert answer.seqid == seqid
+            success = answer.body.success
+            got += [m.value for m in success.messages]
+            acks = wire.link_results([wire.ConsumeResult(context=success.context,
+                                                        successOffsets=[m.offset for m in success.messages])])
+        assert sorted(got) == sorted(value for _, value in sent)
+        for key in ("0", "1", "2"):
+            assert [v for v in got if v.startswith(key.encode())] == [f"{key}:{n}".encode() for n in range(3)]
+
+
+async def test_a_parked_pull_whose_early_write_fails_is_answered_by_dispatch(redis_url: str) -> None:
+    """A connection lost under the early write: dispatch returns the reply as for any other call (the
+    server's own write then meets the lost connection), and the message went out as delivered."""
+    async with running_proxy(redis_url) as service, AsyncProducer(redis_url) as producer:
+        handler = ThriftHandler(service.api.bound(RequestRules(5000)))
+        request = PullRequest(groupId="g", topic="t", maxBatchSize=10, maxLingerTime=5000)
+
+        def lost(frame: bytes) -> None:
+            raise ConnectionResetError("connection lost")
+
+        pulled = asyncio.create_task(handler.dispatch(call("pull", 4, request=request), "peer", lost))
+        while service.registry.group("g").buffer.parked == 0:  # noqa: ASYNC110  (parks on its first steps)
+            await asyncio.sleep(0.001)
+        await producer.send("t", b"v", key="k")
+        answer = reply(await asyncio.wait_for(pulled, 5))
+        assert answer.seqid == 4 and [m.value for m in answer.body.success.messages] == [b"v"]

@@ -85,6 +85,8 @@ class FakeService:
         self.fetch_pages: list[FetchedQueue] = []
         self.acks: list[tuple[str, dict[str, dict[str, int]]]] = []
         self.parked = asyncio.Event()
+        #: Replies written through the server's early hook (a pull that waited).
+        self.early_replies = 0
         self._arrived = asyncio.Event()
 
     def add(self, queue: QueueId, offsets: list[int], values: list[bytes] | None = None) -> None:
@@ -115,11 +117,13 @@ class FakeService:
         results: list[QueueResult],
         lease: PullLease | None = None,
         max_per_key: int | None = None,
+        early: Callable[[PullBatch], None] | None = None,
     ) -> PullBatch:
         self.pulls.append(PullCall(group, topic, max_batch, linger_ms, results))
         if self.errors:
             raise self.errors.popleft()
-        if not self.ready and linger_ms is not None and linger_ms > 0:
+        waited = not self.ready and linger_ms is not None and linger_ms > 0
+        if waited:
             self._arrived.clear()
             self.parked.set()
             try:
@@ -135,6 +139,9 @@ class FakeService:
         if max_batch and len(batch.messages) > max_batch:
             self.ready.appendleft(PullBatch(batch.queue, batch.messages[max_batch:]))
             batch = PullBatch(batch.queue, batch.messages[:max_batch])
+        if waited and early is not None:  # as the engine does: the reply goes out before this returns
+            early(batch)
+            self.early_replies += 1
         return batch
 
     async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
@@ -420,6 +427,23 @@ async def test_connections_are_served_concurrently(server: ThriftServer, service
         response = await long_poll
     assert [m.offset for m in response.messages] == [1]
     assert server.connections == 2
+
+
+async def test_a_parked_pulls_reply_goes_out_once_as_it_is_answered(server: ThriftServer, service: FakeService) -> None:
+    """Written through the early hook, not again by the frame loop: the connection's next call reads
+    its own reply, not a second copy of the first."""
+    async with AsyncProxyClient("127.0.0.1", server.port, timeout_s=GUARD_S) as client:
+        long_poll = asyncio.create_task(client.pull(PullRequest(groupId="g", maxLingerTime=4000)))
+        async with asyncio.timeout(GUARD_S):
+            await service.parked.wait()
+        service.add(QueueId("t", 0), [1, 2])
+        response = await long_poll
+        assert [m.offset for m in response.messages] == [1, 2]
+        assert service.early_replies == 1
+        service.add(QueueId("t", 1), [7])
+        again = await client.pull(PullRequest(groupId="g"))
+    assert [m.offset for m in again.messages] == [7] and again.context is not None and again.context.qid == "1"
+    assert service.early_replies == 1  # answered at once: no early hook
 
 
 # -- lifecycle --------------------------------------------------------------------------------------
