@@ -320,7 +320,6 @@ class TopicConsumer:
                     self.finish(job)
                 else:
                     self.run(job)
-            self.buffer.answer_parked()
 
     # finishing ---------------------------------------------------------------------------------
 
