@@ -9,8 +9,8 @@ separate connection, coalesced), because the next message of its key is handed o
 ack reaches the proxy.
 
 The same work is then drained once more on a fresh group by clients that wait for
-:data:`COMPARE_REFILL_AT` free slots before they pull (``data.refill_5``): the policy this row used
-while a request cost the proxy several times what it costs now, kept so the two stay comparable.
+:data:`COMPARE_REFILL_AT` free slots before they pull (``data.refill_5``), so what waiting for free
+slots costs stays visible beside the figure.
 
 The ideal wall time is the total work divided by 100; the figure is the measured wall time (first
 pull to the ack of the last message) over that ideal. ``ratio_actual_sleep`` divides by the time
@@ -33,9 +33,8 @@ __all__ = ["key_parallel_work"]
 KEYS = 1000
 CONNECTIONS = 10
 WINDOW = 10
-#: Pull whenever a slot is free. Fewer, larger pulls (waiting for 5 free slots) suited a proxy that
-#: spent 50-70 µs per request; on the compiled build a slot waiting for four others costs more than
-#: the extra requests (bench/README.md, "Scenarios").
+#: Pull whenever a slot is free: a slot waiting for others to free costs more than the extra requests
+#: on the compiled build (bench/README.md, "Scenarios", has both measured).
 REFILL_AT = 1
 COMPARE_REFILL_AT = 5
 IN_FLIGHT = CONNECTIONS * WINDOW
@@ -48,7 +47,9 @@ def key_parallel_work(settings: Settings) -> list[Row]:
         log(f"P3: producing {messages:,} messages over {KEYS} keys, {WORK_MS[0]:g}-{WORK_MS[1]:g} ms of work each")
         backlog = produce_backlog(redis_server.url, messages, keys=KEYS, work_ms=WORK_MS)
         result, proxy_cpu_s = _drain(redis_server.url, "cg-work", messages, REFILL_AT)
-        compare, compare_cpu_s = _drain(redis_server.url, "cg-work-refill-5", messages, COMPARE_REFILL_AT)
+        compare, compare_cpu_s = _drain(
+            redis_server.url, f"cg-work-refill-{COMPARE_REFILL_AT}", messages, COMPARE_REFILL_AT
+        )
     log("P3: the same work fed from memory (the client's own floor)")
     floor = run_load(sleep_floor, backlog.work_ms, 120 + messages / 100)
     total_work_s = sum(backlog.work_ms) / 1000

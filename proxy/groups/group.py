@@ -318,8 +318,8 @@ class TopicConsumer:
                 if job.tracker.dropped:  # its queue moved away: let its key's successor go on
                     job.state = JobState.FINISHED
                     self.finish(job)
-                else:
-                    self.run(job)
+                    continue
+                self.run(job)
 
     # finishing ---------------------------------------------------------------------------------
 

@@ -212,8 +212,8 @@ class ThriftHandler:
 class EarlyPullReply:
     """A parked pull's reply, written in the step that answers the pull (a read's batch landing, or
     the buffer's deferred wake) rather than when the connection's task resumes: that waits for every
-    other callback of the loop iteration, other readers' batches included. Only the bytes go out early; the
-    task still resumes to record the pull and read the connection's next frame."""
+    other callback of the loop iteration, other readers' batches included. Only the bytes go out
+    early; the task still resumes to record the pull and read the connection's next frame."""
 
     def __init__(self, seqid: int, group: str, topic: str | None, peer: str, write: Callable[[bytes], None]) -> None:
         self.seqid = seqid
