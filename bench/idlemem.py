@@ -39,6 +39,7 @@ async def _measure(url: str, rows: int, settle_s: float, frames: int, top: int) 
 
     from bench.idlecost import INSTANCE, SHAPES
     from ddmq.config.loader import parse
+    from ddmq.protocol.native import settle_heap
     from ddmq.proxy.service import ProxyService
     from tests.harness.stack import free_port, rss_mb
 
@@ -51,9 +52,7 @@ async def _measure(url: str, rows: int, settle_s: float, frames: int, top: int) 
     print(f"{rows} queues ({shape}); RSS before the service {rss_mb(os.getpid()):.1f} MB")
     service = ProxyService(config)
     await service.start()
-    gc.collect()  # as ddmq-proxy does once started (proxy/cli.py)
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    settle_heap()  # as ddmq-proxy does once started (proxy/cli.py)
     client = aioredis.Redis.from_url(url)
     lease_keys = shape.lease_keys()
     began = time.monotonic()

@@ -9,7 +9,8 @@ start-up log and its ``ddmq_build_info`` metric all print it.
 The event loop is uvloop where it is installed (not on Windows), asyncio's own otherwise:
 :func:`loop_factory` turns a choice (``auto``, ``uvloop``, ``asyncio``) into a factory for
 ``asyncio.Runner``. Only processes this project starts choose a loop (the proxy, the benchmarks); the
-SDK runs on whatever loop its user runs and never installs a policy.
+SDK runs on whatever loop its user runs and never installs a policy. The same processes settle their
+heap once started (:func:`settle_heap`); the SDK leaves its user's collector alone.
 
 This module imports nothing of the project: setup.py loads it from its path before anything is built.
 """
@@ -17,6 +18,7 @@ This module imports nothing of the project: setup.py loads it from its path befo
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 from collections.abc import Callable
 from importlib import machinery
@@ -25,6 +27,7 @@ from typing import Final, NamedTuple
 
 __all__ = [
     "COMPILED",
+    "GC_THRESHOLDS",
     "LOOP_CHOICES",
     "HotPath",
     "describe",
@@ -32,6 +35,7 @@ __all__ = [
     "loop_factory",
     "loop_name",
     "resolve_loop",
+    "settle_heap",
     "uvloop_available",
 ]
 
@@ -150,6 +154,23 @@ def loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop
 def loop_name(loop: asyncio.AbstractEventLoop) -> str:
     """``uvloop`` or ``asyncio``: which implementation ``loop`` is."""
     return "uvloop" if type(loop).__module__.partition(".")[0] == "uvloop" else "asyncio"
+
+
+#: Collector thresholds once the heap is settled: young collections every 50,000 allocations, not 700.
+GC_THRESHOLDS: Final = (50_000, 20, 100)
+
+
+def settle_heap() -> None:
+    """Once a process has started (imports done, connections up): collect, move what is alive out of
+    the collector's sight, and collect the young generation less often.
+
+    The hot path allocates a few objects per message; with the default thresholds the collector ran
+    every ~700 of them, and a full collection walked every object the imports left (39,000 in a bench
+    client: 12 ms, in the middle of a drain of a fifth of a second). Frozen, a full collection walks
+    only what was made since."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def describe(loop: str) -> str:

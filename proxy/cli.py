@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -15,7 +14,7 @@ from collections.abc import Sequence
 
 from ddmq.config import load
 from ddmq.protocol import clitools
-from ddmq.protocol.native import LOOP_CHOICES, describe, loop_factory, loop_name, resolve_loop
+from ddmq.protocol.native import LOOP_CHOICES, describe, loop_factory, loop_name, resolve_loop, settle_heap
 from ddmq.proxy.core.errors import ConfigError, DdmqError
 from ddmq.proxy.ops.exports import export_lines
 from ddmq.proxy.ops.reload import ConfigReloader
@@ -78,12 +77,8 @@ async def serve(service: ProxyService, config_path: str, watch_interval_ms: int 
     await service.start()
     reloader.start()
     _print_exports(service)
-    # Long-lived state (config, clients, compiled scripts) moves out of the collector's sight, and
-    # young-generation collections run less often: the hot path allocates a few objects per message,
-    # and with the default threshold the cyclic collector ran every ~700 of them.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    # Long-lived state (config, clients, compiled scripts) moves out of the collector's sight.
+    settle_heap()
     # Frames above 64 KiB are decoded in worker threads, which hold the GIL while they decode; the
     # loop gets it back once per switch interval. 1 ms instead of 5 keeps other clients' pulls quick
     # meanwhile, and costs nothing when no such frame is being decoded (the loop runs alone then).

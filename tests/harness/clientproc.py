@@ -10,7 +10,8 @@ it waits (it only samples ``/proc`` and, in P4, produces at a steady rate).
 ...     result = load.result(120)
 
 A load is an ``async def load(spec, ready) -> dict`` at module level (so it pickles by reference);
-it calls ``ready()`` once its connections are up and returns a JSON-able dict.
+it calls ``ready()`` once its connections are up and returns a JSON-able dict. ``ready()`` settles the
+process's heap first (:func:`ddmq.protocol.native.settle_heap`), as the proxy does once started.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
-from ddmq.protocol.native import loop_factory
+from ddmq.protocol.native import loop_factory, settle_heap
 from tests.harness.stack import HarnessError, loop_choice
 
 __all__ = ["ClientProcess", "Load", "Ready"]
@@ -36,6 +37,9 @@ _context = multiprocessing.get_context("spawn")  # no inherited sockets, loops o
 
 def _child(conn: Connection, load: Load, spec: Any) -> None:
     def ready() -> None:
+        # Settled as the proxy settles its own: a full collection over the imports' objects is a pause
+        # of the measuring client, inside the window it measures (bench/README.md, "How it runs").
+        settle_heap()
         conn.send(("ready", None))
 
     try:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
+from collections.abc import Callable
 from importlib import machinery
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ddmq.protocol import native
-from ddmq.protocol.native import COMPILED, hot_path, loop_factory, loop_name, resolve_loop
+from ddmq.protocol.native import COMPILED, GC_THRESHOLDS, hot_path, loop_factory, loop_name, resolve_loop
+from tests.harness.clientproc import ClientProcess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,3 +63,19 @@ def test_the_hot_path_is_what_the_modules_load_from() -> None:
         assert path.reason.startswith("editable install" if from_sources else "no compiled modules"), path
     else:
         assert path.kind == "partial" and "pure" in path.reason
+
+
+async def _heap_after_ready(spec: None, ready: Callable[[], None]) -> dict[str, Any]:
+    before = {"frozen": gc.get_freeze_count(), "thresholds": list(gc.get_threshold())}
+    ready()
+    return {"before": before, "frozen": gc.get_freeze_count(), "thresholds": list(gc.get_threshold())}
+
+
+def test_a_bench_client_process_settles_its_heap_when_ready_as_the_proxy_does() -> None:
+    """The benchmarks' client process (spawned, so a fresh interpreter) freezes what its imports left
+    and takes the proxy's thresholds once it says it is ready, not before."""
+    with ClientProcess(_heap_after_ready, None) as process:
+        result = process.result(60)
+    assert result["before"] == {"frozen": 0, "thresholds": [700, 10, 10]}
+    assert result["frozen"] > 1000  # the imports' objects, out of the collector's sight
+    assert result["thresholds"] == list(GC_THRESHOLDS)
