@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from ddmq.protocol import keys as redis_keys
 from ddmq.protocol.producer import Producer
 
-__all__ = ["QUEUES", "TOPIC", "Backlog", "body", "key_names", "produce_backlog", "streams"]
+__all__ = ["QUEUES", "TOPIC", "Backlog", "body", "draw", "key_names", "produce_backlog", "streams"]
 
 TOPIC = "bench"
 QUEUES = 8
 _BATCH = 2000
+#: Every run consumes the same data.
+DEFAULT_SEED = 20261122
 
 
 def key_names(count: int) -> list[str]:
@@ -58,6 +60,26 @@ def _choices(rng: random.Random, names: list[str], count: int) -> Iterator[str]:
         yield from rng.choices(names, k=min(step, count - start))
 
 
+def draw(
+    count: int,
+    *,
+    keys: int = 1000,
+    extra_keys: tuple[str, ...] = (),
+    work_ms: tuple[float, float] | None = None,
+    seed: int = DEFAULT_SEED,
+) -> Iterator[tuple[str, int, float | None]]:
+    """The backlog's messages in produce order: (key, its n-th message of that key, work in ms or None).
+    Keys over ``keys`` names (plus ``extra_keys``, each as frequent as one ordinary key); with
+    ``work_ms=(lo, hi)`` each message's work is uniform random in that range."""
+    rng = random.Random(seed)
+    names = key_names(keys) + list(extra_keys)
+    seqs: Counter[str] = Counter()
+    for key in _choices(rng, names, count):
+        seq = seqs[key]
+        seqs[key] = seq + 1
+        yield key, seq, None if work_ms is None else round(rng.uniform(*work_ms), 3)
+
+
 def produce_backlog(
     redis_url: str,
     count: int,
@@ -65,23 +87,18 @@ def produce_backlog(
     keys: int = 1000,
     extra_keys: tuple[str, ...] = (),
     work_ms: tuple[float, float] | None = None,
-    seed: int = 20261122,
+    seed: int = DEFAULT_SEED,
 ) -> Backlog:
-    """Produce ``count`` messages over ``keys`` keys (plus ``extra_keys``, each as frequent as one
-    ordinary key); with ``work_ms=(lo, hi)`` each body carries a uniform random ``w`` in that range."""
-    rng = random.Random(seed)
-    names = key_names(keys) + list(extra_keys)
+    """Produce :func:`draw`'s messages: bodies as :func:`body`, with ``w`` when there is work."""
     backlog = Backlog()
     with Producer(redis_url) as producer:
         producer.ensure_topic(TOPIC, QUEUES)
         batch: list[dict[str, str]] = []
-        for key in _choices(rng, names, count):
-            seq = backlog.per_key[key]
+        for key, seq, work in draw(count, keys=keys, extra_keys=extra_keys, work_ms=work_ms, seed=seed):
             backlog.per_key[key] = seq + 1
-            if work_ms is None:
+            if work is None:
                 value = body(key, seq)
             else:
-                work = round(rng.uniform(*work_ms), 3)
                 backlog.work_ms.append(work)
                 value = body(key, seq, w=work)
             batch.append({"key": key, "value": value})

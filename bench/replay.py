@@ -1,23 +1,33 @@
-"""A stand-in pull server for P1's client floor: what the Thrift clients alone can take.
+"""Stand-in pull servers for the clients' floors: what the Thrift clients alone can take.
 
-It speaks the proxy's wire protocol on a real socket, in its own process, but has no Redis, no key
-gate, no buffer and no offsets: each ``pull`` is answered at once with the next ``batch`` messages of
-the next queue (round-robin, like the proxy), encoded by the proxy's own reply encoder; acks are
-decoded and dropped; ``submit`` answers true. Once every message went out, pulls get an empty reply
-after their linger time. The client load that drains it is P1's, unchanged, so the rate it reaches
-is the most P1's clients could ever do on this machine, whatever the proxy did.
+They speak the proxy's wire protocol on a real socket, in their own process, with no Redis, no buffer
+and no offsets, and encode replies with the proxy's own reply encoder.
+
+- :func:`serve_pull_replies` (P1): each ``pull`` is answered at once with the next ``batch`` messages
+  of the next queue (round-robin, like the proxy); acks are decoded and dropped; ``submit`` answers
+  true. Once every message went out, pulls get an empty reply after their linger time. The client load
+  that drains it is P1's, unchanged, so the rate it reaches is the most P1's clients could ever do on
+  this machine, whatever the proxy did.
+- :func:`serve_ordered_work` (P3): P3's backlog, keys, work and all, held in memory in order; a pull
+  gets at once up to ``maxBatchSize`` of the keys' heads, one queue per reply as from the proxy, or
+  waits for one; an ack makes the key's next message its head. Per-key order with no read-ahead limit
+  and nothing between an ack and the next pull but the sockets: the wall time P3's client load reaches
+  against it is the most P3 could show with that client, that data and per-key order on this machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from bench.dataset import body, draw
 from ddmq.protocol import wire
+from ddmq.protocol.hashing import queue_for_key
 from ddmq.protocol.pull_codec import encode_pull_reply
-from ddmq.protocol.wire import ConsumerService, TMessageType
+from ddmq.protocol.wire import ConsumeResult, ConsumerService, TMessageType
 from ddmq.proxy.core.types import StoredMessage
 from tests.harness.clientproc import Ready
 
@@ -59,14 +69,10 @@ async def serve_pull_replies(spec: ReplaySpec, ready: Ready) -> dict[str, Any]:
                 return qid, queues[qid][start : start + spec.batch]
         return -1, []
 
-    def body_for(name: str, mtype: int) -> Any:
-        return ConsumerService.submit_args() if name == "submit" else ConsumerService.pull_args()
-
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                header = await reader.readexactly(wire.FRAME_HEADER_BYTES)
-                envelope = wire.decode(await reader.readexactly(wire.frame_length(header)), body_for)
+                envelope = await _request(reader)
                 if envelope.name == "submit":
                     result = ConsumerService.submit_result(success=True)
                     writer.write(wire.encode("submit", TMessageType.REPLY, envelope.seqid, result))
@@ -79,6 +85,113 @@ async def serve_pull_replies(spec: ReplaySpec, ready: Ready) -> dict[str, Any]:
                     envelope.seqid, request.groupId, spec.topic, str(qid) if batch else "", batch
                 )
                 writer.write(reply)
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", spec.port)
+    async with server:
+        ready()
+        await server.serve_forever()  # the harness terminates this process
+    return {}
+
+
+def _body_for(name: str, mtype: int) -> Any:
+    return ConsumerService.submit_args() if name == "submit" else ConsumerService.pull_args()
+
+
+async def _request(reader: asyncio.StreamReader) -> Any:
+    header = await reader.readexactly(wire.FRAME_HEADER_BYTES)
+    return wire.decode(await reader.readexactly(wire.frame_length(header)), _body_for)
+
+
+@dataclass(frozen=True)
+class OrderedWorkSpec:
+    """P3's backlog as :func:`bench.dataset.draw` makes it (same count, keys, work and seed)."""
+
+    port: int
+    topic: str
+    queues: int
+    messages: int
+    keys: int
+    work_ms: tuple[float, float]
+
+
+class _KeyGate:
+    """The keys' chains in produce order; per queue, the heads ready to go, oldest first."""
+
+    def __init__(self, spec: OrderedWorkSpec) -> None:
+        self.chains: dict[str, deque[StoredMessage]] = {}
+        self.ready: list[deque[StoredMessage]] = [deque() for _ in range(spec.queues)]
+        self.qid_of: dict[str, int] = {}
+        self.out: dict[tuple[int, int], str] = {}  # (qid, offset) handed out -> key
+        self.turn = 0
+        self.changed = asyncio.Event()
+        sizes = [0] * spec.queues
+        for key, seq, work in draw(spec.messages, keys=spec.keys, work_ms=spec.work_ms):
+            qid = self.qid_of.setdefault(key, queue_for_key(key, spec.queues))
+            sizes[qid] += 1
+            message = StoredMessage(sizes[qid], body(key, seq, w=work or 0.0).encode(), key, "", {}, 0)
+            chain = self.chains.setdefault(key, deque())
+            if not chain:
+                self.ready[qid].append(message)
+            chain.append(message)
+
+    def take(self, wanted: int) -> tuple[int, list[StoredMessage]]:
+        """Up to ``wanted`` heads of the next queue that has some (round-robin); (-1, []) if none has."""
+        for _ in range(len(self.ready)):
+            qid = self.turn
+            self.turn = (self.turn + 1) % len(self.ready)
+            ready = self.ready[qid]
+            if ready:
+                batch = [ready.popleft() for _ in range(min(wanted, len(ready)))]
+                for message in batch:
+                    self.out[(qid, message.offset)] = message.key
+                return qid, batch
+        return -1, []
+
+    def ack(self, results: ConsumeResult | None) -> None:
+        """Each acked head leaves its chain; the key's next message becomes ready."""
+        while results is not None:
+            qid = int(results.context.qid) if results.context and results.context.qid else -1
+            for offset in results.successOffsets or ():
+                key = self.out.pop((qid, offset), None)
+                if key is None:
+                    continue  # not handed out (a repeated ack): nothing to release
+                chain = self.chains[key]
+                chain.popleft()
+                if chain:
+                    self.ready[qid].append(chain[0])
+            results = results.nextResult
+        self.changed.set()
+
+
+async def serve_ordered_work(spec: OrderedWorkSpec, ready: Ready) -> dict[str, Any]:
+    gate = _KeyGate(spec)
+
+    async def pull(seqid: int, request: Any) -> bytes:
+        gate.ack(request.result)
+        deadline = asyncio.get_running_loop().time() + (request.maxLingerTime or 0) / 1000
+        while True:
+            qid, batch = gate.take(request.maxBatchSize or 1)
+            if batch:
+                return encode_pull_reply(seqid, request.groupId, spec.topic, str(qid), batch)
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return encode_pull_reply(seqid, request.groupId, spec.topic, "", [])
+            gate.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await gate.changed.wait()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                envelope = await _request(reader)
+                if envelope.name == "submit":
+                    gate.ack(envelope.body.result)
+                    result = ConsumerService.submit_result(success=True)
+                    writer.write(wire.encode("submit", TMessageType.REPLY, envelope.seqid, result))
+                    continue
+                writer.write(await pull(envelope.seqid, envelope.body.request))
         writer.close()
 
     server = await asyncio.start_server(serve, "127.0.0.1", spec.port)

@@ -15,18 +15,29 @@ slots costs stays visible beside the figure.
 The ideal wall time is the total work divided by 100; the figure is the measured wall time (first
 pull to the ack of the last message) over that ideal. ``ratio_actual_sleep`` divides by the time
 the sleeps really took instead, which takes asyncio's timer slack in a busy client out of it, and
-``floor_ratio`` is the same work fed from memory with no proxy at all: what the client alone costs.
+``floor_ratio`` is the same work fed from memory with no proxy at all: what the client's timers alone
+cost. The figure's target divides by it. ``ordered_floor_ratio`` is the same client load against
+:func:`bench.replay.serve_ordered_work`, a stand-in server holding the same backlog in memory with
+per-key order and no proxy work: the client's pulls, acks and per-key order as well as its timers;
+``ratio_over_ordered_floor`` divides by that. ``ordered_ideal_ratio`` is no measurement: the best
+schedule of the same backlog on 100 slots with per-key order and nothing else, computed (each slot
+takes the oldest message whose key's previous one is done), over the ideal: what per-key order alone
+costs this data.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from typing import Any
 
 from bench.clients import KeyedWork, keyed_work, sleep_floor
-from bench.dataset import produce_backlog
+from bench.dataset import QUEUES, TOPIC, draw, produce_backlog
+from bench.replay import OrderedWorkSpec, serve_ordered_work
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections, run_load
-from tests.harness.stack import ProxyRun, RedisServer
+from tests.harness.clientproc import ClientProcess
+from tests.harness.stack import ProxyRun, RedisServer, cpu_seconds, free_port
 
 __all__ = ["key_parallel_work"]
 
@@ -52,6 +63,8 @@ def key_parallel_work(settings: Settings) -> list[Row]:
         )
     log("P3: the same work fed from memory (the client's own floor)")
     floor = run_load(sleep_floor, backlog.work_ms, 120 + messages / 100)
+    log("P3: the same client load against a stand-in server keeping per-key order (no proxy work)")
+    ordered = _ordered_floor(messages)
     total_work_s = sum(backlog.work_ms) / 1000
     ideal_s = total_work_s / IN_FLIGHT
     floor_ratio = floor["wall_s"] / ideal_s
@@ -62,12 +75,20 @@ def key_parallel_work(settings: Settings) -> list[Row]:
         "total_work_s": round(total_work_s, 3),
         "floor_ratio": round(floor_ratio, 3),
         "ratio_actual_sleep": round(wall_s / (result["slept_s"] / IN_FLIGHT), 3),
+        "ordered_ideal_ratio": round(_ordered_ideal_s(messages) / ideal_s, 3),
+        "ordered_floor_ratio": round(ordered["wall_s"] / ideal_s, 3),
+        "ratio_over_ordered_floor": round(wall_s / ordered["wall_s"], 3),
         "committed_s": round(result["committed_s"], 3),
         "msgs_per_s": round(messages / wall_s),
         "max_in_flight": result["max_in_flight"],
         "pulls": result["pulls"],
         "submits": result["submits"],
         "cpu_s": {"proxy": round(proxy_cpu_s, 2), "clients": round(result["client_cpu_s"], 2)},
+        "ordered_floor": {
+            "wall_s": round(ordered["wall_s"], 3),
+            "pulls": ordered["pulls"],
+            "cpu_s": {"server": round(ordered["server_cpu_s"], 2), "clients": round(ordered["client_cpu_s"], 2)},
+        },
         f"refill_{COMPARE_REFILL_AT}": {
             "ratio": round(compare["wall_s"] / ideal_s, 3),
             "ratio_over_floor": round(compare["wall_s"] / ideal_s / floor_ratio, 3),
@@ -97,3 +118,43 @@ def _drain(redis_url: str, group: str, messages: int, refill_at: int) -> tuple[d
             keyed_work, spec, 120 + messages / 100, on_ready=lambda: marks.update(cpu=proxy.cpu_seconds())
         )
         return result, proxy.cpu_seconds() - marks["cpu"]
+
+
+def _ordered_floor(messages: int) -> dict[str, Any]:
+    """P3's client load against :func:`bench.replay.serve_ordered_work` (the same backlog and order);
+    ``server_cpu_s`` is what the stand-in spent meanwhile."""
+    spec = OrderedWorkSpec(free_port(), TOPIC, QUEUES, messages, KEYS, WORK_MS)
+    with ClientProcess(serve_ordered_work, spec) as server:
+        server.wait_ready(60)
+        work = KeyedWork(spec.port, "cg-ordered-floor", messages, CONNECTIONS, WINDOW, REFILL_AT, wait_commit=False)
+        marks: dict[str, float] = {}
+        result = run_load(
+            keyed_work, work, 120 + messages / 100, on_ready=lambda: marks.update(cpu=cpu_seconds(server.pid))
+        )
+        result["server_cpu_s"] = cpu_seconds(server.pid) - marks["cpu"]
+        return result
+
+
+def _ordered_ideal_s(messages: int) -> float:
+    """The backlog's shortest wall time on :data:`IN_FLIGHT` slots with per-key order and no other
+    cost: whenever a slot is free it takes the oldest message whose key has nothing unfinished ahead."""
+    backlog = [(key, (work or 0.0) / 1000) for key, _, work in draw(messages, keys=KEYS, work_ms=WORK_MS)]
+    waiting: dict[str, deque[int]] = {}
+    ready: list[int] = []  # heap of indexes into ``backlog``: keys' heads, oldest first
+    for index, (key, _) in enumerate(backlog):
+        if key in waiting:
+            waiting[key].append(index)
+        else:
+            waiting[key] = deque()
+            heapq.heappush(ready, index)
+    running: list[tuple[float, int]] = []  # (end time, index)
+    now = 0.0
+    while ready or running:
+        while ready and len(running) < IN_FLIGHT:
+            index = heapq.heappop(ready)
+            heapq.heappush(running, (now + backlog[index][1], index))
+        now, index = heapq.heappop(running)
+        successors = waiting[backlog[index][0]]
+        if successors:
+            heapq.heappush(ready, successors.popleft())
+    return now
