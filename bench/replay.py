@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +48,9 @@ def _queues(spec: ReplaySpec) -> list[list[StoredMessage]]:
     queues: list[list[StoredMessage]] = [[] for _ in range(spec.queues)]
     for seq in range(spec.messages):
         key = f"k{(seq * 7919) % spec.keys:04d}"
-        body = f'{{"k":"{key}","seq":{seq},"ts":1763776220.12}}'.encode()
+        value = f'{{"k":"{key}","seq":{seq},"ts":1763776220.12}}'.encode()
         queue = queues[seq % spec.queues]
-        queue.append(StoredMessage(len(queue) + 1, body, key, "", {}, 1_763_776_220_123))
+        queue.append(StoredMessage(len(queue) + 1, value, key, "", {}, 1_763_776_220_123))
     return queues
 
 
@@ -69,28 +70,13 @@ async def serve_pull_replies(spec: ReplaySpec, ready: Ready) -> dict[str, Any]:
                 return qid, queues[qid][start : start + spec.batch]
         return -1, []
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                envelope = await _request(reader)
-                if envelope.name == "submit":
-                    result = ConsumerService.submit_result(success=True)
-                    writer.write(wire.encode("submit", TMessageType.REPLY, envelope.seqid, result))
-                    continue
-                request = envelope.body.request
-                qid, batch = next_batch()
-                if not batch:
-                    await asyncio.sleep((request.maxLingerTime or 0) / 1000)
-                reply = encode_pull_reply(
-                    envelope.seqid, request.groupId, spec.topic, str(qid) if batch else "", batch
-                )
-                writer.write(reply)
-        writer.close()
+    async def pull(seqid: int, request: Any) -> bytes:
+        qid, batch = next_batch()
+        if not batch:
+            await asyncio.sleep((request.maxLingerTime or 0) / 1000)
+        return encode_pull_reply(seqid, request.groupId, spec.topic, str(qid) if batch else "", batch)
 
-    server = await asyncio.start_server(serve, "127.0.0.1", spec.port)
-    async with server:
-        ready()
-        await server.serve_forever()  # the harness terminates this process
+    await _serve(spec.port, ready, lambda results: None, pull)
     return {}
 
 
@@ -98,9 +84,33 @@ def _body_for(name: str, mtype: int) -> Any:
     return ConsumerService.submit_args() if name == "submit" else ConsumerService.pull_args()
 
 
-async def _request(reader: asyncio.StreamReader) -> Any:
-    header = await reader.readexactly(wire.FRAME_HEADER_BYTES)
-    return wire.decode(await reader.readexactly(wire.frame_length(header)), _body_for)
+async def _serve(
+    port: int,
+    ready: Ready,
+    on_submit: Callable[[ConsumeResult | None], None],
+    on_pull: Callable[[int, Any], Awaitable[bytes]],
+) -> None:
+    """Serve ``port`` until the harness terminates this process: each ``submit`` goes to ``on_submit``
+    and is answered true, each ``pull`` is answered with ``on_pull(seqid, request)``; one call at a
+    time per connection, as the proxy answers."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                header = await reader.readexactly(wire.FRAME_HEADER_BYTES)
+                envelope = wire.decode(await reader.readexactly(wire.frame_length(header)), _body_for)
+                if envelope.name == "submit":
+                    on_submit(envelope.body.result)
+                    result = ConsumerService.submit_result(success=True)
+                    writer.write(wire.encode("submit", TMessageType.REPLY, envelope.seqid, result))
+                    continue
+                writer.write(await on_pull(envelope.seqid, envelope.body.request))
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port)
+    async with server:
+        ready()
+        await server.serve_forever()
 
 
 @dataclass(frozen=True)
@@ -121,13 +131,13 @@ class _KeyGate:
     def __init__(self, spec: OrderedWorkSpec) -> None:
         self.chains: dict[str, deque[StoredMessage]] = {}
         self.ready: list[deque[StoredMessage]] = [deque() for _ in range(spec.queues)]
-        self.qid_of: dict[str, int] = {}
         self.out: dict[tuple[int, int], str] = {}  # (qid, offset) handed out -> key
         self.turn = 0
         self.changed = asyncio.Event()
         sizes = [0] * spec.queues
+        qids: dict[str, int] = {}
         for key, seq, work in draw(spec.messages, keys=spec.keys, work_ms=spec.work_ms):
-            qid = self.qid_of.setdefault(key, queue_for_key(key, spec.queues))
+            qid = qids.setdefault(key, queue_for_key(key, spec.queues))
             sizes[qid] += 1
             message = StoredMessage(sizes[qid], body(key, seq, w=work or 0.0).encode(), key, "", {}, 0)
             chain = self.chains.setdefault(key, deque())
@@ -182,20 +192,5 @@ async def serve_ordered_work(spec: OrderedWorkSpec, ready: Ready) -> dict[str, A
                 async with asyncio.timeout(left):
                     await gate.changed.wait()
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                envelope = await _request(reader)
-                if envelope.name == "submit":
-                    gate.ack(envelope.body.result)
-                    result = ConsumerService.submit_result(success=True)
-                    writer.write(wire.encode("submit", TMessageType.REPLY, envelope.seqid, result))
-                    continue
-                writer.write(await pull(envelope.seqid, envelope.body.request))
-        writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", spec.port)
-    async with server:
-        ready()
-        await server.serve_forever()  # the harness terminates this process
+    await _serve(spec.port, ready, gate.ack, pull)
     return {}
