@@ -54,6 +54,7 @@ COMPILED: Final = (
     "ddmq.proxy.api.consume",
     "ddmq.proxy.groups.group",
     "ddmq.proxy.engine.job",
+    "ddmq.proxy.engine.ready_line",
     "ddmq.proxy.engine.offsets",
     "ddmq.proxy.engine.ordering",
     "ddmq.proxy.engine.holds",

@@ -7,12 +7,13 @@ holds. A base class of :class:`~ddmq.proxy.engine.pull_buffer.PullBuffer`, as
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Final
 
 from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.ready_line import ReadyLine
 from ddmq.proxy.engine.redelivery import BufferStats
 from ddmq.proxy.engine.runs import RunBuffer
 
@@ -27,7 +28,7 @@ _IN_FLIGHT: Final = JobState.IN_FLIGHT
 class HoldBuffer(RunBuffer):
     """Release, extend and the parking steps, over the maps the pull buffer shares with it."""
 
-    _ready: dict[QueueId, deque[UpstreamJob]]
+    _ready: dict[QueueId, ReadyLine]
     _ready_count: int
     queue_stats: defaultdict[QueueId, BufferStats]
 
@@ -74,8 +75,7 @@ class HoldBuffer(RunBuffer):
 
     def _unready(self, job: UpstreamJob) -> None:
         ready = self._ready.get(job.queue)
-        if ready is not None and job in ready:
-            ready.remove(job)  # an operator's action: O(n) once, not on the delivery path
+        if ready is not None and ready.remove(job):  # an operator's action: O(n) once, not on the delivery path
             self._ready_count -= 1
 
 

@@ -2,7 +2,8 @@
 
 One buffer per consumer group holds:
 
-- *ready* jobs per queue, served round-robin across queues, a batch of one queue per pull;
+- *ready* jobs per queue, served round-robin across queues, a batch of one queue per pull, the oldest
+  offsets of the queue first (:class:`~ddmq.proxy.engine.ready_line.ReadyLine`);
 - *parked* long-poll requests, answered as soon as jobs are ready or empty at their linger time;
 - every unfinished job that entered the buffer, by (queue, offset), so acks and fails find it.
 
@@ -46,6 +47,7 @@ from ddmq.protocol.pull_codec import (
 from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.holds import HoldBuffer
 from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.ready_line import ReadyLine
 from ddmq.proxy.engine.redelivery import BufferStats, Redelivery
 from ddmq.proxy.engine.runs import _log_alone
 
@@ -79,7 +81,7 @@ class PullBuffer(HoldBuffer):
         self.group = group
         #: Per queue; :attr:`stats` sums them. A queue's entry lives as long as the buffer.
         self.queue_stats: defaultdict[QueueId, BufferStats] = defaultdict(BufferStats)
-        self._ready: dict[QueueId, deque[UpstreamJob]] = {}
+        self._ready: dict[QueueId, ReadyLine] = {}
         self._ready_order: deque[QueueId] = deque()  # queues with ready jobs, round-robin
         self._ready_count = 0
         self._jobs: dict[QueueId, dict[int, UpstreamJob]] = {}
@@ -141,7 +143,7 @@ class PullBuffer(HoldBuffer):
         queue = job.queue
         ready = self._ready.get(queue)
         if ready is None:
-            ready = self._ready[queue] = deque()
+            ready = self._ready[queue] = ReadyLine()
         if not ready:
             self._ready_order.append(queue)
         ready.append(job)
@@ -244,12 +246,12 @@ class PullBuffer(HoldBuffer):
                 order.append(queue)
                 continue
             ready = self._ready[queue]
-            if ready and not ready[0].consumer.may_serve(queue.qid):
+            if ready and not ready.first().consumer.may_serve(queue.qid):
                 order.append(queue)  # lease not confirmed lately: deliver nothing until it is
                 continue
             batch: list[UpstreamJob] = []
             # bytes left in the reply (a queue's jobs share their topic's consumer)
-            room = ready[0].consumer.config.max_reply_bytes - reply.overhead if ready else 0
+            room = ready.first().consumer.config.max_reply_bytes - reply.overhead if ready else 0
             while ready and len(batch) < max_batch:
                 job = ready.popleft()
                 self._ready_count -= 1
@@ -260,7 +262,7 @@ class PullBuffer(HoldBuffer):
                     else:
                         needs = size(m)
                     if needs > room and batch:
-                        ready.appendleft(job)  # it stays first in line, never delivered
+                        ready.put_front(job)  # it stays first in line, never delivered
                         self._ready_count += 1
                         break
                     room -= needs
@@ -335,7 +337,7 @@ class PullBuffer(HoldBuffer):
                 late += 1
             else:
                 self.queue_stats[queue].acked += 1
-                self._finish(job)  # its stale entry in the ready deque is skipped when taken
+                self._finish(job)  # its stale entry in the ready line is skipped when taken
         return late
 
     def fail(

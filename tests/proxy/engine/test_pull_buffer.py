@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -235,3 +236,64 @@ async def test_runs_of_several_keys_fill_a_reply_across_keys_up_to_max_reply_byt
     # heads a and b, then one more of each (8,208 bytes); a's third would pass the limit
     assert keys(batch) == ["a", "a", "b", "b"] and [m.offset for m in batch.messages] == [0, 2, 1, 3]
     assert batch.runs == [2, 2]
+
+
+async def test_a_released_successor_goes_out_before_the_heads_read_after_it(buffer: PullBuffer, owner: Owner) -> None:
+    """It waited behind its key; it does not wait again behind newer keys: a queue's oldest ready first."""
+    a0, x, a1, y, z = (owner.job(key) for key in ("a", "x", "a", "y", "z"))
+    assert picked(await pull(buffer, max_batch=1)) == [(0, a0.offset)]
+    buffer.ack(Q0, [a0.offset])
+    assert picked(await pull(buffer)) == [(0, job.offset) for job in (x, a1, y, z)]
+
+
+async def test_a_retried_message_goes_out_before_younger_heads(
+    buffer: PullBuffer, owner: Owner, clock: Clock
+) -> None:
+    a, b, c = (owner.job(key) for key in "abc")
+    assert picked(await pull(buffer, max_batch=1)) == [(0, a.offset)]
+    buffer.fail(Q0, [a.offset])
+    buffer.redelivery.expire(clock.advance(0.1))
+    assert picked(await pull(buffer)) == [(0, a.offset), (0, b.offset), (0, c.offset)]
+
+
+async def test_acks_in_any_order_deliver_every_message_once_in_key_order_oldest_ready_first(
+    buffer: PullBuffer, owner: Owner
+) -> None:
+    rng = random.Random(7)
+    keys_of = [f"k{rng.randrange(40)}" for _ in range(600)]
+    jobs: list[UpstreamJob] = []
+    delivered: dict[str, list[tuple[int, int]]] = {}
+    out: list[tuple[int, int]] = []  # (qid, offset) in flight
+
+    async def pull_checked(max_batch: int) -> None:
+        ready = sorted((job.queue.qid, job.offset) for job in buffer.jobs() if job.state is JobState.READY)
+        batch = await pull(buffer, max_batch=max_batch)
+        if batch.messages:
+            got = picked(batch)
+            # the reply is the oldest ready messages of its queue
+            assert got == [entry for entry in ready if entry[0] == got[0][0]][: len(got)]
+            out.extend(got)
+            for entry, m in zip(got, batch.messages, strict=True):
+                delivered.setdefault(m.key, []).append(entry)
+
+    def ack(entries: list[tuple[int, int]]) -> None:
+        for qid, offset in entries:
+            buffer.ack(QueueId("t", qid), [offset])
+
+    for start in range(0, len(keys_of), 100):  # the reader's batches land between pulls
+        jobs += [owner.job(key, qid=start // 100 % 2) for key in keys_of[start : start + 100]]
+        for _ in range(30):
+            await pull_checked(rng.randrange(1, 8))
+            rng.shuffle(out)  # acks come back in any order
+            cut = rng.randrange(len(out) + 1)
+            ack(out[:cut])
+            del out[:cut]
+    while out or buffer.ready:
+        await pull_checked(10)
+        ack(out)
+        out.clear()
+    expected: dict[str, list[tuple[int, int]]] = {}
+    for job in jobs:
+        expected.setdefault(job.message.key, []).append((job.queue.qid, job.offset))
+    assert delivered == expected  # per key: every message exactly once, in queue order
+    assert len(owner.finished) == len(jobs)
