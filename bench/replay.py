@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -130,7 +131,8 @@ class _KeyGate:
 
     def __init__(self, spec: OrderedWorkSpec) -> None:
         self.chains: dict[str, deque[StoredMessage]] = {}
-        self.ready: list[deque[StoredMessage]] = [deque() for _ in range(spec.queues)]
+        #: Per queue, a heap of (offset, message): the oldest ready head goes first, as from the proxy.
+        self.ready: list[list[tuple[int, StoredMessage]]] = [[] for _ in range(spec.queues)]
         self.out: dict[tuple[int, int], str] = {}  # (qid, offset) handed out -> key
         self.turn = 0
         self.changed = asyncio.Event()
@@ -142,7 +144,7 @@ class _KeyGate:
             message = StoredMessage(sizes[qid], body(key, seq, w=work or 0.0).encode(), key, "", {}, 0)
             chain = self.chains.setdefault(key, deque())
             if not chain:
-                self.ready[qid].append(message)
+                self.ready[qid].append((message.offset, message))
             chain.append(message)
 
     def take(self, wanted: int) -> tuple[int, list[StoredMessage]]:
@@ -152,7 +154,7 @@ class _KeyGate:
             self.turn = (self.turn + 1) % len(self.ready)
             ready = self.ready[qid]
             if ready:
-                batch = [ready.popleft() for _ in range(min(wanted, len(ready)))]
+                batch = [heapq.heappop(ready)[1] for _ in range(min(wanted, len(ready)))]
                 for message in batch:
                     self.out[(qid, message.offset)] = message.key
                 return qid, batch
@@ -169,7 +171,7 @@ class _KeyGate:
                 chain = self.chains[key]
                 chain.popleft()
                 if chain:
-                    self.ready[qid].append(chain[0])
+                    heapq.heappush(self.ready[qid], (chain[0].offset, chain[0]))
             results = results.nextResult
         self.changed.set()
 

@@ -17,7 +17,8 @@ clients against ``bench/replay.py``'s stand-in server, no engine, no Redis); for
 client's own floor (``floor_ratio``: the same work fed from memory) and the ratio divided by it, what
 per-key order alone costs the data (``ordered_ideal_ratio``, computed), the
 same client's floor against a stand-in server keeping per-key order (``ordered_floor_ratio``) and the
-ratio divided by that, and the proxy's CPU µs per message and the cores the proxy and the clients kept
+ratio divided by that, the ratio over the floor with the group's default ``concurrency`` (the figure's
+drain holds the whole backlog), and the proxy's CPU µs per message and the cores the proxy and the clients kept
 busy; for P4 the p50 and
 p99 ratios and latencies, and the same for P4s (each side in a client process of its own).
 """
@@ -145,6 +146,7 @@ def _figures() -> list[Figure]:
         Figure("P3 ordered ideal_ratio", _field("P3", "ordered_ideal_ratio"), 3),
         Figure("P3 ordered floor_ratio", _field("P3", "ordered_floor_ratio"), 3),
         Figure("P3 ratio / ordered floor", _field("P3", "ratio_over_ordered_floor"), 3),
+        Figure("P3 default concurrency ratio / floor", _field("P3", "default_concurrency", "ratio_over_floor"), 3),
         Figure("P3 proxy CPU µs/msg", _p3_proxy_cpu, 1),
         Figure("P3 proxy cores busy", _p3_busy("proxy"), 2),
         Figure("P3 clients cores busy", _p3_busy("clients"), 2),
