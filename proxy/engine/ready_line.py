@@ -10,8 +10,7 @@ workers on P3's backlog it shortened the wall time by about 8% (bench/README.md,
 The reader's batches arrive in offset order and go to a plain deque in O(1). A job older than the
 deque's last one (a successor, a retry) goes to a heap beside it: successors come in the order their
 heads were acked, but their own offsets are wherever their keys next appear, so a second deque for
-them would not stay sorted (tried: the same instructions per message). The front of the line is the
-older of the two fronts.
+them would rarely stay sorted. The front of the line is the older of the two fronts.
 """
 
 from __future__ import annotations
