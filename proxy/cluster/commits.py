@@ -78,7 +78,7 @@ class OffsetCommitter:
 
     def moved(self) -> bool:
         """Whether a commit point moved since it was last written (else :meth:`flush` writes nothing)."""
-        return any(t.version != t.committed_version for t in self.consumer.owned.trackers().values())
+        return self.consumer.owned.moved()
 
     async def flush(self) -> None:
         """Write commit points that moved since the last flush, each fenced by the queue's lease."""

@@ -61,6 +61,9 @@ class QueueOwnership:
         self.assigned: range = range(0)
         #: The claims under way (one task at a time: claims of one consumer go one after another).
         self._claiming: asyncio.Task[None] | None = None
+        #: ``owned.leases_version`` when a rebalance last found the held queues equal to the assigned
+        #: ones (-1: it did not).
+        self._settled_at = -1
 
     @property
     def group(self) -> str:
@@ -112,14 +115,23 @@ class QueueOwnership:
         last assignment stands; leases keep it safe), hand off the held queues no longer assigned here
         and claim the assigned ones not held (in a task, one claim after another)."""
         consumer = self.consumer
+        owned = self.owned
+        assigned = self.assigned
         if members is not None:
-            self.assigned = assign(members, consumer.queues, consumer.membership.instance_id)
-        for qid in self.owned.held():
-            if qid not in self.assigned and not self.owned.handing_off(qid):
+            assigned = assign(members, consumer.queues, consumer.membership.instance_id)
+        # Held exactly what is assigned, and no lease taken or let go since: nothing to hand off or claim.
+        # Most rounds of a settled proxy end here, for every consumer it serves.
+        if assigned == self.assigned and owned.leases_version == self._settled_at:
+            return
+        self.assigned = assigned
+        held = owned.held()
+        self._settled_at = owned.leases_version if held.keys() == set(assigned) else -1
+        for qid in held:
+            if qid not in assigned and not owned.handing_off(qid):
                 task = asyncio.create_task(self._hand_off(qid), name=f"handoff:{self._name(qid)}")
-                self.owned.set_handoff(qid, task)
+                owned.set_handoff(qid, task)
         if self._claiming is None or self._claiming.done():
-            missing = [qid for qid in self.assigned if self.owned.lease(qid) is None]
+            missing = [qid for qid in assigned if owned.lease(qid) is None]
             if missing:
                 name = f"claims:{consumer.group}/{consumer.topic}"
                 self._claiming = asyncio.create_task(self._claim_all(missing), name=name)

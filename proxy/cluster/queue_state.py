@@ -48,6 +48,9 @@ class OwnedQueues:
     def __init__(self, lease_s: float) -> None:
         self._lease_s = lease_s
         self._states: dict[int, QueueState] = {}
+        #: Raised whenever a lease is taken or let go: a rebalance that saw this value and had nothing
+        #: to do has nothing to do while it stands (and the assignment stays).
+        self.leases_version = 0
 
     def _state(self, qid: int) -> QueueState:
         state = self._states.get(qid)
@@ -61,6 +64,7 @@ class OwnedQueues:
         """``qid`` is held under ``lease``, confirmed as of ``asked_at``."""
         state = self._state(qid)
         state.lease, state.confirmed_at = lease, asked_at
+        self.leases_version += 1
 
     def open(self, qid: int, tracker: OffsetTracker, reader: QueueReader) -> None:
         state = self._state(qid)
@@ -101,6 +105,7 @@ class OwnedQueues:
             state.tracker.dropped = True
         lease = state.lease
         state.lease = state.confirmed_at = state.tracker = state.reader = state.gap_until = None
+        self.leases_version += 1
         return lease
 
     # hand-offs -----------------------------------------------------------------------------------
@@ -135,6 +140,15 @@ class OwnedQueues:
 
     def trackers(self) -> dict[int, OffsetTracker]:
         return {qid: s.tracker for qid, s in self._states.items() if s.tracker is not None}
+
+    def moved(self) -> bool:
+        """Whether a commit point moved since it was last written. Asked of every consumer at every
+        commit interval, so it builds nothing."""
+        for state in self._states.values():
+            tracker = state.tracker
+            if tracker is not None and tracker.version != tracker.committed_version:
+                return True
+        return False
 
     def readers(self) -> list[QueueReader]:
         return [s.reader for s in self._states.values() if s.reader is not None]

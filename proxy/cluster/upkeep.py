@@ -61,7 +61,9 @@ class Upkeep:
         self.leases = leases
         self.membership = membership
         self.config = config
-        self._joined: list[Upkept] = []
+        #: The members, in the order they joined (a dict: each round asks of every member whether it is
+        #: still here, which a list would answer in time proportional to the members).
+        self._joined: dict[Upkept, None] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         #: Held while a renewal is in flight (see :meth:`settled`).
@@ -76,7 +78,7 @@ class Upkeep:
         """Heartbeat, rebalance and renew for ``member`` from the next round on (which starts soon)."""
         if member in self._joined:
             raise RuntimeError(f"{member.group}/{member.topic} already joined the upkeep")
-        self._joined.append(member)
+        self._joined[member] = None
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="upkeep")
@@ -84,8 +86,7 @@ class Upkeep:
 
     def leave(self, member: Upkept) -> None:
         """No more rounds for ``member`` (a renewal in flight still reports to it: see :meth:`settled`)."""
-        if member in self._joined:
-            self._joined.remove(member)
+        self._joined.pop(member, None)
         if not self._joined and self._task is not None:
             self._task.cancel()
             self._task = None

@@ -75,7 +75,7 @@ class _Link:
 class _Chunk:
     """Up to ``chunk`` streams watched by one call at a time."""
 
-    __slots__ = ("generation", "interrupting", "link", "sent", "task", "waiters")
+    __slots__ = ("call", "generation", "interrupting", "link", "sent", "task", "waiters")
 
     def __init__(self) -> None:
         #: stream -> (after, future) of each reader waiting on it
@@ -87,6 +87,9 @@ class _Chunk:
         self.interrupting = False
         self.link: _Link | None = None
         self.task: asyncio.Task[None] | None = None
+        #: The next call's streams and its packed command, while ``waiters`` has not changed (None: build
+        #: them again). An idle chunk sends the same call every block period.
+        self.call: tuple[dict[str, int], list[bytes]] | None = None
 
 
 class IdleWatcher:
@@ -132,6 +135,7 @@ class IdleWatcher:
             chunk = self._where[stream] = self._room()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         chunk.waiters.setdefault(stream, []).append((after, future))
+        chunk.call = None
         sent = chunk.sent
         if chunk.task is None:
             chunk.task = asyncio.create_task(self._watch(chunk), name="idle-watch")
@@ -156,6 +160,7 @@ class IdleWatcher:
         if waiters is None:
             return
         waiters[:] = [waiter for waiter in waiters if waiter[1] is not future]
+        chunk.call = None
         if waiters:
             return
         del chunk.waiters[stream]
@@ -170,11 +175,14 @@ class IdleWatcher:
         try:
             link = chunk.link = await self._link()
             while chunk.waiters and not self._closed:
-                streams = {stream: min(after for after, _ in waiters) for stream, waiters in chunk.waiters.items()}
+                call = chunk.call
+                if call is None:
+                    call = chunk.call = self._call(link, chunk)
+                streams, packed = call
                 chunk.sent, chunk.interrupting = streams, False
                 chunk.generation += 1
                 try:
-                    answered = await self._xread(link, streams)
+                    answered = await self._xread(link, packed)
                 finally:
                     chunk.sent = None
                 for stream in answered:
@@ -209,6 +217,7 @@ class IdleWatcher:
             self._release(link)
 
     def _wake(self, chunk: _Chunk, stream: str, error: BaseException | None) -> None:
+        chunk.call = None
         for _, future in chunk.waiters.pop(stream, ()):
             if not future.done():
                 if error is None:
@@ -236,13 +245,19 @@ class IdleWatcher:
             raise
         return link
 
-    async def _xread(self, link: _Link, streams: dict[str, int]) -> list[str]:
-        """One blocking call over ``streams``; the streams that answered."""
-        names = list(streams)
-        ids = [keys.stream_id_after(streams[name]) for name in names]
+    def _call(self, link: _Link, chunk: _Chunk) -> tuple[dict[str, int], list[bytes]]:
+        """The streams ``chunk``'s waiters wait on (each after the oldest id one of them has seen), and
+        the blocking ``XREAD`` over them, packed."""
+        streams = {stream: min(after for after, _ in waiters) for stream, waiters in chunk.waiters.items()}
+        ids = [keys.stream_id_after(after) for after in streams.values()]
+        packed = link.connection.pack_command("XREAD", "COUNT", 1, "BLOCK", self.block_ms, "STREAMS", *streams, *ids)
+        return streams, packed
+
+    async def _xread(self, link: _Link, packed: list[bytes]) -> list[str]:
+        """One blocking call (packed by :meth:`_call`); the streams that answered."""
         connection = link.connection
         self.calls += 1
-        await connection.send_command("XREAD", "COUNT", 1, "BLOCK", self.block_ms, "STREAMS", *names, *ids)
+        await connection.send_packed_command(packed)
         reply = await connection.read_response()
         if not reply:
             return []

@@ -117,3 +117,26 @@ async def test_a_renewal_round_drops_the_queue_taken_over_and_renews_the_others(
         await consume_all([(proxy, 0)], checker, kept)
         assert 2 not in consumer.held
     assert checker.violations == [] and checker.missing(kept) == {}
+
+
+async def test_a_settled_proxy_claims_back_a_queue_it_let_go_and_loses_nothing(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    # Rounds of a proxy holding exactly its assignment skip the rebalance; letting a lease go must end
+    # that, so the queue is claimed again (here by the same proxy, the only member) and read on in order.
+    await ensure_topic(redis_client, "t", 4)
+    produced: dict[str, int] = {}
+    checker = OrderChecker()
+    async with Proxy(redis_client, "p1") as proxy:
+        await proxy.wait_held({0, 1, 2, 3})
+        consumer = proxy.consumer
+        await asyncio.sleep(5 * LEASES.claim_interval_ms / 1000)  # a few settled rounds
+        await produce(redis_url, produced, [f"k{i % 16}" for i in range(160)])
+        await consume_all([(proxy, 0)], checker, produced)
+        version = consumer.owned.leases_version
+        await consumer.ownership.drop_queue(1, release=True)
+        assert 1 not in consumer.held and consumer.owned.leases_version > version
+        await proxy.wait_held({0, 1, 2, 3})
+        await produce(redis_url, produced, [f"k{i % 16}" for i in range(160)])
+        await consume_all([(proxy, 1)], checker, produced)
+    assert checker.violations == [] and checker.missing(produced) == {}
