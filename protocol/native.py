@@ -80,6 +80,12 @@ COMPILED: Final = (
     # what every request passes through: its rules (linger, batch size, results) and the pull timer
     "ddmq.proxy.api.requests",
     "ddmq.proxy.ops.latency",
+    # a /metrics scrape: one pass over every queue held, its jobs and its series, with the event loop
+    # blocked meanwhile (8,000 queues: bench/README.md, "Metrics scrape")
+    "ddmq.proxy.ops.collector",
+    "ddmq.proxy.ops.families",
+    "ddmq.proxy.ops.rollup",
+    "ddmq.proxy.ops.exposition",
     # the wire codec, both sides: varints and the Message layout, the compact reader (requests on the
     # proxy, replies on the clients) and its Message loop, the frame decoder, the writer (acks)
     "ddmq.protocol.layout",
