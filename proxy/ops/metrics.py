@@ -20,14 +20,14 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.registry import Collector
 from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol import keys as key_names
-from ddmq.protocol.connection import AsyncRedis
+from ddmq.protocol.connection import AsyncRedis, eval_scripts
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.ops.collector import EngineCollector
 from ddmq.proxy.ops.exposition import render
@@ -180,27 +180,73 @@ class ProxyMetrics:
         """(group, topic) -> dead letters in the stream, queues nobody holds the lease of."""
         if not topics:
             return {}
-        # A cluster refuses EXISTS across slots, and each queue's lease has its own: one EXISTS each.
-        per_key = isinstance(redis, RedisCluster)
         with map_redis_errors("reading dead-letter lengths and leases"):
-            async with redis.pipeline(transaction=False) as pipe:
-                for (group, topic), queues in topics.items():
-                    pipe.xlen(key_names.dead_letters(group, topic))
-                    leases = [key_names.lease(group, topic, qid) for qid in range(queues)]
-                    for names in [[lease] for lease in leases] if per_key else [leases]:
-                        pipe.exists(*names)
-                replies = iter(await pipe.execute())
-        figures = {}
-        for key, queues in topics.items():
-            dead = int(next(replies))
-            held = sum(int(next(replies)) for _ in range(queues if per_key else 1))
-            figures[key] = TopicFigures(dead, queues - held)
-        return figures
+            if isinstance(redis, RedisCluster):
+                counts = await _topic_counts_per_key(redis, topics)
+            else:
+                counts = await _topic_counts_scripted(redis, topics)
+        return {key: TopicFigures(dead, queues - held)
+                for (key, queues), (dead, held) in zip(topics.items(), counts, strict=True)}
 
     def render(self) -> bytes:
         """The registry in Prometheus' text format (runs in the event loop: reads engine state), what
         ``generate_latest(self.registry)`` writes."""
         return render(self.collector.families()).encode() + generate_latest(self.others)
+
+
+#: Per (group, topic): the length of its dead-letter stream (``KEYS`` in turn: that stream, then its
+#: ``ARGV[i]`` lease keys) and how many of its leases exist. One call answers for many pairs, where a
+#: pipeline of an ``XLEN`` and an ``EXISTS`` per pair costs the proxy two commands to write and parse.
+TOPIC_COUNTS_LUA: Final = """
+local out, at = {}, 1
+for i = 1, #ARGV do
+  local leases = tonumber(ARGV[i])
+  out[2 * i - 1] = redis.call('XLEN', KEYS[at])
+  local held = 0
+  for j = at + 1, at + leases do held = held + redis.call('EXISTS', KEYS[j]) end
+  out[2 * i] = held
+  at = at + 1 + leases
+end
+return out
+"""
+#: (group, topic) pairs per script call: a call's keys stay in the thousands.
+TOPIC_COUNTS_PER_CALL: Final = 100
+
+
+async def _topic_counts_scripted(
+    redis: AsyncRedis, topics: dict[tuple[str, str], int]
+) -> list[tuple[int, int]]:
+    """(dead letters, leases held) per pair of ``topics``, in its order, on a single Redis."""
+    pairs = list(topics.items())
+    calls: list[tuple[str, list[str], list[Any]]] = []
+    for start in range(0, len(pairs), TOPIC_COUNTS_PER_CALL):
+        names: list[str] = []
+        counts: list[Any] = []
+        for (group, topic), queues in pairs[start:start + TOPIC_COUNTS_PER_CALL]:
+            names.append(key_names.dead_letters(group, topic))
+            names += [key_names.lease(group, topic, qid) for qid in range(queues)]
+            counts.append(queues)
+        calls.append((TOPIC_COUNTS_LUA, names, counts))
+    out: list[tuple[int, int]] = []
+    for reply in await eval_scripts(redis, calls):
+        if isinstance(reply, Exception):
+            raise reply
+        out += zip(map(int, reply[::2]), map(int, reply[1::2]), strict=True)
+    return out
+
+
+async def _topic_counts_per_key(
+    redis: AsyncRedis, topics: dict[tuple[str, str], int]
+) -> list[tuple[int, int]]:
+    """The same on a Cluster, which refuses a script's or an ``EXISTS``'s keys across slots, and each
+    queue's lease has its own: an ``XLEN`` and an ``EXISTS`` per lease, in one pipeline."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for (group, topic), queues in topics.items():
+            pipe.xlen(key_names.dead_letters(group, topic))
+            for qid in range(queues):
+                pipe.exists(key_names.lease(group, topic, qid))
+        replies = iter(await pipe.execute())
+    return [(int(next(replies)), sum(int(next(replies)) for _ in range(queues))) for queues in topics.values()]
 
 
 def _action_names(consumer: TopicConsumer) -> list[str]:

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddmq.config.schema import MetricsConfig
+from ddmq.protocol import keys
 from ddmq.protocol.producer import AsyncProducer
 from ddmq.proxy.ops.latency import LatencyHistogram
+from ddmq.proxy.ops.metrics import TOPIC_COUNTS_PER_CALL, ProxyMetrics, _topic_counts_per_key
 
 from ...http_support import ApiClient
 from ..servers.test_http_api import eventually, http_proxy, pull
@@ -287,6 +290,31 @@ async def test_time_lag_dead_letter_length_and_unowned_queues(redis_url: str, pe
         await service.groups["g"].stop_reading()  # as on shutdown: no claim loop takes the queues back
         await service.groups["g"].release_leases()
         samples = await until_at(api, "ddmq_queues_without_owner", 2, **redis_figures)
+
+
+async def test_dead_letter_lengths_and_held_leases_are_counted_per_group_and_topic_across_script_calls(
+    redis_client: aioredis.Redis,
+) -> None:
+    # More (group, topic) pairs than one script call takes, of different sizes, some with dead letters
+    # and some leases held: each pair's counts, in the order asked, the same as one command per key.
+    pairs = 2 * TOPIC_COUNTS_PER_CALL + 37
+    topics = {(f"g{i % 7}", f"t{i}"): 1 + i % 5 for i in range(pairs)}
+    expected = []
+    for i, ((group, topic), queues) in enumerate(topics.items()):
+        dead = i % 3
+        for n in range(dead):
+            await redis_client.xadd(keys.dead_letters(group, topic), {"n": str(n)})
+        held = [qid for qid in range(queues) if (i + qid) % 4 == 0]
+        for qid in held:
+            await redis_client.set(keys.lease(group, topic, qid), "p1 1")
+        expected.append((group, topic, dead, queues - len(held)))
+    scripted = await ProxyMetrics._topic_figures(redis_client, topics)
+    assert list(scripted) == list(topics)
+    assert [(g, t, f.dead_letters, f.unowned_queues) for (g, t), f in scripted.items()] == expected
+    # A Cluster's way (a command per key), run here on one Redis, agrees.
+    per_key = await _topic_counts_per_key(redis_client, topics)
+    counted = zip(topics.items(), per_key, strict=True)
+    assert [(g, t, dead, queues - held) for ((g, t), queues), (dead, held) in counted] == expected
 
 
 def folded(samples: Samples) -> Samples:
