@@ -5,7 +5,7 @@ free; serving the oldest first is the queue's own order with blocked keys skippe
 waited behind its key, or a message back from a retry, is older than the heads read after it, so it
 goes out before them instead of waiting again behind newer keys (DDMQ's reactivation queue meant the
 same), and the committed offset, which stops at the first unfinished message, moves sooner. With 100
-workers on P3's backlog it shortened the wall time by about 8% (bench/README.md, "ninth pass").
+workers on P3's backlog it shortened the wall time by about 8% (bench/results/journal.md, "ninth pass").
 
 The reader's batches arrive in offset order and go to a plain deque in O(1). A job older than the
 deque's last one (a successor, a retry) goes to a heap beside it: successors come in the order their
