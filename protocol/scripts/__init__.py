@@ -4,8 +4,10 @@ The scripts are where the produce sequence, the lease fencing and the dead-lette
 so they share one home in the contract both sides import; a script that composes another (the lease
 commit checks :data:`STREAM_INTACT_LUA`, a replay runs :data:`PRODUCE_LUA`) includes its text. Each
 touches the keys of one hash tag only (:mod:`ddmq.protocol.keys`), so it runs on a Redis Cluster as
-on one server. The dead-letter scripts read entries one at a time, so a call never holds more than
-its byte budget (plus one entry) in Redis's memory or in its reply.
+on one server, except the batches a single Redis takes in one call (``*_MANY``,
+:data:`TOPIC_COUNTS_LUA`), which a Cluster gets per slot or as plain commands. The dead-letter scripts
+read entries one at a time, so a call never holds more than its byte budget (plus one entry) in
+Redis's memory or in its reply.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ddmq.protocol.scripts.fencing import (
     OFFSETS_RESET_LUA,
     OOM_PASS_LUA,
     REGISTER_GROUP_LUA,
+    TOPIC_COUNTS_LUA,
 )
 from ddmq.protocol.scripts.produce import (
     CALLS_REMEMBERED,
@@ -74,6 +77,7 @@ __all__ = [
     "REGISTER_GROUP_LUA",
     "REPLAY_LUA",
     "STREAM_INTACT_LUA",
+    "TOPIC_COUNTS_LUA",
     "TRIMMER_DROP_LUA",
     "TRIMMER_PROBE_LUA",
 ]

@@ -157,3 +157,22 @@ redis.call('DEL', KEYS[4])
 redis.call('INCR', KEYS[2])
 return 1
 """
+
+
+# What the metrics read per (group, topic): the length of its dead-letter stream and how many of its
+# queues' leases exist (a queue without one has no owner). KEYS, pair after pair: the dead-letter
+# stream, then that pair's lease keys.  ARGV: each pair's number of lease keys.  Returns the two counts
+# of each pair in turn. Read-only; its keys span slots, so on a single Redis only: on a Cluster the
+# metrics send the same reads as commands, one key each.
+TOPIC_COUNTS_LUA: Final = """
+local out, at = {}, 1
+for i = 1, #ARGV do
+  local leases = tonumber(ARGV[i])
+  out[2 * i - 1] = redis.call('XLEN', KEYS[at])
+  local held = 0
+  for j = at + 1, at + leases do held = held + redis.call('EXISTS', KEYS[j]) end
+  out[2 * i] = held
+  at = at + 1 + leases
+end
+return out
+"""

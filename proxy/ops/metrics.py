@@ -28,6 +28,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol import keys as key_names
 from ddmq.protocol.connection import AsyncRedis, eval_scripts
+from ddmq.protocol.scripts import TOPIC_COUNTS_LUA
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.ops.collector import EngineCollector
 from ddmq.proxy.ops.exposition import render
@@ -194,21 +195,6 @@ class ProxyMetrics:
         return render(self.collector.families()).encode() + generate_latest(self.others)
 
 
-#: Per (group, topic): the length of its dead-letter stream (``KEYS`` in turn: that stream, then its
-#: ``ARGV[i]`` lease keys) and how many of its leases exist. One call answers for many pairs, where a
-#: pipeline of an ``XLEN`` and an ``EXISTS`` per pair costs the proxy two commands to write and parse.
-TOPIC_COUNTS_LUA: Final = """
-local out, at = {}, 1
-for i = 1, #ARGV do
-  local leases = tonumber(ARGV[i])
-  out[2 * i - 1] = redis.call('XLEN', KEYS[at])
-  local held = 0
-  for j = at + 1, at + leases do held = held + redis.call('EXISTS', KEYS[j]) end
-  out[2 * i] = held
-  at = at + 1 + leases
-end
-return out
-"""
 #: (group, topic) pairs per script call: a call's keys stay in the thousands.
 TOPIC_COUNTS_PER_CALL: Final = 100
 
