@@ -27,13 +27,16 @@ class ReadAudit:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO | None = self.path.open("a", encoding="utf-8", buffering=1)
 
-    def record(self, group: str, topic: str, qid: int, term: int, first: int, last: int) -> None:
+    def record(
+        self, group: str, topic: str, qid: int, term: int, first: int, last: int, at: float | None = None
+    ) -> None:
+        """One read batch; ``at``: the wall time it was taken under the lease (default now)."""
         if self._file is None:
             return
         self._file.write(
             json.dumps(
-                {"t": time.time(), "owner": self.owner, "group": group, "topic": topic, "qid": qid,
-                 "term": term, "first": first, "last": last},
+                {"t": time.time() if at is None else at, "owner": self.owner, "group": group, "topic": topic,
+                 "qid": qid, "term": term, "first": first, "last": last},
                 separators=(",", ":"),
             )
             + "\n"

@@ -55,7 +55,9 @@ class TokenBucket:
 
 
 class ReadAuditLog(Protocol):
-    def record(self, group: str, topic: str, qid: int, term: int, first: int, last: int) -> None: ...
+    def record(
+        self, group: str, topic: str, qid: int, term: int, first: int, last: int, at: float | None = None
+    ) -> None: ...
 
 
 class QueueConsumer(Protocol):
@@ -146,15 +148,17 @@ class QueueReader:
         consumer.on_rollback(self.qid, tracker)
         return False
 
-    async def _took(self, tracker: OffsetTracker, messages: list[StoredMessage]) -> None:
-        """A read's batch, about to be accepted: count what is missing before it, note it as read."""
+    async def _took(self, tracker: OffsetTracker, messages: list[StoredMessage], read_at: float) -> None:
+        """A read's batch, about to be accepted: count what is missing before it, note it as read (at
+        wall time ``read_at``)."""
         consumer = self.consumer
         if messages[0].offset > tracker.next_offset:
             await self._gap(tracker.next_offset, messages[0].offset - 1)
         tracker.last_read = messages[-1]
         audit = consumer.read_audit
         if audit is not None:
-            audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset, messages[-1].offset)
+            audit.record(consumer.group, consumer.topic, self.qid, self.term, messages[0].offset,
+                         messages[-1].offset, read_at)
 
     async def _gap(self, first: int, last: int) -> None:
         """Offsets ``first..last`` are missing from the stream: trimmed before this group read them,
@@ -283,9 +287,13 @@ class QueueReader:
                         tracker.skip_to(gap + 1)  # (raised there after a rollback): the rest never exists
                     idle = True
                     continue
+                # The audit's time of the read is taken before the lease is checked: a pause between
+                # the two (SIGSTOP, a VM stall) then fails the check; one after it leaves a read noted
+                # when it was checked, not later under a term another proxy may have taken since.
+                read_at = time.time()
                 if not consumer.may_serve(self.qid):
                     continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
-                await self._took(tracker, messages)
+                await self._took(tracker, messages, read_at)
                 await self._accept(messages)
         finally:
             broker.links.drop(self._link)
