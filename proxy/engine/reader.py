@@ -149,8 +149,10 @@ class QueueReader:
         return False
 
     async def _took(self, tracker: OffsetTracker, messages: list[StoredMessage], read_at: float) -> None:
-        """A read's batch, about to be accepted: count what is missing before it, note it as read (at
-        wall time ``read_at``)."""
+        """A read's batch, about to be accepted: count what is missing before it, note it as read at
+        wall time ``read_at``, taken before the lease check: a pause between the two (SIGSTOP, a VM
+        stall) fails the check, and one after it cannot date the read after the pause, when another
+        proxy may hold a newer term."""
         consumer = self.consumer
         if messages[0].offset > tracker.next_offset:
             await self._gap(tracker.next_offset, messages[0].offset - 1)
@@ -287,10 +289,7 @@ class QueueReader:
                         tracker.skip_to(gap + 1)  # (raised there after a rollback): the rest never exists
                     idle = True
                     continue
-                # The audit's time of the read is taken before the lease is checked: a pause between
-                # the two (SIGSTOP, a VM stall) then fails the check; one after it leaves a read noted
-                # when it was checked, not later under a term another proxy may have taken since.
-                read_at = time.time()
+                read_at = time.time()  # before the check (see _took)
                 if not consumer.may_serve(self.qid):
                     continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
                 await self._took(tracker, messages, read_at)
