@@ -14,6 +14,20 @@ redis-py unchanged.
 
 redis-py raises ``RedisClusterException`` (not a ``RedisError``) when a command cannot be routed or
 no node answers at all: :data:`REDIS_ERRORS` names both for ``except`` clauses at the edges.
+
+*Every call has a deadline.* A client made here has socket timeouts (connect, read, write), TCP
+keepalive and a health check (a ``PING`` before a command on a connection idle past the interval),
+from :class:`Deadlines` (defaults below; the proxy derives its own from its lease timings): a
+connection that goes silent (a half-open TCP after a network blip, a NAT or load balancer that dropped
+its state) fails its call within the timeout and is replaced, instead of hanging its caller for ever.
+Query parameters of the URL (``?socket_timeout=...``) still win, as redis-py's do. No command the
+project sends blocks longer than :data:`LONGEST_BLOCK_MS`, so the read timeout is that plus a margin.
+
+*Foreign errors become Redis's.* Under uvloop, writing to a connection that the server reset raises
+``RuntimeError`` from the event loop rather than an ``OSError``, which redis-py neither maps nor
+retries; the connection classes used here turn it (and an ``EOFError`` from a stream cut mid-reply)
+into ``redis.ConnectionError``, so the caller's usual failure path (and redis-py's retry on a new
+connection) takes it, whichever loop runs.
 """
 
 from __future__ import annotations
@@ -22,7 +36,9 @@ import asyncio
 import hashlib
 import logging
 import re
+import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -30,12 +46,15 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError, RedisClusterException
 
 __all__ = [
+    "LONGEST_BLOCK_MS",
     "REDIS_ERRORS",
     "REDIS_FAILURES",
     "AsyncRedis",
+    "Deadlines",
     "SyncRedis",
     "async_redis",
     "check_url",
@@ -44,6 +63,7 @@ __all__ = [
     "is_cluster_url",
     "quiet_dropped_cluster_nodes",
     "redact_url",
+    "server_time_ms",
     "sync_redis",
 ]
 
@@ -55,8 +75,51 @@ SyncRedis: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 
 #: What a Redis call may raise when Redis is at fault, on one server or on a cluster.
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
-#: :data:`REDIS_ERRORS` and socket errors (a timeout is an ``OSError``): Redis is unavailable.
-REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
+#: :data:`REDIS_ERRORS`, socket errors (a timeout is an ``OSError``) and a stream cut mid-reply
+#: (``asyncio.IncompleteReadError`` is an ``EOFError``): Redis is unavailable.
+REDIS_FAILURES: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError, EOFError)
+
+#: The longest any command of the project blocks in Redis (``XREAD BLOCK``, ``BLPOP``): a read
+#: timeout must exceed it, or an idle blocking read would count as a silent connection.
+LONGEST_BLOCK_MS = 1000
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long a Redis call may take before its connection counts as dead, and how dead connections
+    are found while idle. Every client of the project gets these (the proxy: from its config)."""
+
+    #: A reply (or a write) that takes longer fails the call and closes its connection. At least
+    #: :data:`LONGEST_BLOCK_MS` plus a margin, as blocking reads wait that long for nothing.
+    timeout_ms: int = 5_000
+    connect_timeout_ms: int = 5_000
+    #: TCP keepalive: probes after this much silence on an idle connection, 3 of them a third of it apart.
+    keepalive_idle_ms: int | None = 10_000
+    #: ``PING`` before a command on a connection unused for this long (0: never).
+    health_check_interval_ms: int = 10_000
+
+    def options(self) -> dict[str, Any]:
+        """redis-py's connection keyword arguments for these deadlines."""
+        options: dict[str, Any] = {
+            "socket_timeout": self.timeout_ms / 1000,
+            "socket_connect_timeout": self.connect_timeout_ms / 1000,
+            "health_check_interval": self.health_check_interval_ms / 1000,
+        }
+        if self.keepalive_idle_ms is not None:
+            idle_s = max(1, self.keepalive_idle_ms // 1000)
+            options["socket_keepalive"] = True
+            options["socket_keepalive_options"] = _keepalive_options(idle_s)
+        return options
+
+
+def _keepalive_options(idle_s: int) -> dict[int, int]:
+    """The platform's TCP keepalive knobs that exist here (Linux has all three)."""
+    wanted = {"TCP_KEEPIDLE": idle_s, "TCP_KEEPINTVL": max(1, idle_s // 3), "TCP_KEEPCNT": 3}
+    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
+
+
+#: What a client gets when its caller says nothing of deadlines.
+DEFAULT_DEADLINES = Deadlines()
 
 #: A URL's ``user:password@`` part (the password ends at the last ``@`` before the host list).
 _CREDENTIALS = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:@/?#]*):(?P<password>[^/?#]*)@")
@@ -123,20 +186,26 @@ def check_url(url: str) -> str:
     return url
 
 
-def async_redis(url: str, **kwargs: Any) -> AsyncRedis:
-    """An asyncio client for ``url``; ``kwargs`` go to redis-py (e.g. ``decode_responses``)."""
+def async_redis(url: str, deadlines: Deadlines = DEFAULT_DEADLINES, **kwargs: Any) -> AsyncRedis:
+    """An asyncio client for ``url`` with ``deadlines``; ``kwargs`` go to redis-py (e.g.
+    ``decode_responses``) and override the deadlines' options."""
+    kwargs = {**deadlines.options(), **kwargs}
     if not is_cluster_url(url):
-        return redis.asyncio.Redis.from_url(url, **kwargs)
+        client = redis.asyncio.Redis.from_url(url, **kwargs)
+        pool = client.connection_pool
+        pool.connection_class = _mapped_connection(pool.connection_class)
+        return client
     parsed = _ClusterUrl(url)
     seeds = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.others]
     return _AsyncCluster.from_url(parsed.first, startup_nodes=seeds or None, **kwargs)
 
 
-def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
-    """A blocking client for ``url``; ``kwargs`` go to redis-py.
+def sync_redis(url: str, deadlines: Deadlines = DEFAULT_DEADLINES, **kwargs: Any) -> SyncRedis:
+    """A blocking client for ``url`` with ``deadlines``; ``kwargs`` go to redis-py and override them.
 
     A cluster client reads the slot map here, so an unreachable cluster raises ``redis.ConnectionError``
     at once (a single-server client connects at its first command)."""
+    kwargs = {**deadlines.options(), **kwargs}
     if not is_cluster_url(url):
         return redis.Redis.from_url(url, **kwargs)
     parsed = _ClusterUrl(url)
@@ -145,6 +214,17 @@ def sync_redis(url: str, **kwargs: Any) -> SyncRedis:
         return redis.cluster.RedisCluster.from_url(parsed.first, startup_nodes=seeds or None, **kwargs)
     except RedisClusterException as exc:  # it asks for the slot map at once; none of the seeds answered
         raise redis.ConnectionError(str(exc)) from exc
+
+
+def server_time_ms(client: SyncRedis) -> int:
+    """Redis's clock (ms), what member heartbeats are scored with: a reader comparing them with its own
+    clock would see live proxies as gone, or gone ones as alive, whenever the two clocks disagree. On
+    a Cluster, any master's (their clocks are taken to agree)."""
+    reply: Any = client.time()
+    if isinstance(reply, dict):  # one answer per node
+        reply = next(iter(reply.values()))
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 _SHAS: dict[str, str] = {}
@@ -213,6 +293,36 @@ def _streams_keys(args: tuple[Any, ...]) -> list[Any] | None:
     return None
 
 
+_MAPPED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def _mapped_connection(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` (redis-py's TCP, TLS or Unix socket connection) with the event loop's own errors of a
+    lost connection raised as ``redis.ConnectionError`` (see the module's docstring)."""
+    mapped = _MAPPED.get(base)
+    if mapped is None:
+        mapped = _MAPPED[base] = type(f"Mapped{base.__name__}", (_MapsLostConnections, base), {})
+    return mapped
+
+
+class _MapsLostConnections:
+    """Mixed into a redis-py connection class by :func:`_mapped_connection`."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        except RuntimeError as exc:  # uvloop: "unable to perform operation on <TCPTransport closed=True>"
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise redis.ConnectionError(f"connection lost while writing: {exc}") from exc
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except (RuntimeError, EOFError) as exc:
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise redis.ConnectionError(f"connection lost while reading: {exc!r}") from exc
+
+
 class _AsyncCluster(redis.asyncio.cluster.RedisCluster):  # type: ignore[misc]  # redis is untyped here
     """redis-py's cluster client, routing stream reads without a round trip.
 
@@ -223,6 +333,11 @@ class _AsyncCluster(redis.asyncio.cluster.RedisCluster):  # type: ignore[misc]  
 
     def __init__(self, *args: Any, redis_connect_func: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Every node's connections, now and after a slot map change, are built from these kwargs.
+        mapped = _mapped_connection(self.connection_kwargs.get("connection_class", redis.asyncio.Connection))
+        self.connection_kwargs["connection_class"] = mapped
+        for node in self.nodes_manager.startup_nodes.values():
+            node.connection_class = mapped
         if redis_connect_func is not None:
             # redis-py's cluster client takes no connect hook, but builds every node's connections from
             # these kwargs (the nodes manager shares the dict; the seed nodes hold copies).

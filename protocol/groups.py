@@ -11,11 +11,10 @@ registry entry: ``ddmq status --group G`` still shows it, and :func:`delete_grou
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from ddmq.protocol import keys
-from ddmq.protocol.connection import SyncRedis
+from ddmq.protocol.connection import SyncRedis, server_time_ms
 from ddmq.protocol.status import DEFAULT_MEMBER_TTL_MS
 
 __all__ = ["DeletedGroup", "GroupHeld", "GroupSummary", "delete_group", "group_keys", "group_names", "group_summary"]
@@ -41,7 +40,7 @@ def group_names(client: SyncRedis) -> list[str]:
 
 
 def group_summary(client: SyncRedis, group: str, member_ttl_ms: int = DEFAULT_MEMBER_TTL_MS) -> GroupSummary:
-    now = int(time.time() * 1000)
+    now = server_time_ms(client)
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(keys.group_topics(group))
     pipe.zrange(keys.members(group), 0, -1, withscores=True)

@@ -59,6 +59,10 @@ class ProxyChild:
         self._args, self._wrap = list(args), wrap
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def wrap(self, wrap: Callable[[list[str]], list[str]] | None) -> None:
+        """Rewrite the command with ``wrap`` from the next start on (None: as it is)."""
+        self._wrap = wrap
+
     @property
     def pid(self) -> int:
         if self.proc is None:

@@ -10,14 +10,13 @@ leaving the group, and the others have already taken or will take its queues.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.cluster import RedisCluster
 
 from ddmq.protocol import keys
-from ddmq.protocol.connection import SyncRedis
+from ddmq.protocol.connection import SyncRedis, server_time_ms
 
 __all__ = ["DEFAULT_MEMBER_TTL_MS", "GroupStatus", "QueueStatus", "RetentionHolder", "group_status", "redis_memory"]
 
@@ -82,7 +81,7 @@ class GroupStatus:
 def group_status(
     client: SyncRedis, group: str, topics: list[str] | None = None, member_ttl_ms: int = DEFAULT_MEMBER_TTL_MS
 ) -> GroupStatus:
-    now = int(time.time() * 1000)
+    now = server_time_ms(client)
     heartbeats = client.zrange(keys.members(group), 0, -1, withscores=True)
     members = {member.decode(): now - int(score) for member, score in heartbeats}
     expired = sorted(member for member, age in members.items() if age > member_ttl_ms)

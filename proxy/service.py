@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
+import redis.asyncio.retry
+from redis.backoff import NoBackoff
+
 from ddmq.config.schema import ProxyConfig, RetentionConfig
 from ddmq.protocol.connection import (
     AsyncRedis,
@@ -31,13 +34,17 @@ from ddmq.proxy.api.consume import ConsumeApi
 from ddmq.proxy.api.requests import RequestRules
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.commits import commit_periodically, flush_groups
+from ddmq.proxy.cluster.lease_clock import LeaseClock
 from ddmq.proxy.cluster.leases import LeaseStore
+from ddmq.proxy.cluster.link_health import LinkHealth
 from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.cluster.retention import Retention
-from ddmq.proxy.core.errors import UnavailableError
+from ddmq.proxy.core.errors import DdmqError, UnavailableError
+from ddmq.proxy.core.supervise import supervised
 from ddmq.proxy.groups.changes import ConfigChange
 from ddmq.proxy.groups.registry import GroupRegistry, OverRegistry
 from ddmq.proxy.ops.build_info import BuildInfoCollector
+from ddmq.proxy.ops.link import LinkCollector
 from ddmq.proxy.ops.memory import RetentionCollector
 from ddmq.proxy.ops.metrics import ProxyMetrics
 from ddmq.proxy.servers.clients import ClientTracker
@@ -49,6 +56,9 @@ from ddmq.proxy.store.broker import Broker, ConnectionCounter, map_redis_errors
 from ddmq.proxy.store.embedded import EmbeddedRedis, EmbeddedRedisError
 
 log = logging.getLogger(__name__)
+
+#: ``maxmemory-policy`` values under which Redis never evicts the proxy's keys.
+_SAFE_POLICIES = frozenset({"noeviction"})
 
 
 @contextmanager
@@ -73,6 +83,11 @@ class ProxyService(OverRegistry):
         self.retention: Retention | None = None
         self.metrics.register(RetentionCollector(self.registry, lambda: self.retention))
         self.metrics.register(BuildInfoCollector())
+        leases = config.leases
+        #: Redis's time and this host's rate against it (sampled by the upkeep), and the link's state.
+        self.clock = LeaseClock(leases.ttl_ms, leases.renew_ms)
+        self.health = LinkHealth("redis", config.redis_client.slow_ms)
+        self.metrics.register(LinkCollector(self.health, self.clock))
         #: The request surface; the servers hold views of it bound to their own limits.
         self.api = ConsumeApi(
             self.registry, RequestRules(config.thrift.max_linger_ms),
@@ -130,23 +145,21 @@ class ProxyService(OverRegistry):
         config = self.config
         if config.embedded:
             await self._start_embedded()
-        connections = ConnectionCounter()  # lets readers notice a Redis restart or failover (see QueueReader)
-        redis = async_redis(self.redis_url, decode_responses=False, redis_connect_func=connections.on_connect)
-        self._redis = redis
-        if is_cluster_url(self.redis_url):
-            quiet_dropped_cluster_nodes(asyncio.get_running_loop())
-        with map_redis_errors(f"connecting to {redact_url(self.redis_url)}"):
-            await redis.ping()
-        leases = LeaseStore(redis, config.instance_id, config.leases.ttl_ms)
-        membership = Membership(redis, config.instance_id, config.leases.ttl_ms)
+        client, connections = await self._connect()
+        await self._check_eviction(client)
+        leases = LeaseStore(client, config.instance_id, config.leases.ttl_ms)
+        membership = Membership(client, config.instance_id, config.leases.ttl_ms, self.clock)
         if config.audit_log:
-            self.registry.read_audit = ReadAudit(config.audit_log, config.instance_id)
-        await self.registry.start(self.redis_url, redis, Broker(redis, connections), leases, membership)
+            self.registry.read_audit = ReadAudit(config.audit_log, config.instance_id,
+                                                 now=lambda: self.clock.redis_now_ms() / 1000)
+        self.registry.health = self.health
+        await self.registry.start(self.redis_url, client, Broker(client, connections), leases, membership)
         if config.http.enabled:  # action timings are only read through /metrics
             self.metrics.instrument(self.groups.values())
         self._committer = asyncio.create_task(
-            commit_periodically(config.commit_interval_ms, lambda: self._state in ("starting", "running"),
-                                lambda: self.groups.values()),
+            supervised("committer", lambda: commit_periodically(
+                config.commit_interval_ms, lambda: self._state in ("starting", "running"), lambda: self.groups.values(),
+            )),
             name="offset-committer",
         )
         self._start_retention()
@@ -181,11 +194,48 @@ class ProxyService(OverRegistry):
         for warning in exposure_warnings(config):
             log.warning("%s", warning)
 
+    async def _connect(self) -> tuple[AsyncRedis, ConnectionCounter]:
+        """The proxy's Redis client, with the config's deadlines, once Redis answers."""
+        config = self.config
+        connections = ConnectionCounter()  # lets readers notice a Redis restart or failover (see QueueReader)
+        options: dict[str, object] = {}
+        if not is_cluster_url(self.redis_url):
+            # A lost connection is tried once more at once, on a new one; a timeout is not: the call
+            # already waited its deadline, and the proxy's own loops retry.
+            options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+        client = async_redis(self.redis_url, config.redis_client.deadlines(config.leases), decode_responses=False,
+                             redis_connect_func=connections.on_connect, **options)
+        self._redis = client
+        self.health.where = f"redis at {redact_url(self.redis_url)}"
+        if is_cluster_url(self.redis_url):
+            quiet_dropped_cluster_nodes(asyncio.get_running_loop())
+        with map_redis_errors(f"connecting to {redact_url(self.redis_url)}"):
+            await client.ping()
+        return client, connections
+
     def _start_retention(self) -> None:
         assert self.registry.broker is not None
         interval_ms = min([t.retention.interval_ms for t in self.config.topics.values()] or [1000])
-        self.retention = Retention(self.registry.broker, self.config.instance_id, self.retained_topics, interval_ms)
+        self.retention = Retention(self.registry.broker, self.config.instance_id, self.retained_topics, interval_ms,
+                                   now_ms=self.clock.redis_now_ms)
         self.retention.start()
+
+    async def _check_eviction(self, client: AsyncRedis) -> None:
+        """Say clearly when Redis may evict keys: a lease, a commit point or a message evicted under memory
+        pressure would break the fencing and lose data, and nothing else would tell."""
+        where = redact_url(self.redis_url)
+        try:
+            with map_redis_errors(f"reading maxmemory-policy of {where}"):
+                reply = await client.config_get("maxmemory-policy")
+        except DdmqError as exc:  # managed Redis services often refuse CONFIG
+            log.warning("cannot read maxmemory-policy of %s (%s): make sure it is noeviction, or Redis may evict "
+                        "leases, committed offsets and messages when it fills up", where, exc)
+            return
+        unsafe = sorted(_policies(reply) - _SAFE_POLICIES)
+        if unsafe:
+            log.warning("%s has maxmemory-policy %s: when it fills up it may evict the proxy's leases, committed "
+                        "offsets and unread messages; set maxmemory-policy noeviction (docs/retention.md)",
+                        where, ", ".join(unsafe))
 
     def retained_topics(self) -> dict[str, tuple[int, RetentionConfig]]:
         """topic -> (queues, retention) of the topics this proxy declares or consumes (queues known)."""
@@ -282,3 +332,15 @@ class ProxyService(OverRegistry):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def _policies(reply: object) -> set[str]:
+    """The policies in a ``CONFIG GET maxmemory-policy`` reply: {name: value}, or per node on a Cluster."""
+    found: set[str] = set()
+    if isinstance(reply, dict):
+        for value in reply.values():
+            if isinstance(value, dict):
+                found |= _policies(value)
+            else:
+                found.add(value.decode() if isinstance(value, bytes) else str(value))
+    return found

@@ -207,18 +207,26 @@ class ProxyFleet:
     """Several proxy processes of one group, each in its own folder with its read audit."""
 
     def __init__(self, tmp_path: Path, redis_url: str, groups: dict[str, Any], topics: dict[str, Any],
-                 leases: dict[str, Any]) -> None:
+                 leases: dict[str, Any], **extra: Any) -> None:
         self.tmp_path, self.redis_url = tmp_path, redis_url
         self.groups, self.topics, self.leases = groups, topics, leases
+        #: More of every proxy's config (``redis_client``, say).
+        self.extra = extra
         self.proxies: dict[str, ProxyProcess] = {}
 
-    def start(self, name: str) -> ProxyProcess:
+    def start(self, name: str, redis_url: str | None = None, wrap: Callable[[list[str]], list[str]] | None = None,
+              ) -> ProxyProcess:
+        """Start proxy ``name`` (again, in the same folder, when it ran before), on ``redis_url`` (default:
+        the fleet's; a relay's, say) with its command rewritten by ``wrap`` (a faketime prefix, say)."""
         folder = self.tmp_path / name
-        folder.mkdir()
+        folder.mkdir(exist_ok=True)
         proxy = ProxyProcess(
-            folder, self.redis_url, self.groups, self.topics,
+            folder, redis_url or self.redis_url, self.groups, self.topics,
             instance_id=name, leases=self.leases, audit_log=str(folder / "reads.jsonl"), shutdown_grace_ms=500,
+            **self.extra,
         )
+        if wrap is not None:
+            proxy.child.wrap(wrap)
         self.proxies[name] = proxy.start()
         return proxy
 

@@ -31,6 +31,7 @@ from ddmq.config.schema.metrics import MetricsConfig
 from ddmq.config.schema.proxy import (
     EmbeddedRedisConfig,
     ProxyConfig,
+    RedisClientConfig,
 )
 from ddmq.config.schema.servers import (
     ConnectionLimits,
@@ -61,6 +62,7 @@ __all__ = [
     "MetricsConfig",
     "ProxyConfig",
     "RedisActionConfig",
+    "RedisClientConfig",
     "RedisCommandConfig",
     "RetentionConfig",
     "StartFrom",

@@ -6,14 +6,14 @@ import os
 import socket
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ddmq.config.schema.base import Model
 from ddmq.config.schema.groups import LeaseConfig, TopicGroupConfig
 from ddmq.config.schema.metrics import MetricsConfig
 from ddmq.config.schema.servers import HttpConfig, ThriftConfig
 from ddmq.config.schema.topics import TopicConfig
-from ddmq.protocol.connection import check_url
+from ddmq.protocol.connection import LONGEST_BLOCK_MS, Deadlines, check_url
 from ddmq.protocol.keys import check_name
 
 
@@ -34,6 +34,38 @@ class EmbeddedRedisConfig(Model):
     maxmemory_mb: Annotated[int, Field(ge=0)] | None = None
 
 
+class RedisClientConfig(Model):
+    """How the proxy's connections to Redis notice that Redis is gone (docs/running.md, "Redis
+    connections"). Defaults follow ``leases``; a ``?socket_timeout=`` in the URL still wins."""
+
+    #: A reply (or a write) that takes longer fails its call and replaces its connection. Default: a
+    #: sixth of ``leases.ttl_ms``, between 2 s and 5 s (5 s with the default leases). At least the
+    #: longest block of a read (1 s) plus 0.5 s, and when set, under ``leases.ttl_ms``.
+    timeout_ms: Annotated[int, Field(ge=LONGEST_BLOCK_MS + 500)] | None = None
+    #: How long a new connection may take. Default: ``timeout_ms``.
+    connect_timeout_ms: Annotated[int, Field(ge=100)] | None = None
+    #: TCP keepalive: an idle connection is probed after this much silence (0: no keepalive).
+    #: Default: ``timeout_ms``.
+    keepalive_ms: Annotated[int, Field(ge=0)] | None = None
+    #: A connection unused for this long is checked with a ``PING`` before its next command (0: never).
+    #: Default: ``leases.renew_ms``.
+    health_check_interval_ms: Annotated[int, Field(ge=0)] | None = None
+    #: A heartbeat round that takes longer is logged (once) as Redis being slow, and counted.
+    slow_ms: Annotated[int, Field(ge=1)] = 1000
+
+    def deadlines(self, leases: LeaseConfig) -> Deadlines:
+        """The client's deadlines with the defaults filled in from ``leases``."""
+        timeout = self.timeout_ms if self.timeout_ms is not None else max(2000, min(5000, leases.ttl_ms // 6))
+        keepalive = self.keepalive_ms if self.keepalive_ms is not None else timeout
+        return Deadlines(
+            timeout_ms=timeout,
+            connect_timeout_ms=self.connect_timeout_ms if self.connect_timeout_ms is not None else timeout,
+            keepalive_idle_ms=keepalive or None,
+            health_check_interval_ms=(self.health_check_interval_ms if self.health_check_interval_ms is not None
+                                      else leases.renew_ms),
+        )
+
+
 class ProxyConfig(Model):
     #: This proxy's name in its groups' membership and in queue leases; unique per running proxy.
     #: Default: host name and process id. A proxy restarted under the same name reclaims its queues at
@@ -44,6 +76,8 @@ class ProxyConfig(Model):
     redis: str = "embedded"
     #: The private redis-server started for ``redis: embedded``.
     embedded_redis: EmbeddedRedisConfig = EmbeddedRedisConfig()
+    #: Deadlines and keepalive of the proxy's connections to Redis.
+    redis_client: RedisClientConfig = RedisClientConfig()
     #: The Thrift server (DDMQ's ``ConsumerService``: pull, submit, fetch, ack).
     thrift: ThriftConfig = ThriftConfig()
     #: The HTTP server: JSON pull API, ``/metrics``, health checks, admin API and console.
@@ -88,6 +122,14 @@ class ProxyConfig(Model):
             for topic in topics:
                 check_name("topic", topic)
         return groups
+
+    @model_validator(mode="after")
+    def _timeout_under_ttl(self) -> ProxyConfig:
+        timeout = self.redis_client.timeout_ms
+        if timeout is not None and timeout >= self.leases.ttl_ms:
+            raise ValueError(f"redis_client.timeout_ms ({timeout}) must be under leases.ttl_ms "
+                             f"({self.leases.ttl_ms}): a silent connection is noticed before a lease lapses")
+        return self
 
     @property
     def embedded(self) -> bool:

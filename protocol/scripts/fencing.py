@@ -94,13 +94,20 @@ return 1
 """
 
 
-# KEYS: members, group topics.  ARGV: instance id, now (ms), oldest live heartbeat (ms), topic ('' =
-# none). Returns the live members. One slot (the group's hash tag); runs while Redis is full, so a full
+# Redis's own clock, in ms: member heartbeats and topic stamps are compared across proxies, so they
+# are never a proxy's wall clock (TIME before a write is fine: scripts replicate their effects).
+_NOW_MS: Final = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+
+# KEYS: members, group topics.  ARGV: instance id, member timeout (ms), topic ('' = none).
+# Returns the live members. One slot (the group's hash tag); runs while Redis is full, so a full
 # Redis never makes the others think this proxy left.
-HEARTBEAT_LUA: Final = OOM_PASS_LUA + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[2], ARGV[4], ARGV[2]) end
+HEARTBEAT_LUA: Final = OOM_PASS_LUA + _NOW_MS + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], ARGV[3], now) end
 return redis.call('ZRANGE', KEYS[1], 0, -1)
 """
 
@@ -116,29 +123,28 @@ return 1
 
 # HEARTBEAT_LUA for many groups of this proxy in one call (the proxy's upkeep, once per round). The
 # live members are read by score, so silent members need not be removed first: the removal runs only
-# when ARGV[4] is '1' (every few rounds). A group's heartbeat and topic stamps are written when its
+# when ARGV[3] is '1' (every few rounds). A group's heartbeat and topic stamps are written when its
 # flag is '1' (the caller sends it every few seconds): otherwise the call only reads its members.
-# KEYS: each group's members and group topics, in pairs.  ARGV: instance id, now (ms), oldest live
-# heartbeat (ms), sweep ('1' or '0'), then per group its flag, the number of its topics and the
-# topics. Returns each group's live members. Its keys span slots on a single Redis only: on a Cluster
-# the caller sends one group a call.
-HEARTBEAT_MANY_LUA: Final = OOM_PASS_LUA + """
-local at, live = 5, {}
+# KEYS: each group's members and group topics, in pairs.  ARGV: instance id, member timeout (ms),
+# sweep ('1' or '0'), then per group its flag, the number of its topics and the topics. Returns
+# Redis's time (ms; the caller's clock samples) and then each group's live members. Its keys span
+# slots on a single Redis only: on a Cluster the caller sends one group a call.
+HEARTBEAT_MANY_LUA: Final = OOM_PASS_LUA + _NOW_MS + """
+local oldest, at, live = now - tonumber(ARGV[2]), 4, {now}
 for i = 1, #KEYS / 2 do
   local members, n = KEYS[2 * i - 1], tonumber(ARGV[at + 1])
-  if ARGV[4] == '1' then redis.call('ZREMRANGEBYSCORE', members, '-inf', ARGV[3]) end
-  if ARGV[at] == '1' then redis.call('ZADD', members, ARGV[2], ARGV[1]) end
+  if ARGV[3] == '1' then redis.call('ZREMRANGEBYSCORE', members, '-inf', oldest) end
+  if ARGV[at] == '1' then redis.call('ZADD', members, now, ARGV[1]) end
   if n > 0 then
     local fields = {}
-    for j = 1, n do fields[2 * j - 1] = ARGV[at + 1 + j]; fields[2 * j] = ARGV[2] end
+    for j = 1, n do fields[2 * j - 1] = ARGV[at + 1 + j]; fields[2 * j] = now end
     redis.call('HSET', KEYS[2 * i], unpack(fields))
   end
   at = at + n + 2
-  live[i] = redis.call('ZRANGEBYSCORE', members, '(' .. ARGV[3], '+inf')
+  live[i + 1] = redis.call('ZRANGEBYSCORE', members, '(' .. oldest, '+inf')
 end
 return live
 """
-
 
 # KEYS: the lease's record.  ARGV: field, value, ttl_ms.  One key, so one slot on a Cluster, and the
 # expiry is set in the same step (a death between two commands would leave a record that never expires).

@@ -7,7 +7,9 @@ Enabled by ``audit_log: PATH`` in the config. One line per non-empty read batch:
 
 It answers "who read this queue, under which lease, when" after the fact: the cluster tests check
 from it that no queue ever had two readers (one owner per term, terms never overlapping in time), and
-an operator can use it to trace a message to the proxy that delivered it. Lines are written
+an operator can use it to trace a message to the proxy that delivered it. ``t`` is Redis's time as the
+proxy knows it (``now``: its lease clock), so the records of proxies whose own clocks disagree still
+line up. Lines are written
 unbuffered-per-line from the event loop; a read batch is up to ``read_batch_size`` messages, so the
 cost is one short write per batch, not per message.
 """
@@ -16,26 +18,29 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 
 class ReadAudit:
-    def __init__(self, path: str | Path, owner: str) -> None:
+    def __init__(self, path: str | Path, owner: str, now: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self.owner = owner
+        #: The time records are dated with (seconds).
+        self.now = now
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO | None = self.path.open("a", encoding="utf-8", buffering=1)
 
     def record(
         self, group: str, topic: str, qid: int, term: int, first: int, last: int, at: float | None = None
     ) -> None:
-        """One read batch; ``at``: the wall time it was taken under the lease (default now)."""
+        """One read batch; ``at``: when it was taken under the lease, on :attr:`now`'s clock (default now)."""
         if self._file is None:
             return
         self._file.write(
             json.dumps(
-                {"t": time.time() if at is None else at, "owner": self.owner, "group": group, "topic": topic,
+                {"t": self.now() if at is None else at, "owner": self.owner, "group": group, "topic": topic,
                  "qid": qid, "term": term, "first": first, "last": last},
                 separators=(",", ":"),
             )

@@ -205,13 +205,24 @@ class OffsetCommitter:
 # the service's committer ---------------------------------------------------------------------------
 
 
+#: Groups whose last flush failed: their next failure is logged at DEBUG (the upkeep's link health
+#: says it when Redis is away), their next success at INFO.
+_FAILING: set[str] = set()
+
+
 async def flush_groups(groups: Iterable[Flushes]) -> None:
     """Commit every consumer of ``groups``; a group whose commit fails is retried by the next flush."""
     for group in list(groups):  # a reload may add or remove groups meanwhile
         try:
             await group.flush_offsets()
         except DdmqError as exc:
-            log.warning("committing offsets of group %s failed: %s (retried next interval)", group.name, exc)
+            (log.debug if group.name in _FAILING else log.warning)(
+                "committing offsets of group %s failed: %s (retried every interval)", group.name, exc)
+            _FAILING.add(group.name)
+            continue
+        if group.name in _FAILING:
+            _FAILING.discard(group.name)
+            log.info("committing offsets of group %s again", group.name)
 
 
 async def commit_periodically(

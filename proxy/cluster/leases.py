@@ -125,8 +125,8 @@ class LeaseStore:
         out: list[bool | None] = [None] * len(leases)
         try:
             replies = await eval_scripts(self.redis, calls)
-        except REDIS_FAILURES as exc:
-            log.warning("renewing %d leases failed: %s", len(leases), exc)
+        except REDIS_FAILURES as exc:  # the upkeep's link health says it once, not every round
+            log.debug("renewing %d leases failed: %s", len(leases), exc)
             return out
         for batch, reply in zip(batches, replies, strict=True):
             if isinstance(reply, Exception):

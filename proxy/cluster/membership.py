@@ -6,12 +6,17 @@ Every proxy computes the same assignment from the same sorted member list, so no
 needed: :func:`assign` averages the sorted queues over the sorted members in contiguous blocks,
 the first ``queues % members`` members taking one extra (RocketMQ's
 AllocateMessageQueueAveragely). Leases make the hand-over safe while members disagree for a moment.
+
+Heartbeats are scored with Redis's clock (the scripts read ``TIME``), never a proxy's, so a proxy
+whose clock is off or runs at another rate neither looks dead nor stays alive for ever to the
+others; every round's reply also carries that time, which feeds the proxy's
+:class:`~ddmq.proxy.cluster.lease_clock.LeaseClock`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +25,7 @@ from redis.asyncio.cluster import RedisCluster
 from ddmq.protocol import keys
 from ddmq.protocol.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
 from ddmq.protocol.scripts import HEARTBEAT_LUA, HEARTBEAT_MANY_LUA, REGISTER_GROUP_LUA
+from ddmq.proxy.cluster.lease_clock import LeaseClock
 from ddmq.proxy.store.broker import map_redis_errors
 
 log = logging.getLogger(__name__)
@@ -52,23 +58,26 @@ def assign(members: list[str], queues: int, me: str) -> range:
 class Membership:
     """This proxy's membership in the groups it serves."""
 
-    def __init__(self, redis: AsyncRedis, instance_id: str, timeout_ms: int) -> None:
+    def __init__(self, redis: AsyncRedis, instance_id: str, timeout_ms: int, clock: LeaseClock | None = None) -> None:
         self.redis = redis
         self.instance_id = instance_id
         self.timeout_ms = timeout_ms
+        #: Sampled by every :meth:`heartbeat_many` that gets through.
+        self.clock = clock or LeaseClock(timeout_ms, timeout_ms // 3)
         self._calls = 0
-        #: group -> (wall ms of the last stamp sent, the topics it stamped).
-        self._stamped: dict[str, tuple[int, tuple[str, ...]]] = {}
+        #: group -> (loop time in ms of the last stamp sent, the topics it stamped).
+        self._stamped: dict[str, tuple[float, tuple[str, ...]]] = {}
+        #: The error of the last :meth:`heartbeat_many` whose call failed as a whole (None: it went through).
+        self.failure: Exception | None = None
 
     async def heartbeat(self, group: str, topic: str | None = None) -> list[str]:
         """Record that we are alive (and, given ``topic``, that the group consumes it: the group
         registry ``ddmq groups`` reads); forget members silent for longer than the timeout; return
         the live members, sorted."""
-        now = int(time.time() * 1000)
         key = keys.members(group)
         with map_redis_errors(f"heartbeating group {group}"):
             live = await eval_script(self.redis, HEARTBEAT_LUA, [key, keys.group_topics(group)],
-                                     [self.instance_id, now, now - self.timeout_ms, topic or ""])
+                                     [self.instance_id, self.timeout_ms, topic or ""])
             if topic is not None:
                 await eval_script(self.redis, REGISTER_GROUP_LUA, [keys.groups()], [group])
         return sorted(member.decode() for member in live)
@@ -78,10 +87,11 @@ class Membership:
         it) in one pipeline: on a single Redis one script call per :data:`HEARTBEAT_BATCH` groups, on
         a Cluster one per group (its slot), plus the group registry's. Returns the live members of each
         group whose heartbeat went through (a group left out keeps its last assignment)."""
-        now = int(time.time() * 1000)
+        loop = asyncio.get_running_loop()
+        now = loop.time() * 1000
         sweep = "1" if self._calls % SWEEP_EVERY == 0 else "0"
         self._calls += 1
-        stale = now - min(STAMP_EVERY_MS, self.timeout_ms // 4)
+        stale = now - self.clock.local_s(min(STAMP_EVERY_MS, self.timeout_ms // 4))
         stamp = {group for group, topics in groups.items()
                  if self._stamped.get(group, (stale, ()))[0] <= stale or self._stamped[group][1] != tuple(topics)}
         names = sorted(groups)
@@ -90,7 +100,7 @@ class Membership:
         calls: list[tuple[str, list[str], list[Any]]] = []
         for batch in batches:
             keys_: list[str] = []
-            args: list[Any] = [self.instance_id, now, now - self.timeout_ms, sweep]
+            args: list[Any] = [self.instance_id, self.timeout_ms, sweep]
             for group in batch:
                 keys_ += [keys.members(group), keys.group_topics(group)]
                 topics = groups[group] if group in stamp else ()
@@ -99,17 +109,24 @@ class Membership:
         registered = [group for group in names if groups[group] and group in stamp]
         if registered:
             calls.append((REGISTER_GROUP_LUA, [keys.groups()], registered))
+        sent_at = loop.time()
         try:
             replies = await eval_scripts(self.redis, calls)
         except REDIS_FAILURES as exc:
-            log.warning("heartbeating %d groups failed: %s", len(names), exc)
+            self.failure = exc  # the upkeep says it once (see link_health), not every round
             return {}
+        self.failure = None
+        answered_at = loop.time()
         live: dict[str, list[str]] = {}
+        sampled = False
         for batch, reply in zip(batches, replies, strict=False):
             if isinstance(reply, Exception):
                 log.warning("heartbeating groups %s failed: %s", ", ".join(batch), reply)
                 continue
-            for group, members in zip(batch, reply, strict=True):
+            if not sampled:  # one sample a round: the rate needs samples seconds apart, not many at once
+                sampled = True
+                self.clock.sample(sent_at, int(reply[0]), answered_at)
+            for group, members in zip(batch, reply[1:], strict=True):
                 listed = sorted(member.decode() for member in members)
                 if self.instance_id not in listed:
                     # Our heartbeat is gone (a Redis restarted empty, or ``ddmq groups delete``):

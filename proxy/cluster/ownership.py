@@ -147,6 +147,9 @@ class QueueOwnership:
     def leases(self) -> dict[int, Lease]:
         return self.owned.held()
 
+    def confirmed(self, qid: int) -> bool:
+        return self.owned.confirmed(qid)
+
     def renewed(self, qid: int, lease: Lease, asked_at: float) -> None:
         self.owned.confirm(qid, lease, asked_at)
 

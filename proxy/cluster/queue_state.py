@@ -15,6 +15,7 @@ import asyncio
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from ddmq.proxy.cluster.lease_clock import LeaseClock
 from ddmq.proxy.cluster.leases import Lease
 from ddmq.proxy.engine.offsets import OffsetTracker
 
@@ -43,10 +44,11 @@ class QueueState:
 
 
 class OwnedQueues:
-    """A consumer's :class:`QueueState` by qid; a lease counts as confirmed for ``lease_s`` seconds."""
+    """A consumer's :class:`QueueState` by qid; whether a lease still counts as confirmed is ``clock``'s
+    to say (:meth:`LeaseClock.valid <ddmq.proxy.cluster.lease_clock.LeaseClock.valid>`)."""
 
-    def __init__(self, lease_s: float) -> None:
-        self._lease_s = lease_s
+    def __init__(self, clock: LeaseClock) -> None:
+        self._clock = clock
         self._states: dict[int, QueueState] = {}
         #: Raised whenever a lease is taken or let go: a rebalance that saw this value and had nothing
         #: to do has nothing to do while it stands (and the assignment stays).
@@ -82,11 +84,12 @@ class OwnedQueues:
             state.confirmed_at = None
 
     def confirmed(self, qid: int) -> bool:
-        """True while the lease on ``qid`` is surely valid: its last confirmation is younger than the TTL."""
+        """True while the lease on ``qid`` is surely valid: its last confirmation is younger than the
+        TTL by Redis's clock, with the margins, and no stall of the process came after it."""
         state = self._states.get(qid)
         if state is None or state.confirmed_at is None:
             return False
-        return asyncio.get_running_loop().time() - state.confirmed_at < self._lease_s
+        return self._clock.valid(state.confirmed_at)
 
     def take_reader(self, qid: int) -> QueueReader | None:
         """The queue's reader, no longer the queue's (the caller stops it)."""

@@ -33,6 +33,7 @@ from ddmq.config.schema import RetentionConfig
 from ddmq.proxy.cluster.membership import STAMP_EVERY_MS
 from ddmq.proxy.cluster.trim_pacing import Queue, TrimPacing, lease_ttl_ms
 from ddmq.proxy.core.errors import DdmqError
+from ddmq.proxy.core.supervise import supervised
 from ddmq.proxy.store import trim
 from ddmq.proxy.store.broker import Broker
 from ddmq.proxy.store.trim import QueueHead, Reader, RedisMemory, StreamSize
@@ -96,8 +97,11 @@ class Retention:
         owner: str,
         topics: Callable[[], dict[str, tuple[int, RetentionConfig]]],
         interval_ms: int = 1000,
+        now_ms: Callable[[], int] | None = None,
     ) -> None:
         self.broker = broker
+        #: Redis's time (ms): the group stamps and produce times it compares were not written by this host.
+        self.now_ms = now_ms or (lambda: int(time.time() * 1000))
         self.redis = broker.redis
         self.owner = owner
         #: topic -> (queues, retention) of every topic this proxy knows, read each round (reloads).
@@ -122,7 +126,7 @@ class Retention:
     def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("Retention already started")
-        self._task = asyncio.create_task(self._run(), name="retention")
+        self._task = asyncio.create_task(supervised("trimmer", self._run), name="retention")
 
     async def close(self) -> None:
         if self._task is None:
@@ -137,12 +141,16 @@ class Retention:
         self._held.clear()
 
     async def _run(self) -> None:
+        failing = False
         while True:
             started = time.monotonic()
             try:
                 await self.round()
+                failing = False
             except DdmqError as exc:
-                log.warning("retention round failed: %s (retried next round)", exc)
+                # Once per streak: a Redis outage is said by the upkeep's link health.
+                (log.debug if failing else log.warning)("retention round failed: %s (retried every round)", exc)
+                failing = True
             await asyncio.sleep(max(0.0, self.interval_ms / 1000 - (time.monotonic() - started)))
 
     async def round(self) -> None:
@@ -206,7 +214,7 @@ class Retention:
         assert found.first is not None
         end, first = found.end, [found.first]
         head = first[0].offset
-        now_ms = int(time.time() * 1000)
+        now_ms = self.now_ms()
         if retention.max_age_s is not None and first[0].produce_ms < now_ms - retention.max_age_s * 1000:
             first = await trim.head(self.redis, topic, qid, retention.step)  # where the young ones begin
         readers = await trim.readers(self.redis, topic, qid, groups)

@@ -15,9 +15,16 @@ idle proxy costs about the same whatever the number of groups, topics and queues
   lease whose term was taken over is reported lost, and its queue dropped, while the others of the
   batch are renewed.
 
+Rounds are timed on Redis's clock as the proxy's :class:`~ddmq.proxy.cluster.lease_clock.LeaseClock`
+knows it (a host whose clock runs at half speed still heartbeats every ``claim_interval_ms`` of real
+time), every call has the client's deadline, and the state of the link is said once each way
+(:mod:`~ddmq.proxy.cluster.link_health`). A stall of the process (the clock's stall detector) makes
+the next round renew at once, as no lease counts until it has.
+
 A consumer joins once its topic's queues are known and leaves when it stops; the task runs while
-at least one consumer is joined. Its Redis work per round does not depend on the number of consumers
-(only its size does), and a consumer with nothing to do costs a few attribute reads per round.
+at least one consumer is joined, under a supervisor (an unexpected error restarts it). Its Redis work
+per round does not depend on the number of consumers (only its size does), and a consumer with
+nothing to do costs a few attribute reads per round.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from typing import Protocol
 
 from ddmq.config.schema import LeaseConfig
 from ddmq.proxy.cluster.leases import Lease, LeaseStore
+from ddmq.proxy.cluster.link_health import LinkHealth
 from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.core.supervise import supervised
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,9 @@ class Upkept(Protocol):
     def leases(self) -> dict[int, Lease]:
         """The leases to renew, by qid."""
 
+    def confirmed(self, qid: int) -> bool:
+        """Whether the lease on ``qid`` still counts (the queue is served)."""
+
     def renewed(self, qid: int, lease: Lease, asked_at: float) -> None:
         """``lease`` was renewed by a call sent at loop time ``asked_at``."""
 
@@ -57,10 +69,15 @@ class Upkept(Protocol):
 class Upkeep:
     """The heartbeats and renewals of every consumer of one proxy (see the module's docstring)."""
 
-    def __init__(self, leases: LeaseStore, membership: Membership, config: LeaseConfig) -> None:
+    def __init__(
+        self, leases: LeaseStore, membership: Membership, config: LeaseConfig, health: LinkHealth | None = None
+    ) -> None:
         self.leases = leases
         self.membership = membership
         self.config = config
+        self.health = health or LinkHealth()
+        self.clock = membership.clock
+        self.clock.on_stall = self.renew_soon
         #: The members, in the order they joined (a dict: each round asks of every member whether it is
         #: still here, which a list would answer in time proportional to the members).
         self._joined: dict[Upkept, None] = {}
@@ -69,6 +86,7 @@ class Upkeep:
         #: Held while a renewal is in flight (see :meth:`settled`).
         self._renewing = asyncio.Lock()
         self._next_renew = 0.0
+        self._renew_now = False
 
     @property
     def joined(self) -> int:
@@ -81,8 +99,8 @@ class Upkeep:
         self._joined[member] = None
         self._wake.set()
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="upkeep")
-            self._task.add_done_callback(_report_crash)
+            self.clock.start()
+            self._task = asyncio.create_task(supervised("upkeep", self._run), name="upkeep")
 
     def leave(self, member: Upkept) -> None:
         """No more rounds for ``member`` (a renewal in flight still reports to it: see :meth:`settled`)."""
@@ -90,6 +108,12 @@ class Upkeep:
         if not self._joined and self._task is not None:
             self._task.cancel()
             self._task = None
+            self.clock.stop()
+
+    def renew_soon(self) -> None:
+        """Renew every lease at the next round, which starts now (a stall made them stop counting)."""
+        self._renew_now = True
+        self._wake.set()
 
     async def settled(self) -> None:
         """Return once no renewal is in flight: after :meth:`leave` and this, nothing of the upkeep
@@ -99,6 +123,7 @@ class Upkeep:
 
     async def close(self) -> None:
         self._joined.clear()
+        self.clock.stop()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -106,12 +131,12 @@ class Upkeep:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        self._next_renew = loop.time() + self.config.renew_ms / 1000
+        self._next_renew = loop.time() + self.clock.local_s(self.config.renew_ms / 1000)
         while True:
             self._wake.clear()
             await self.round()
             try:
-                async with asyncio.timeout(self.config.claim_interval_ms / 1000):
+                async with asyncio.timeout(self.clock.local_s(self.config.claim_interval_ms / 1000)):
                     await self._wake.wait()
             except TimeoutError:
                 pass
@@ -122,14 +147,24 @@ class Upkeep:
         topics: dict[str, list[str]] = {}
         for member in joined:
             topics.setdefault(member.group, []).append(member.topic)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         live = await self.membership.heartbeat_many(topics)
+        failure = self.membership.failure
+        if failure is None:
+            self.health.answered(loop.time() - started)
+        else:
+            self.health.failed(failure, sum(len(member.leases()) for member in joined), self.clock.ttl_s)
         for member in joined:
             if member in self._joined:  # it may have left while the heartbeat was out
                 member.rebalance(live.get(member.group))
-        loop = asyncio.get_running_loop()
-        if loop.time() >= self._next_renew:
-            self._next_renew = loop.time() + self.config.renew_ms / 1000
+        if self._renew_now or loop.time() >= self._next_renew:
+            self._renew_now = False
+            self._next_renew = loop.time() + self.clock.local_s(self.config.renew_ms / 1000)
             await self.renew()
+        if not self.health.reachable:
+            self.health.lapsed([f"{member.group}/{member.topic}#{qid}" for member in joined
+                                for qid in member.leases() if not member.confirmed(qid)])
 
     async def renew(self) -> None:
         """Renew every lease held, in one pipeline; drop the queues whose lease was taken over."""
@@ -145,9 +180,3 @@ class Upkeep:
                 elif renewed is not None:
                     await member.lost(qid, lease)
 
-
-def _report_crash(task: asyncio.Task[None]) -> None:
-    """The upkeep runs for the proxy's life: ending on an error would let every lease lapse."""
-    if not task.cancelled() and task.exception() is not None:
-        log.critical("the upkeep (heartbeats, renewals) stopped on an unexpected error; restart the proxy",
-                     exc_info=task.exception())

@@ -4,7 +4,11 @@ A reader blocks on its own stream while messages come; once a whole block passed
 when it starts), it waits in the broker's idle watcher (:mod:`ddmq.proxy.store.idle_watch`: one
 blocking read over every idle queue of the process) and reads again, without blocking, when the
 watcher saw an entry past its position. On a Redis Cluster there is no watcher and a reader always
-blocks on its own stream."""
+blocks on its own stream.
+
+A reader runs supervised (:func:`~ddmq.proxy.core.supervise.supervised`): Redis failing is its
+ordinary business (it retries with backoff, and says so once per streak of failures), and anything
+else restarts it from where its tracker stands, so a queue whose lease this proxy renews is read."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Protocol
 
 from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.core.errors import BrokerError
+from ddmq.proxy.core.supervise import Backoff, supervised
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.expiry import count_expired
 from ddmq.proxy.engine.offsets import OffsetTracker
@@ -55,6 +60,8 @@ class TokenBucket:
 
 
 class ReadAuditLog(Protocol):
+    def now(self) -> float: ...
+
     def record(
         self, group: str, topic: str, qid: int, term: int, first: int, last: int, at: float | None = None
     ) -> None: ...
@@ -102,7 +109,8 @@ class QueueReader:
 
     # One per queue held, thousands in a proxy: no instance dict.
     __slots__ = (
-        "_checked", "_first_gap", "_link", "_stopping", "_task", "consumer", "qid", "queue", "term", "tracker",
+        "_checked", "_failing", "_first_gap", "_link", "_stopping", "_task", "consumer", "qid", "queue", "term",
+        "tracker",
     )
 
     def __init__(self, consumer: ReaderHost, qid: int, tracker: OffsetTracker, term: int = 0) -> None:
@@ -120,13 +128,14 @@ class QueueReader:
         self._first_gap: int | None = None
         #: The connection this reader reads on while its queue is busy; given back while it is idle.
         self._link = ReadLink()
+        #: True from a failed read until one succeeds.
+        self._failing = False
 
     def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("QueueReader already started")
-        name = f"reader:{self.consumer.group}/{self.consumer.topic}#{self.qid}"
-        self._task = asyncio.create_task(self._run(), name=name)
-        self._task.add_done_callback(_report_crash)
+        name = f"reader {self.consumer.group}/{self.consumer.topic}#{self.qid}"
+        self._task = asyncio.create_task(supervised("reader", self._run, name), name=name)
 
     async def stop(self) -> None:
         if self._task is None:
@@ -150,7 +159,7 @@ class QueueReader:
 
     async def _took(self, tracker: OffsetTracker, messages: list[StoredMessage], read_at: float) -> None:
         """A read's batch, about to be accepted: count what is missing before it, note it as read at
-        wall time ``read_at``, taken before the lease check: a pause between the two (SIGSTOP, a VM
+        ``read_at`` (the audit's clock), taken before the lease check: a pause between the two (SIGSTOP, a VM
         stall) fails the check, and one after it cannot date the read after the pause, when another
         proxy may hold a newer term."""
         consumer = self.consumer
@@ -238,15 +247,36 @@ class QueueReader:
             return None
         return messages
 
+    async def _failed(self, exc: BrokerError, backoff: Backoff) -> None:
+        """A read failed (Redis away, a connection lost): check the stream once Redis answers again, and
+        say so once per streak of failures (the upkeep's link health says it for the whole proxy)."""
+        self._checked = -1
+        consumer = self.consumer
+        (log.debug if self._failing else log.warning)("%s/%s#%s: %s; retrying until Redis answers",
+                                                      consumer.group, consumer.topic, self.qid, exc)
+        self._failing = True
+        await asyncio.sleep(backoff.take())
+
+    def _answered(self, backoff: Backoff) -> None:
+        if self._failing:
+            self._failing = False
+            log.info("%s/%s#%s: reading again", self.consumer.group, self.consumer.topic, self.qid)
+        backoff.reset()
+
+    def _now(self) -> float:
+        audit = self.consumer.read_audit
+        return audit.now() if audit is not None else 0.0
+
     async def _run(self) -> None:
         consumer = self.consumer
         broker = consumer.broker
         tracker = self.tracker
         self._checked = broker.connections.count
-        backoff = 0.1
+        backoff = Backoff(0.1, 5.0)
         # A new reader starts in the idle watcher (a proxy opening thousands of queues sends no read per
         # queue), unless it has a rollback's gap to step over: that takes a read finding nothing.
-        self._first_gap = consumer.take_gap(self.qid)
+        if self._first_gap is None:  # (a restarted reader keeps a gap it has not stepped over yet)
+            self._first_gap = consumer.take_gap(self.qid)
         idle = broker.idle is not None and self._first_gap is None  # the last read found nothing
         block: int | None = READ_BLOCK_MS
         try:
@@ -274,12 +304,9 @@ class QueueReader:
                         await consumer.skip_foreign(self.qid, tracker, entry)
                         continue
                 except BrokerError as exc:
-                    self._checked = -1  # check the stream once Redis answers again
-                    log.warning("%s#%s: %s; retrying in %.1fs", consumer.topic, self.qid, exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    await self._failed(exc, backoff)
                     continue
-                backoff = 0.1
+                self._answered(backoff)
                 block = READ_BLOCK_MS  # blocks on its own stream until a whole block passes without one
                 if messages is None or self._stopping:
                     return  # rolled back, or stopping: not tracked, so never committed (read again later)
@@ -289,15 +316,10 @@ class QueueReader:
                         tracker.skip_to(gap + 1)  # (raised there after a rollback): the rest never exists
                     idle = True
                     continue
-                read_at = time.time()  # before the check (see _took)
+                read_at = self._now()  # before the check (see _took)
                 if not consumer.may_serve(self.qid):
                     continue  # answered after the lease went unconfirmed (a pause mid-read): dropped unread
                 await self._took(tracker, messages, read_at)
                 await self._accept(messages)
         finally:
             broker.links.drop(self._link)
-
-def _report_crash(task: asyncio.Task[None]) -> None:
-    # A function, not a bound method: a reader's task keeps its callback for as long as it runs.
-    if not task.cancelled() and task.exception() is not None:
-        log.error("reader %s stopped by an unexpected error", task.get_name(), exc_info=task.exception())

@@ -83,7 +83,7 @@ class TopicConsumer:
         #: The topic's number of queues, once its metadata is known (0 until then).
         self.queues = 0
         #: One state per queue (lease, offsets, reader, hand-off, rollbacks): ownership, commits, readers.
-        self.owned = OwnedQueues(lease_config.ttl_ms / 1000)
+        self.owned = OwnedQueues(membership.clock)
         self.unfinished = 0
         self._tags = frozenset(config.tags)
         self._room = asyncio.Event()

@@ -35,6 +35,7 @@ from ddmq.protocol.connection import AsyncRedis
 from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.leases import LeaseStore
+from ddmq.proxy.cluster.link_health import LinkHealth
 from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.cluster.upkeep import Upkeep
 from ddmq.proxy.core.errors import BrokerError, ConfigError, UnknownGroupError
@@ -70,6 +71,8 @@ class GroupRegistry:
         self.membership: Membership | None = None
         #: The heartbeats and renewals of every consumer (one task for the whole proxy).
         self.upkeep: Upkeep | None = None
+        #: The state of the link to Redis, as the upkeep finds it (the service names the Redis).
+        self.health: LinkHealth | None = None
         #: The key commands of every consumer, from one blocking read.
         self.key_watcher: KeyCommandWatcher | None = None
 
@@ -89,7 +92,7 @@ class GroupRegistry:
     def _build(self, name: str, topics: dict[str, TopicGroupConfig]) -> ConsumerGroup:
         assert self.broker is not None and self.leases is not None and self.membership is not None
         if self.upkeep is None:
-            self.upkeep = Upkeep(self.leases, self.membership, self.config.leases)
+            self.upkeep = Upkeep(self.leases, self.membership, self.config.leases, self.health)
             self.key_watcher = KeyCommandWatcher(self.broker.redis)
         return ConsumerGroup(name, topics, self.broker, self.leases, self.config.leases, self.membership,
                              self.upkeep, self.key_watcher)

@@ -190,7 +190,9 @@ class LagHistory:
         registry = self._registry
         if registry.redis is None:
             return
-        at = now_ms()
+        # Redis's time (every proxy's samples on one clock) once the upkeep has sampled it.
+        upkeep = registry.upkeep
+        at = upkeep.clock.redis_now_ms() if upkeep is not None else now_ms()
         pairs = [(group_name, topic, consumer.queues) for group_name, group in list(registry.groups.items())
                  for topic, consumer in list(group.consumers.items()) if consumer.queues]
         to_store: list[tuple[str, str, LagSample]] = []

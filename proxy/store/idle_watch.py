@@ -46,6 +46,7 @@ from redis.exceptions import ResponseError
 from ddmq.protocol import keys
 from ddmq.protocol.connection import REDIS_FAILURES
 from ddmq.proxy.core.errors import BrokerError
+from ddmq.proxy.core.supervise import note_restart
 from ddmq.proxy.store.read_link import give_back
 
 log = logging.getLogger(__name__)
@@ -189,8 +190,8 @@ class IdleWatcher:
                     self._wake(chunk, stream, None)
         except REDIS_FAILURES as exc:
             failed = exc
-        except Exception as exc:  # a reply not understood: its waiters read on their own, as after a failure
-            log.exception("idle watch of %d stream(s) failed", len(chunk.waiters))
+        except Exception as exc:  # not Redis's: its waiters read on their own, and the next wait starts a new call
+            note_restart("idle-watcher", f"idle watch of {len(chunk.waiters)} stream(s)", exc, 0.0)
             failed = exc
         except asyncio.CancelledError as exc:  # closing: nobody may be left waiting
             failed = exc

@@ -24,7 +24,9 @@ from typing import Any, Final
 from redis.asyncio import Redis as AsyncRedis
 
 from ddmq.protocol import keys
+from ddmq.protocol.connection import LONGEST_BLOCK_MS
 from ddmq.proxy.core.errors import DdmqError
+from ddmq.proxy.core.supervise import supervised
 from ddmq.proxy.store.broker import map_redis_errors
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetters
 
@@ -36,7 +38,7 @@ log = logging.getLogger(__name__)
 #: Commands kept in the stream (a proxy more than this many behind has missed some: its callers time out).
 COMMANDS_KEPT: Final = 1000
 #: How long the bell read blocks: while no command comes, a proxy sends one command per this long.
-BELL_BLOCK_MS: Final = 5000
+BELL_BLOCK_MS: Final = LONGEST_BLOCK_MS
 #: How long an answer list lives: the admin call waits far less than this.
 _REPLY_TTL_S: Final = 60
 
@@ -173,9 +175,10 @@ class KeyCommandLog:
             if left <= 0:
                 break
             with map_redis_errors("waiting for key command answers"):
-                popped: Any = await self._redis.blpop([name], timeout=max(left, 0.01))
+                # In steps no longer than any block of the project's: the client's read timeout is set for those.
+                popped: Any = await self._redis.blpop([name], timeout=max(min(left, LONGEST_BLOCK_MS / 1000), 0.01))
             if popped is None:
-                break
+                continue
             try:
                 out.append(json.loads(popped[1]))
             except ValueError:
@@ -215,7 +218,7 @@ class KeyCommandWatcher:
     def add(self, group: str, topic: str, handler: CommandHandler) -> None:
         self._handlers.setdefault((group, topic), []).append(handler)
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="key-commands")
+            self._task = asyncio.create_task(supervised("key-commands", self._run), name="key-commands")
 
     async def serve(self, group: str, topic: str, handler: CommandHandler) -> None:
         """Hand the commands of (``group``, ``topic``) to ``handler`` until cancelled."""
@@ -266,7 +269,7 @@ class KeyCommandWatcher:
                                                          block=self._block_ms)
                 delay = 0.1
             except DdmqError as exc:
-                log.warning("reading key commands failed: %s", exc)
+                (log.debug if delay > 0.1 else log.warning)("reading key commands failed: %s (retried)", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue

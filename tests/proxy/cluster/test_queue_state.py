@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ddmq.proxy.cluster.lease_clock import LeaseClock
 from ddmq.proxy.cluster.leases import Lease
 from ddmq.proxy.cluster.queue_state import OwnedQueues
 from ddmq.proxy.engine.offsets import OffsetTracker
@@ -15,7 +16,7 @@ def lease(qid: int, term: int = 1) -> Lease:
 
 
 async def test_a_claimed_queue_is_held_and_confirmed_until_its_ttl_passes() -> None:
-    owned = OwnedQueues(lease_s=0.2)
+    owned = OwnedQueues(LeaseClock(200, 100))
     now = asyncio.get_running_loop().time()
     owned.claim(0, lease(0), now)
     assert owned.held() == {0: lease(0)} and owned.confirmed(0)
@@ -27,7 +28,7 @@ async def test_a_claimed_queue_is_held_and_confirmed_until_its_ttl_passes() -> N
 
 
 async def test_a_renewal_of_an_older_lease_confirms_nothing() -> None:
-    owned = OwnedQueues(lease_s=10)
+    owned = OwnedQueues(LeaseClock(10_000, 5_000))
     loop = asyncio.get_running_loop()
     owned.claim(0, lease(0, term=2), loop.time() - 20)
     owned.confirm(0, lease(0, term=1), loop.time())
@@ -36,7 +37,7 @@ async def test_a_renewal_of_an_older_lease_confirms_nothing() -> None:
 
 
 async def test_unconfirm_stops_serving_until_confirmed_again() -> None:
-    owned = OwnedQueues(lease_s=10)
+    owned = OwnedQueues(LeaseClock(10_000, 5_000))
     loop = asyncio.get_running_loop()
     owned.claim(0, lease(0), loop.time())
     owned.unconfirm(0)
@@ -44,7 +45,7 @@ async def test_unconfirm_stops_serving_until_confirmed_again() -> None:
 
 
 def test_drop_forgets_the_hold_marks_the_tracker_and_keeps_the_rollback_count() -> None:
-    owned = OwnedQueues(lease_s=10)
+    owned = OwnedQueues(LeaseClock(10_000, 5_000))
     tracker = OffsetTracker(5)
     owned.claim(3, lease(3), 0.0)
     owned.open(3, tracker, None)  # type: ignore[arg-type]  # no reader needed for the state's bookkeeping
@@ -57,7 +58,7 @@ def test_drop_forgets_the_hold_marks_the_tracker_and_keeps_the_rollback_count() 
 
 
 def test_the_gap_after_a_rollback_is_taken_once_and_a_drop_clears_it() -> None:
-    owned = OwnedQueues(lease_s=10)
+    owned = OwnedQueues(LeaseClock(10_000, 5_000))
     owned.set_gap(2, 40)
     assert owned.take_gap(2) == 40 and owned.take_gap(2) is None
     owned.set_gap(2, 50)
@@ -67,7 +68,7 @@ def test_the_gap_after_a_rollback_is_taken_once_and_a_drop_clears_it() -> None:
 
 
 async def test_hand_offs_are_tracked_per_queue() -> None:
-    owned = OwnedQueues(lease_s=10)
+    owned = OwnedQueues(LeaseClock(10_000, 5_000))
     task = asyncio.create_task(asyncio.sleep(0))
     owned.set_handoff(1, task)
     assert owned.handing_off(1) and not owned.handing_off(0) and owned.handoffs() == [task]
