@@ -306,14 +306,35 @@ def _mapped_connection(base: type[AbstractConnection]) -> type[AbstractConnectio
 
 
 class _MapsLostConnections:
-    """Mixed into a redis-py connection class by :func:`_mapped_connection`."""
+    """Mixed into a redis-py connection class by :func:`_mapped_connection`.
+
+    The write is redis-py's own, but its deadline is ``asyncio.timeout``, not ``asyncio.wait_for``:
+    on Python 3.11 ``wait_for`` loses a cancellation that arrives as the write completes (fixed in
+    3.12), which with a socket timeout set would leave a task that was told to stop running on."""
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        connection: Any = self
+        if not connection.is_connected:
+            await connection.connect_check_health(check_health=False)
+        if check_health:
+            await connection.check_health()
+        if isinstance(command, str):
+            command = command.encode()
+        if isinstance(command, bytes):
+            command = [command]
         try:
-            await super().send_packed_command(command, check_health)  # type: ignore[misc]
-        except RuntimeError as exc:  # uvloop: "unable to perform operation on <TCPTransport closed=True>"
-            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
-            raise redis.ConnectionError(f"connection lost while writing: {exc}") from exc
+            async with asyncio.timeout(connection.socket_timeout or None):
+                connection._writer.writelines(command)
+                await connection._writer.drain()
+        except TimeoutError:
+            await connection.disconnect(nowait=True)
+            raise redis.TimeoutError("Timeout writing to socket") from None
+        except (OSError, RuntimeError) as exc:  # uvloop: "unable to perform operation on <TCPTransport closed=True>"
+            await connection.disconnect(nowait=True)
+            raise redis.ConnectionError(f"connection lost while writing: {exc!r}") from exc
+        except BaseException:  # a write cut short: the connection's state is unknown
+            await connection.disconnect(nowait=True)
+            raise
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -151,7 +151,7 @@ class ProxyService(OverRegistry):
         membership = Membership(client, config.instance_id, config.leases.ttl_ms, self.clock)
         if config.audit_log:
             self.registry.read_audit = ReadAudit(config.audit_log, config.instance_id,
-                                                 now=lambda: self.clock.redis_now_ms() / 1000)
+                                                 redis_now=lambda: self.clock.redis_now_ms() / 1000)
         self.registry.health = self.health
         await self.registry.start(self.redis_url, client, Broker(client, connections), leases, membership)
         if config.http.enabled:  # action timings are only read through /metrics

@@ -201,6 +201,9 @@ class Delivery:
     #: When the client received it (``time.time()``, the clock of the audit's ``t``), if known: a proxy
     #: restarted under the same instance id may read that offset again later, under a newer term.
     t: float | None = None
+    #: When :func:`puller` received it (``time.time()``), for :func:`stale_deliveries` (keyword-only:
+    #: subclasses add fields after ``t`` and are built positionally).
+    received: float = field(default=0.0, kw_only=True)
 
 
 class ProxyFleet:
@@ -259,7 +262,8 @@ async def puller(owner: str, port: int, log: list[Delivery], stop: asyncio.Event
                 event = json.loads(message.value)
                 acked = rng.random() >= fail_rate
                 (ok if acked else failed).append(message.offset)
-                log.append(Delivery(owner, int(response.context.qid), message.offset, event["k"], event["seq"], acked))
+                log.append(Delivery(owner, int(response.context.qid), message.offset, event["k"], event["seq"], acked,
+                                    received=time.time()))
             if ok or failed:
                 pending.append(wire.ConsumeResult(context=response.context, successOffsets=ok, failOffsets=failed))
         if pending:
@@ -291,8 +295,10 @@ def term_of(reads: dict[tuple[str, int], list[dict[str, Any]]], delivery: Delive
     return term
 
 
-def check_single_reader(records: list[dict[str, Any]]) -> int:
-    """One owner per (queue, term), and each term's reads end before the next term's begin."""
+def check_single_reader(records: list[dict[str, Any]], clock: str = "t") -> int:
+    """One owner per (queue, term), and each term's reads end before the next term's begin, by the
+    audit's ``clock``: ``t`` (the host's wall clock, exact while every proxy runs on this host's) or
+    ``rt`` (Redis's, as each proxy knows it: for proxies whose clocks were made to disagree)."""
     by_queue: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
         by_queue[record["qid"]][record["term"]].append(record)
@@ -302,12 +308,41 @@ def check_single_reader(records: list[dict[str, Any]]) -> int:
         for term in sorted(terms):
             owners = {r["owner"] for r in terms[term]}
             assert len(owners) == 1, f"queue {qid} term {term} was read by {owners}"
-            start, end = min(r["t"] for r in terms[term]), max(r["t"] for r in terms[term])
+            start, end = min(r[clock] for r in terms[term]), max(r[clock] for r in terms[term])
             if previous_end is not None:
                 assert start > previous_end, f"queue {qid}: term {term} read before the previous term's last read"
                 moves += 1
             previous_end = end
     return moves
+
+
+def stale_deliveries(records: list[dict[str, Any]], log: list[Delivery], slack_s: float = 0.5,
+                     clock: str = "t") -> list[str]:
+    """Deliveries a proxy made after another proxy had begun reading the queue under a newer term (by
+    more than ``slack_s``, for the reply's way to the client): what a proxy that woke from a pause and
+    served what it had read before would do. Each delivery's term is that of its owner's latest read
+    covering it before it was received; the deliveries are dated on this host's clock, the reads on the
+    audit's ``clock`` (see :func:`check_single_reader`; Redis runs on this host)."""
+    reads: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    first_read: dict[int, dict[int, tuple[float, str]]] = defaultdict(dict)  # qid -> term -> (t, owner)
+    for record in sorted(records, key=lambda r: r[clock]):
+        reads[(record["owner"], record["qid"])].append(record)
+        first_read[record["qid"]].setdefault(record["term"], (record[clock], record["owner"]))
+    stale = []
+    for d in log:
+        term = None
+        for record in reads[(d.owner, d.qid)]:
+            if record[clock] > d.received:
+                break
+            if record["first"] <= d.offset <= record["last"]:
+                term = record["term"]
+        if term is None:
+            continue
+        newer = [t for later, (t, owner) in first_read[d.qid].items() if later > term and owner != d.owner]
+        if newer and min(newer) < d.received - slack_s:
+            stale.append(f"{d.owner} delivered {d.qid}@{d.offset} (term {term}) {d.received - min(newer):.2f}s "
+                         f"after a newer term's first read")
+    return stale
 
 
 def check_order_by_term(records: list[dict[str, Any]], log: list[Delivery]) -> OrderChecker:

@@ -51,7 +51,7 @@ class RedisClientConfig(Model):
     #: Default: ``leases.renew_ms``.
     health_check_interval_ms: Annotated[int, Field(ge=0)] | None = None
     #: A heartbeat round that takes longer is logged (once) as Redis being slow, and counted.
-    slow_ms: Annotated[int, Field(ge=1)] = 1000
+    slow_ms: Annotated[int, Field(ge=1)] = 500
 
     def deadlines(self, leases: LeaseConfig) -> Deadlines:
         """The client's deadlines with the defaults filled in from ``leases``."""

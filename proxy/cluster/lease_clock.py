@@ -47,6 +47,8 @@ TICK_S = 0.25
 RATE_SPAN_S = 2.0
 #: Samples kept for the rate: about a minute of heartbeats at the default claim interval.
 _SAMPLES = 64
+#: The quickest answer among this many of the newest (and of the oldest) samples anchors the estimate.
+_ANCHOR_SAMPLES = 8
 #: A measured rate outside these bounds is not believed (a clock stepped between two samples).
 _RATE_BOUNDS = (0.1, 10.0)
 #: The rate differs from 1 by more than this: said once in the log (and on /metrics always).
@@ -65,8 +67,10 @@ class LeaseClock:
         self.on_stall = on_stall
         #: Local seconds per Redis second (1.0 until measured).
         self.rate = 1.0
-        #: (loop time, Redis ms) of recent samples, oldest first.
-        self._samples: deque[tuple[float, float]] = deque(maxlen=_SAMPLES)
+        #: (loop time, Redis ms, round trip) of recent samples, oldest first.
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=_SAMPLES)
+        #: The sample Redis's time now is extrapolated from.
+        self._anchor: tuple[float, float, float] | None = None
         #: Confirmations made before this loop time do not count (a stall was seen after them).
         self._valid_after = float("-inf")
         self._tick: float | None = None
@@ -79,16 +83,19 @@ class LeaseClock:
 
     def sample(self, sent_at: float, redis_ms: float, received_at: float) -> None:
         """Redis answered ``redis_ms`` to a call sent at loop time ``sent_at`` and answered at
-        ``received_at``: it read its clock somewhere in between, the middle is the best guess."""
+        ``received_at``: it read its clock somewhere in between, the middle is the best guess, and the
+        quicker the answer the better the guess (a late answer may only have been noticed late)."""
         local = (sent_at + received_at) / 2
         samples = self._samples
         if samples and (redis_ms < samples[-1][1] or local <= samples[-1][0]):
             samples.clear()  # Redis's clock went back (a restart, a failover to another host): start again
-        samples.append((local, redis_ms))
-        first_local, first_ms = samples[0]
-        span_s = (redis_ms - first_ms) / 1000
+        samples.append((local, redis_ms, received_at - sent_at))
+        kept = list(samples)
+        self._anchor = min(kept[-_ANCHOR_SAMPLES:], key=lambda sample: (sample[2], -sample[0]))  # the newest of equals
+        oldest = min(kept[:_ANCHOR_SAMPLES], key=lambda sample: (sample[2], sample[0]))
+        span_s = (self._anchor[1] - oldest[1]) / 1000
         if span_s >= RATE_SPAN_S:
-            rate = (local - first_local) / span_s
+            rate = (self._anchor[0] - oldest[0]) / span_s
             if _RATE_BOUNDS[0] <= rate <= _RATE_BOUNDS[1]:
                 self.rate = rate
                 self._warn_rate()
@@ -99,20 +106,17 @@ class LeaseClock:
             log.warning("this host's clock runs at %.2f x Redis's: leases and timings follow Redis's clock "
                         "(check the host's time keeping)", self.rate)
 
-    @property
-    def sampled(self) -> bool:
-        return bool(self._samples)
 
     def redis_now_ms(self) -> int:
         """Redis's time now (ms), from the last sample; this host's wall clock until there is one."""
-        if not self._samples:
+        if self._anchor is None:
             return int(time.time() * 1000)
-        local, redis_ms = self._samples[-1]
+        local, redis_ms, _ = self._anchor
         return int(redis_ms + (asyncio.get_running_loop().time() - local) / self.rate * 1000)
 
     def offset_s(self) -> float | None:
         """This host's wall clock minus Redis's (seconds), or None before the first sample."""
-        if not self._samples:
+        if self._anchor is None:
             return None
         return time.time() - self.redis_now_ms() / 1000
 

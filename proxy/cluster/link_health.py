@@ -22,7 +22,7 @@ __all__ = ["LinkHealth"]
 class LinkHealth:
     """The state of the link to ``where`` (a Redis URL as it may be shown)."""
 
-    def __init__(self, where: str = "redis", slow_ms: int = 1000) -> None:
+    def __init__(self, where: str = "redis", slow_ms: int = 500) -> None:
         self.where = where
         self.slow_s = slow_ms / 1000
         #: False from the first failed round until one goes through.

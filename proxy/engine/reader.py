@@ -60,10 +60,11 @@ class TokenBucket:
 
 
 class ReadAuditLog(Protocol):
-    def now(self) -> float: ...
+    def now(self) -> tuple[float, float]: ...
 
     def record(
-        self, group: str, topic: str, qid: int, term: int, first: int, last: int, at: float | None = None
+        self, group: str, topic: str, qid: int, term: int, first: int, last: int,
+        at: tuple[float, float] | None = None,
     ) -> None: ...
 
 
@@ -157,10 +158,12 @@ class QueueReader:
         consumer.on_rollback(self.qid, tracker)
         return False
 
-    async def _took(self, tracker: OffsetTracker, messages: list[StoredMessage], read_at: float) -> None:
+    async def _took(
+        self, tracker: OffsetTracker, messages: list[StoredMessage], read_at: tuple[float, float] | None
+    ) -> None:
         """A read's batch, about to be accepted: count what is missing before it, note it as read at
-        ``read_at`` (the audit's clock), taken before the lease check: a pause between the two (SIGSTOP, a VM
-        stall) fails the check, and one after it cannot date the read after the pause, when another
+        ``read_at`` (the audit's clocks), taken before the lease check: a pause between the two (SIGSTOP,
+        a VM stall) fails the check, and one after it cannot date the read after the pause, when another
         proxy may hold a newer term."""
         consumer = self.consumer
         if messages[0].offset > tracker.next_offset:
@@ -263,9 +266,9 @@ class QueueReader:
             log.info("%s/%s#%s: reading again", self.consumer.group, self.consumer.topic, self.qid)
         backoff.reset()
 
-    def _now(self) -> float:
+    def _now(self) -> tuple[float, float] | None:
         audit = self.consumer.read_audit
-        return audit.now() if audit is not None else 0.0
+        return audit.now() if audit is not None else None
 
     async def _run(self) -> None:
         consumer = self.consumer

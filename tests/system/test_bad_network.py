@@ -33,6 +33,7 @@ from ..support import (
     check_single_reader,
     produce_keyed,
     puller,
+    stale_deliveries,
 )
 
 QUEUES = 8
@@ -153,6 +154,8 @@ async def test_a_proxy_cut_off_from_redis_loses_nothing_keeps_order_and_comes_ba
         assert not died, f"{name}: {died[:3]}"
     records = fleet.reads()
     check_single_reader(records)
+    stale = stale_deliveries(records, log)
+    assert stale == [], stale[:5]
     checker = check_order_by_term(records, log)
     assert checker.violations == [], checker.violations[:5]
     assert checker.missing(produced) == {}

@@ -249,8 +249,9 @@ async def test_readers_of_a_full_consumer_give_their_connection_back_after_a_blo
 def test_the_audit_notes_a_read_at_the_time_it_was_taken_under_the_lease(audit: ReadAudit) -> None:
     # The reader takes the time before it checks its lease, so a pause after the check (a SIGSTOP)
     # cannot date the read after the pause, under a term another proxy may hold by then.
-    audit.record("g", "t", 0, 3, 1, 10, at=1_700_000_000.25)
+    audit.record("g", "t", 0, 3, 1, 10, at=(1_700_000_000.25, 1_700_000_000.5))
     audit.record("g", "t", 0, 3, 11, 20)
     first, second = reads(audit)
     assert first["t"] == 1_700_000_000.25 and first["term"] == 3 and (first["first"], first["last"]) == (1, 10)
+    assert first["rt"] == 1_700_000_000.5  # Redis's clock, as the proxy knows it
     assert second["t"] > first["t"]

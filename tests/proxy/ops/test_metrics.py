@@ -336,9 +336,9 @@ def folded(samples: Samples) -> Samples:
 
 def engine_series(samples: Samples) -> Samples:
     """The engine's series: not the servers' connection counts, which a scrape itself moves, nor the
-    trimmer's figures, which move with its rounds and the clock."""
+    trimmer's figures, which move with its rounds and the clock, nor the link's and the clock's."""
     return {key: number for key, number in samples.items() if key[0].startswith("ddmq_")
-            and not key[0].startswith(("ddmq_server_", "ddmq_retention_", "ddmq_stream_"))}
+            and not key[0].startswith(("ddmq_server_", "ddmq_retention_", "ddmq_stream_", *LINK_FAMILIES))}
 
 
 async def test_the_default_series_are_the_per_queue_ones_summed_and_a_reload_switches(redis_url: str) -> None:
@@ -403,9 +403,12 @@ async def _one_message_per_queue(redis_url: str, api: ApiClient, queues: dict[st
             assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": results}))[0] == 200
 
 
+#: The proxy's link to Redis, its clock and its tasks (proxy/ops/link.py): per process in both modes.
+LINK_FAMILIES = ("ddmq_redis_reachable", "ddmq_redis_failures", "ddmq_redis_slow_rounds", "ddmq_redis_round_seconds",
+                 "ddmq_clock_", "ddmq_loop_stalls", "ddmq_task_restarts")
 #: Families whose labels are the same in both modes.
 SAME_IN_BOTH = ("ddmq_parked_pulls", "ddmq_proxy_events", "ddmq_server_",
-                "ddmq_build_info", "ddmq_redis_", "ddmq_retention_", "ddmq_stream_")
+                "ddmq_build_info", "ddmq_redis_", "ddmq_retention_", "ddmq_stream_", *LINK_FAMILIES)
 
 
 @MODES
