@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+import redis.asyncio as aioredis
+
 from ddmq.config import parse
 from ddmq.proxy.core.types import QueueResult
 from ddmq.proxy.service import ProxyService
@@ -61,3 +64,23 @@ async def test_many_consumers_starting_at_once_open_every_queue_on_few_connectio
         assert {group: checker.violations for group, checker in checkers.items() if checker.violations} == {}
     finally:
         await service.close()
+
+
+async def test_a_redis_that_may_evict_keys_is_named_at_start_up_and_noeviction_is_not(
+    redis_url: str, redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = parse({"instance_id": "eviction", "redis": redis_url, "thrift": {"port": 0}, "shutdown_grace_ms": 0,
+                    "topics": {"t": {"queues": 1}}, "groups": {"g": {"t": {}}}})
+    before = next(iter((await redis_client.config_get("maxmemory-policy")).values()))
+    try:
+        for policy, warned in (("allkeys-lru", True), ("volatile-ttl", True), ("noeviction", False)):
+            await redis_client.config_set("maxmemory-policy", policy)
+            caplog.clear()
+            async with ProxyService(config):
+                pass
+            said = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+            assert bool(said) == warned, (policy, said)
+            if warned:
+                assert policy in said[0] and "noeviction" in said[0]
+    finally:
+        await redis_client.config_set("maxmemory-policy", before)
