@@ -206,6 +206,28 @@ class Delivery:
     received: float = field(default=0.0, kw_only=True)
 
 
+async def until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
+    """Poll ``check`` until it holds; an AssertionError naming ``what`` past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s}s"
+        await asyncio.sleep(0.05)
+
+
+#: Two proxies of group g on topic t (8 queues) with short leases, for the fault tests (network, clocks).
+FAULT_QUEUES = 8
+FAULT_LEASES = {"ttl_ms": 2000, "renew_ms": 500, "claim_interval_ms": 200, "handoff_drain_ms": 500}
+#: A small read-ahead window: readers often wait for room holding their connection, where a reset hurt.
+FAULT_GROUP = {"order_key": "KEY", "timeout_ms": 3000, "max_retry": 50, "retry_intervals_ms": [20, 100], "concurrency": 64}
+
+
+def fault_fleet(tmp_path: Path, redis_url: str) -> ProxyFleet:
+    """The fault tests' fleet: :data:`FAULT_LEASES`, and a Redis timeout under their TTL (1.5 s: above
+    the longest block, 1 s, plus a margin)."""
+    return ProxyFleet(tmp_path, redis_url, {"g": {"t": FAULT_GROUP}}, {"t": {"queues": FAULT_QUEUES}},
+                      FAULT_LEASES, redis_client={"timeout_ms": 1500})
+
+
 class ProxyFleet:
     """Several proxy processes of one group, each in its own folder with its read audit."""
 

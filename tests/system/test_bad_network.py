@@ -26,22 +26,21 @@ from tests.harness.relay import Relay
 from tests.harness.stack import LOOP_ENV
 
 from ..support import (
+    FAULT_LEASES,
+    FAULT_QUEUES,
     Delivery,
-    ProxyFleet,
     acked_prefixes,
     check_order_by_term,
     check_single_reader,
+    fault_fleet,
     produce_keyed,
     puller,
     stale_deliveries,
+    until,
 )
 
-QUEUES = 8
-LEASES = {"ttl_ms": 2000, "renew_ms": 500, "claim_interval_ms": 200, "handoff_drain_ms": 500}
-#: Under the TTL, above the longest block (1 s) plus its margin.
-REDIS_CLIENT = {"timeout_ms": 1500}
-GROUP = {"order_key": "KEY", "timeout_ms": 3000, "max_retry": 50, "retry_intervals_ms": [20, 100]}
-CUT_S = 3 * LEASES["ttl_ms"] / 1000
+QUEUES = FAULT_QUEUES
+CUT_S = 3 * FAULT_LEASES["ttl_ms"] / 1000
 #: What every fault is followed by: the network heals within this of it.
 RECOVERY_S = 2.0
 #: Lines that mean a task died or had to be restarted: what the mapping of foreign errors prevents.
@@ -65,13 +64,6 @@ def _first_after(log: str, pattern: str, after: float) -> float | None:
             if at >= after:
                 return at
     return None
-
-
-async def _until(what: str, check: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what} within {timeout_s}s"
-        await asyncio.sleep(0.05)
 
 
 def _cut(relay: Relay, fault: str) -> None:
@@ -101,8 +93,7 @@ async def test_a_proxy_cut_off_from_redis_loses_nothing_keeps_order_and_comes_ba
     rng = random.Random(f"{fault}{loop}")
     produced: dict[str, int] = {}
     await asyncio.to_thread(produce, redis_url, 3000, produced, rng)
-    fleet = ProxyFleet(tmp_path, redis_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, LEASES,
-                       redis_client=REDIS_CLIENT)
+    fleet = fault_fleet(tmp_path, redis_url)
     log: list[Delivery] = []
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -119,14 +110,14 @@ async def test_a_proxy_cut_off_from_redis_loses_nothing_keeps_order_and_comes_ba
                                     kwargs={"pause_s": CUT_S / 8})
             rest.start()
             # Both serve before the fault: the far one holds queues whose story must survive it.
-            await _until("both proxies delivering", lambda: {"near", "far"} <= {d.owner for d in log}, 60)
+            await until("both proxies delivering", lambda: {"near", "far"} <= {d.owner for d in log}, 60)
             cut_at = time.time()
             _cut(relay, fault)
             await asyncio.sleep(CUT_S)  # the fault lasts this long: a duration the test sets, not a wait for state
             _heal(relay, fault)
             healed_at = time.time()
             await asyncio.to_thread(rest.join)
-            await _until("every message acked", lambda: acked_prefixes(log) == produced, 120)
+            await until("every message acked", lambda: acked_prefixes(log) == produced, 120)
             stop.set()
             await asyncio.gather(*tasks)
             sequences = [keys.sequence("t", q) for q in range(QUEUES)]
@@ -160,6 +151,7 @@ async def test_a_proxy_cut_off_from_redis_loses_nothing_keeps_order_and_comes_ba
     assert checker.violations == [], checker.violations[:5]
     assert checker.missing(produced) == {}
     warned = _first_after(far_log, r"WARNING .*redis at .* unreachable", cut_at - 1)
+    back = None
     if fault != "flap":  # a reset link is reconnected at once: it may never miss a round
         assert warned is not None, f"no warning that Redis is unreachable:\n{far_log[-3000:]}"
     if warned is not None:
@@ -167,5 +159,7 @@ async def test_a_proxy_cut_off_from_redis_loses_nothing_keeps_order_and_comes_ba
         assert back is not None, f"never said Redis answers again:\n{far_log[-3000:]}"
         assert back - max(healed_at, warned) <= RECOVERY_S, (
             f"answered again {back - healed_at:.2f}s after the heal (limit {RECOVERY_S}s)")
+    recovered = None if warned is None or back is None else round(back - healed_at, 2)
     print(f"\n{fault} on {loop}: {len(log)} deliveries, {checker.duplicates} redelivered, "
-          f"warned {None if warned is None else round(warned - cut_at, 2)}s after the cut")
+          f"warned {None if warned is None else round(warned - cut_at, 2)}s after the cut, "
+          f"answered again {recovered}s after the heal")

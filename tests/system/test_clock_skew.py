@@ -28,21 +28,21 @@ from ddmq.protocol import keys
 from tests.harness.faketime import faketime_cleanup, faketime_wrap
 
 from ..support import (
+    FAULT_LEASES,
+    FAULT_QUEUES,
     Delivery,
-    ProxyFleet,
     acked_prefixes,
     check_order_by_term,
     check_single_reader,
+    fault_fleet,
     produce_keyed,
     puller,
     stale_deliveries,
+    until,
 )
 
-QUEUES = 8
-LEASES = {"ttl_ms": 2000, "renew_ms": 500, "claim_interval_ms": 200, "handoff_drain_ms": 500}
-REDIS_CLIENT = {"timeout_ms": 1500}
-GROUP = {"order_key": "KEY", "timeout_ms": 3000, "max_retry": 50, "retry_intervals_ms": [20, 100]}
-TTL_S = LEASES["ttl_ms"] / 1000
+QUEUES = FAULT_QUEUES
+TTL_S = FAULT_LEASES["ttl_ms"] / 1000
 #: How much past the TTL a failover may take: the survivor's next rounds, a claim each.
 FAILOVER_MARGIN_S = 1.0
 
@@ -65,13 +65,6 @@ async def _wait_owners(redis_client: aioredis.Redis, wanted: dict[str, int], tim
         await asyncio.sleep(0.05)
 
 
-async def _until(what: str, check: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what} within {timeout_s}s"
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("offset_s", "rate"), [(10, 1), (-10, 1), (0, 0.5), (0, 2)],
                          ids=["ahead-10s", "behind-10s", "rate-x0.5", "rate-x2"])
@@ -82,8 +75,7 @@ async def test_a_skewed_clock_costs_no_overlap_and_failover_takes_the_ttl(
     rng = random.Random(f"{offset_s}{rate}")
     produced: dict[str, int] = {}
     await asyncio.to_thread(produce, redis_url, 2000, produced, rng)
-    fleet = ProxyFleet(tmp_path, redis_url, {"g": {"t": GROUP}}, {"t": {"queues": QUEUES}}, LEASES,
-                       redis_client=REDIS_CLIENT)
+    fleet = fault_fleet(tmp_path, redis_url)
     log: list[Delivery] = []
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -126,7 +118,7 @@ async def test_a_skewed_clock_costs_no_overlap_and_failover_takes_the_ttl(
             await _wait_owners(redis_client, {"plain": 4, "skewed": 4}, 30)
 
         await asyncio.to_thread(rest.join)
-        await _until("every message acked", lambda: acked_prefixes(log) == produced, 120)
+        await until("every message acked", lambda: acked_prefixes(log) == produced, 120)
         stop.set()
         await asyncio.gather(*tasks)
         for proxy in fleet.proxies.values():
