@@ -218,7 +218,8 @@ async def until(what: str, check: Callable[[], bool], timeout_s: float) -> None:
 FAULT_QUEUES = 8
 FAULT_LEASES = {"ttl_ms": 2000, "renew_ms": 500, "claim_interval_ms": 200, "handoff_drain_ms": 500}
 #: A small read-ahead window: readers often wait for room holding their connection, where a reset hurt.
-FAULT_GROUP = {"order_key": "KEY", "timeout_ms": 3000, "max_retry": 50, "retry_intervals_ms": [20, 100], "concurrency": 64}
+FAULT_GROUP = {"order_key": "KEY", "timeout_ms": 3000, "max_retry": 50, "retry_intervals_ms": [20, 100],
+               "concurrency": 64}
 
 
 def fault_fleet(tmp_path: Path, redis_url: str) -> ProxyFleet:
