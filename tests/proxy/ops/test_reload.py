@@ -141,6 +141,9 @@ class Load:
         deadline = loop.time() + timeout_s
         try:
             while any(self.checkers[p].missing(self.produced[p[1]]) for p in pairs):
+                for task in self._tasks[1:]:  # a puller that died says why, rather than leave its group stuck
+                    if task.done() and not task.cancelled() and task.exception() is not None:
+                        raise AssertionError("a puller failed") from task.exception()
                 if loop.time() > deadline:
                     missing = {p: list(self.checkers[p].missing(self.produced[p[1]]).items())[:3] for p in pairs}
                     raise AssertionError(f"not everything was delivered: {missing}")
