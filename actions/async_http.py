@@ -24,7 +24,7 @@ import aiohttp
 from ddmq.actions.base import ChainContext, register
 from ddmq.actions.push import Failure, Outcome, PushAction
 from ddmq.config.jsonpath import MISSING, compile_jsonpath
-from ddmq.protocol.connection import redact_url
+from ddmq.protocol.redis.connection import redact_url
 from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 from ddmq.proxy.engine.reader import TokenBucket
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.dataset import TOPIC
 from ddmq.client.thrift_client import AsyncProxyClient
-from ddmq.protocol.connection import AsyncRedis, async_redis
+from ddmq.protocol.redis.connection import AsyncRedis, async_redis
 from ddmq.protocol.wire import ConsumeResult, ConsumeStatsRequest, Context, PullRequest, PullResponse, link_results
 from tests.harness.clientproc import Ready
 

@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ddmq.protocol import keys as redis_keys
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys as redis_keys
 
 __all__ = ["QUEUES", "TOPIC", "Backlog", "body", "draw", "key_names", "produce_backlog", "streams"]
 

@@ -43,7 +43,7 @@ if __name__ == "__main__":  # run from a checkout: the repository root on the pa
 
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import wire
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 from tests.harness.stack import ProxyRun, RedisServer, rss_mb
 
 FRAME_BYTES = 16 * 1024 * 1024

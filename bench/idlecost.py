@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 
-from ddmq.protocol import keys as redis_keys
+from ddmq.protocol.redis import keys as redis_keys
 from tests.harness.machine import cpu_available, load_average, meta
 from tests.harness.stack import HarnessError, ProxyRun, RedisServer, cpu_seconds, free_port
 

@@ -65,7 +65,7 @@ BATCH = 64
 
 async def produce_engine_backlog(url: str, messages: int, topic: str = "t") -> None:
     """The engine figures' backlog: ``messages`` JSON bodies over 1,000 keys."""
-    from ddmq.protocol.producer import AsyncProducer
+    from ddmq.protocol.produce.producer import AsyncProducer
 
     producer = AsyncProducer(url)
     rng = random.Random(1)
@@ -176,8 +176,8 @@ def reply_messages() -> list[Any]:
 
 def _traced_decode(messages: int) -> None:
     """The body of a ``--client-decode`` run: one reply encoded, then decoded ``messages / 64`` times."""
-    from ddmq.protocol.pull_codec import encode_pull_reply
     from ddmq.protocol.wire import ConsumerService, decode
+    from ddmq.protocol.wire.pull_codec import encode_pull_reply
 
     payload = encode_pull_reply(7, "g", "t", "3", reply_messages())[4:]
     for _ in range(messages // BATCH):

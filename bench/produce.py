@@ -45,8 +45,8 @@ _DRIVER = r"""
 import json, sys, time
 mode, url, topic, messages, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 from ddmq.client import Producer
-from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol import keys
+from ddmq.protocol.redis.hashing import queue_for_key
+from ddmq.protocol.redis import keys
 body = "x" * 100
 rows = [(f"key-{i % 1000}", f'{{"i":{i},"pad":"{body}"}}') for i in range(messages)]
 with Producer(url, default_queues=8) as producer:

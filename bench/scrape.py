@@ -40,7 +40,7 @@ import aiohttp
 import redis
 
 from ddmq.config import parse
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.core.types import QueueResult
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.store.embedded import EmbeddedRedis

@@ -9,8 +9,7 @@
 
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, NotProcessed, PullConsumer, Retry
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, ProxyClientError, PullError
-from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol.producer import (
+from ddmq.protocol.produce.producer import (
     AsyncProducer,
     DeliveryError,
     OutgoingMessage,
@@ -18,7 +17,8 @@ from ddmq.protocol.producer import (
     RedisFullError,
     SendResult,
 )
-from ddmq.protocol.queues import ProduceError
+from ddmq.protocol.redis.hashing import queue_for_key
+from ddmq.protocol.redis.queues import ProduceError
 
 __all__ = [
     "AsyncProducer",

@@ -14,14 +14,14 @@ from types import TracebackType
 
 from ddmq.client.handling import ACK, FAIL, Outcome, outcome_of_exception
 from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS
-from ddmq.client.puller import PullConsumerBase, Puller
-from ddmq.client.pulling import (
+from ddmq.client.pull_parts import (
     DEFAULT_MAX_BACKOFF_MS,
     DEFAULT_RETRY_SLEEP_MS,
     ConsumedMessage,
     PullerSettings,
     split_runs,
 )
+from ddmq.client.puller import PullConsumerBase, Puller
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 
 __all__ = ["AsyncPullConsumer"]

@@ -32,10 +32,10 @@ are different keys: :class:`AsyncPullConsumer` processes the runs of one pull co
 :class:`PullConsumer` one after another in the puller thread (other pullers serve other keys).
 
 Both consumers drive one puller logic, :mod:`ddmq.client.puller` (each adds only its threads or tasks
-and its calls); the parts it is built from live in :mod:`ddmq.client.pulling`, what a processor's answer
+and its calls); the parts it is built from live in :mod:`ddmq.client.pull_parts`, what a processor's answer
 means in :mod:`ddmq.client.handling`, the extensions of held messages in :mod:`ddmq.client.keepalive`;
 :class:`AsyncPullConsumer` is in :mod:`ddmq.client.async_consumer`; ``ddmq consume`` is
-:mod:`ddmq.client.consume_cli`.
+:mod:`ddmq.client.cli.consume`.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ from types import TracebackType
 from ddmq.client.async_consumer import AsyncPullConsumer
 from ddmq.client.handling import Retry, outcome_of
 from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS
-from ddmq.client.puller import PullConsumerBase, Puller
-from ddmq.client.pulling import (
+from ddmq.client.pull_parts import (
     DEFAULT_MAX_BACKOFF_MS,
     DEFAULT_RETRY_SLEEP_MS,
     ConsumedMessage,
@@ -61,6 +60,7 @@ from ddmq.client.pulling import (
     parse_servers,
     split_runs,
 )
+from ddmq.client.puller import PullConsumerBase, Puller
 from ddmq.client.thrift_client import ProxyClient, ProxyClientError
 
 __all__ = [

@@ -1,7 +1,7 @@
 """What a processor's answer means to the proxy: ack, fail (with a reason and maybe a delay), or give back.
 
 A processor returns True (ack) or False (fail), or raises: :class:`Retry` fails the message and asks for
-it again after a delay of its choosing, :class:`~ddmq.client.pulling.NotProcessed` gives it back
+it again after a delay of its choosing, :class:`~ddmq.client.pull_parts.NotProcessed` gives it back
 unprocessed (released: no attempt counted), any other exception fails it with the exception's text as
 the reason the proxy stores and shows (dead letters, stuck keys, the console). :func:`outcome_of`
 turns a call of the processor into one :class:`Outcome`; both consumers use it.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from ddmq.client.pulling import ConsumedMessage, Counters, NotProcessed, PendingResults
+from ddmq.client.pull_parts import ConsumedMessage, Counters, NotProcessed, PendingResults
 
 __all__ = [
     "ACK",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from ddmq.client.pulling import ConsumedMessage, PendingResults
+from ddmq.client.pull_parts import ConsumedMessage, PendingResults
 from ddmq.protocol.wire import ConsumeResult
 
 __all__ = ["DEFAULT_GROUP_TIMEOUT_MS", "Held", "extend_every_s"]

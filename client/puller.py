@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ddmq.client.handling import Outcome, count_outcome, release_unhandled, report
 from ddmq.client.keepalive import Held, extend_every_s
-from ddmq.client.pulling import (
+from ddmq.client.pull_parts import (
     Backoff,
     ConsumedMessage,
     ConsumerStats,

@@ -167,7 +167,7 @@ def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
 
 
 def cli_reference() -> str:
-    from ddmq.client.cli import build_parser as ddmq_parser
+    from ddmq.client.cli.main import build_parser as ddmq_parser
     from ddmq.proxy.cli import build_parser as proxy_parser
 
     out = [

@@ -1,12 +1,13 @@
-"""What the proxy and its clients share: the wire contract and the Redis layout.
+"""What the proxy and its clients share, by concern:
 
-- the Thrift contract: the IDL and its structs (``structs``), the compact reader and writer (``reader``,
-  ``message_reader``, ``writer``), the numbers and the ``Message`` layout they share (``layout``), all of
-  it in one import (``wire``), and the proxy's hand-written pull reply encoder (``pull_codec``);
-- Redis: key names (``keys``), connections (``connection``), a message as a stream entry
-  (``stream_entry``), the produce script and topic metadata (``queues``), the producer (``producer``),
-  the queue hash (``hashing``) and a group's status (``status``);
-- ``clitools``, the helpers both command lines (``ddmq``, ``ddmq-proxy``) use.
+- ``wire/``: the Thrift contract (the IDL in ``idl/``, its structs, the framed compact codec, the
+  proxy's pull-reply encoder);
+- ``redis/``: the Redis layout (key names, connections, stream entries, topic metadata, the queue hash,
+  the Lua scripts, a group's status);
+- ``produce/``: the producers and their retries;
+- ``errors``: the one error tree (codes, ``retriable``) both sides raise and read;
+- ``native``: which modules the compiled hot path covers; ``clitools``: what both command lines share;
+  ``net``: free ports for what the project starts on this host.
 
 It imports neither ``ddmq.client`` nor ``ddmq.proxy`` (``tests/test_layers.py`` holds it to that).
 """

@@ -46,8 +46,8 @@ __all__ = [
 #: ``bench/instructions.py``. Left out on
 #: purpose: coroutines at the top of tasks (the Thrift server, the readers, the service, a consumer's
 #: ownership task), whose cancellation a compiled frame reports differently (a compiled ownership task
-#: left a second proxy of the same process unable to open the queues it claimed), and ``protocol/structs.py`` (thriftpy2
-#: builds its classes at run time).
+#: left a second proxy of the same process unable to open the queues it claimed), and
+#: ``protocol/wire/structs.py`` (thriftpy2 builds its classes at run time).
 COMPILED: Final = (
     "ddmq.proxy.store.broker",
     "ddmq.proxy.api.fetch",
@@ -67,7 +67,7 @@ COMPILED: Final = (
     "ddmq.actions.json_action",
     "ddmq.config.jsonpath",
     "ddmq.actions.pull_server",
-    "ddmq.protocol.pull_codec",
+    "ddmq.protocol.wire.pull_codec",
     # which client holds which message (the console's view): two dict operations per message delivered
     "ddmq.proxy.servers.clients",
     # a Thrift call from its decoded struct to its reply frame; its coroutines are awaited by the
@@ -88,11 +88,11 @@ COMPILED: Final = (
     "ddmq.proxy.ops.exposition",
     # the wire codec, both sides: varints and the Message layout, the compact reader (requests on the
     # proxy, replies on the clients) and its Message loop, the frame decoder, the writer (acks)
-    "ddmq.protocol.layout",
-    "ddmq.protocol.reader",
-    "ddmq.protocol.message_reader",
-    "ddmq.protocol.frames",
-    "ddmq.protocol.writer",
+    "ddmq.protocol.wire.layout",
+    "ddmq.protocol.wire.reader",
+    "ddmq.protocol.wire.message_reader",
+    "ddmq.protocol.wire.frames",
+    "ddmq.protocol.wire.writer",
 )
 
 LOOP_CHOICES: Final = ("auto", "uvloop", "asyncio")

@@ -23,7 +23,7 @@ import redis.asyncio.retry
 from redis.backoff import NoBackoff
 
 from ddmq.config.schema import ProxyConfig, RetentionConfig
-from ddmq.protocol.connection import (
+from ddmq.protocol.redis.connection import (
     AsyncRedis,
     async_redis,
     is_cluster_url,

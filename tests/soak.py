@@ -70,10 +70,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
-from ddmq.protocol import keys, wire
-from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol.producer import Producer
-from ddmq.protocol.queues import ProduceError
+from ddmq.protocol import wire
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.hashing import queue_for_key
+from ddmq.protocol.redis.queues import ProduceError
 from tests.harness.clientproc import ClientProcess, Ready
 from tests.harness.machine import cpu_available, load_average, log, meta
 from tests.harness.stack import HarnessError, ProxyRun, RedisServer

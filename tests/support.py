@@ -19,7 +19,7 @@ from typing import Any
 
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 from tests.harness.stack import ProxyRun
 
 
@@ -44,7 +44,7 @@ class ProxyProcess(ProxyRun):
     def start(self, before_exec: Callable[[], None] | None = None, *, timeout_s: float = 30,
               max_open_files: int | None = None) -> ProxyProcess:
         """Start and wait until it listens; ``max_open_files`` lowers its descriptor limit (RLIMIT_NOFILE).
-        A start that fails raises :class:`~ddmq.protocol.proxy_process.ProxyProcessError`."""
+        A start that fails raises :class:`~ddmq.client.cli.proxy_process.ProxyProcessError`."""
         self.incarnation += 1
 
         def limit_files() -> None:

@@ -54,7 +54,7 @@ def test_the_config_reference_has_every_section_and_field_with_its_meaning() -> 
 
 
 def test_the_cli_reference_has_every_command_of_both_programs() -> None:
-    from ddmq.client.cli import build_parser
+    from ddmq.client.cli.main import build_parser
 
     hooks = _hooks()
     page = hooks.cli_reference()

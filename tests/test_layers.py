@@ -203,7 +203,7 @@ def _lua_literals(source: str) -> list[int]:
     ]
 
 
-SCRIPTS_HOME = ROOT / "protocol" / "scripts"
+SCRIPTS_HOME = ROOT / "protocol" / "redis" / "scripts"
 
 
 @pytest.mark.parametrize(("folder", "path"), _modules(), ids=_module_id)
@@ -213,7 +213,7 @@ def test_lua_lives_in_one_package(folder: str, path: Path) -> None:
             assert _lua_literals(path.read_text()), f"{path.relative_to(ROOT)} holds no Lua"
         return
     found = _lua_literals(path.read_text())
-    assert not found, f"{path.relative_to(ROOT)} holds Lua (lines {found}); it belongs in protocol/scripts/"
+    assert not found, f"{path.relative_to(ROOT)} holds Lua (lines {found}); it belongs in protocol/redis/scripts/"
 
 
 def test_the_lua_check_sees_a_script() -> None:

@@ -113,7 +113,7 @@ def test_without_a_c_compiler_the_wheel_is_pure_python_says_so_and_installs(tmp_
     for name in ("index.html", "console.js", "console.css", "favicon.svg"):  # the console
         assert f"ddmq/proxy/servers/http/static/{name}" in files
     assert "ddmq/client/consumer.py" in files and "ddmq/client/py.typed" in files
-    assert "ddmq/protocol/keys.py" in files and "ddmq/protocol/py.typed" in files
+    assert "ddmq/protocol/redis/keys.py" in files and "ddmq/protocol/py.typed" in files
     thrifts = sorted((REPO / "protocol" / "idl").glob("*.thrift"))
     assert thrifts
     for thrift in thrifts:
@@ -121,7 +121,7 @@ def test_without_a_c_compiler_the_wheel_is_pure_python_says_so_and_installs(tmp_
     for example in sorted((REPO / "config" / "examples").glob("*.yaml")):
         assert f"ddmq/config/examples/{example.name}" in files
     assert "ddmq-proxy = ddmq.proxy.cli:main" in entry_points
-    assert "ddmq = ddmq.client.cli:main" in entry_points
+    assert "ddmq = ddmq.client.cli.main:main" in entry_points
 
     target = tmp_path / "target"
     subprocess.run(

@@ -30,7 +30,8 @@ from bench.dataset import QUEUES, TOPIC, key_names, produce_backlog
 from bench.report import Row
 from bench.scenarios.base import Settings, log, proxy_sections
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
-from ddmq.protocol import keys, wire
+from ddmq.protocol import wire
+from ddmq.protocol.redis import keys
 from tests.harness.stack import ProxyRun, RedisServer
 
 __all__ = ["failover"]

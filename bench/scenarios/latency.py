@@ -24,7 +24,7 @@ from bench.clients import LatencyPair, latency_pair
 from bench.dataset import QUEUES, TOPIC, body, key_names, streams
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 from tests.harness.clientproc import ClientProcess
 from tests.harness.stack import ProxyRun, RedisServer
 

@@ -26,8 +26,8 @@ from bench.dataset import QUEUES, TOPIC, body, key_names
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections, run_load
 from bench.scenarios.memory import trend
-from ddmq.protocol import keys
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
 from tests.harness.stack import ProxyRun, RedisServer, rss_mb
 
 __all__ = ["retention_memory"]

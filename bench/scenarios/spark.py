@@ -34,7 +34,7 @@ from bench.dataset import QUEUES, TOPIC, key_names
 from bench.report import Row, Target
 from bench.scenarios.base import Settings, log, proxy_sections
 from ddmq.client.spark.options import DEFAULT_MAX_PER_KEY
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 from tests.harness.stack import ProxyRun, RedisServer
 
 __all__ = ["spark"]

@@ -38,7 +38,7 @@ from bench.profiler import Profiler, ProfileReport
 from bench.replay import ReplaySpec, serve_pull_replies
 from bench.report import Row, Target
 from bench.scenarios.base import ORDER_KEYS, Settings, log, proxy_sections, run_load
-from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol.redis.hashing import queue_for_key
 from tests.harness.clientproc import ClientProcess
 from tests.harness.stack import ClusterServer, ProxyRun, RedisServer, cpu_seconds, free_port
 

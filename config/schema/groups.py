@@ -16,7 +16,7 @@ from ddmq.config.schema.base import (
     Model,
     StartFrom,
 )
-from ddmq.protocol.keys import DEFAULT_MEMBER_TTL_MS
+from ddmq.protocol.redis.keys import DEFAULT_MEMBER_TTL_MS
 
 
 class TopicGroupConfig(Model):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 from ddmq.proxy.core.errors import BadRequestError, UnknownTopicError
 from ddmq.proxy.core.types import FetchedQueue, QueueId, StoredMessage
 from ddmq.proxy.groups.group import ConsumerGroup

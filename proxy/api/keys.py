@@ -11,7 +11,7 @@ import asyncio
 import uuid
 from typing import Any, Final
 
-from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol.redis.hashing import queue_for_key
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.core.errors import BadRequestError, UnavailableError, UnknownEntryError
 from ddmq.proxy.engine.parking import KEY_STATES, SEQUENCED, record_row

@@ -14,7 +14,7 @@ instance restarted under the same instance id reclaims its leases at once (with 
 fences any leftover of its previous incarnation).
 
 All keys of one queue share its Cluster hash tag, so each script touches a single slot. Every script
-starts with :data:`~ddmq.protocol.scripts.OOM_PASS_LUA`, so leases and commits keep working while Redis
+starts with :data:`~ddmq.protocol.redis.scripts.OOM_PASS_LUA`, so leases and commits keep working while Redis
 is full and refuses producers.
 
 Timing (defaults, see ``leases`` in the config): lease TTL 30 s, renewed every 10 s. Three renewals
@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 
 from redis.asyncio.cluster import RedisCluster
 
-from ddmq.protocol import keys
-from ddmq.protocol.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
-from ddmq.protocol.scripts import (
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
+from ddmq.protocol.redis.scripts import (
     LEASE_ACQUIRE_LUA,
     LEASE_COMMIT_LUA,
     LEASE_RELEASE_LUA,
@@ -102,7 +102,7 @@ class LeaseStore:
         return bool(await self._run(LEASE_RENEW_LUA, lease.keys(), [lease.token, self.ttl_ms], f"renewing {lease}"))
 
     async def renew_many(self, leases: Sequence[Lease]) -> list[bool | None]:
-        """Renew ``leases`` with :data:`~ddmq.protocol.scripts.LEASE_RENEW_MANY_LUA`, in one pipeline of
+        """Renew ``leases`` with :data:`~ddmq.protocol.redis.scripts.LEASE_RENEW_MANY_LUA`, in one pipeline of
         script calls of at most :data:`RENEW_BATCH` leases each (on a Cluster, one call per slot: the
         leases of one queue, whatever their group, are in its slot). Per lease, in order: True =
         renewed, False = lost (its term was taken over), None = not known (its call failed; the lease

@@ -22,9 +22,9 @@ from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
-from ddmq.protocol import keys
-from ddmq.protocol.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
-from ddmq.protocol.scripts import HEARTBEAT_LUA, HEARTBEAT_MANY_LUA, REGISTER_GROUP_LUA
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
+from ddmq.protocol.redis.scripts import HEARTBEAT_LUA, HEARTBEAT_MANY_LUA, REGISTER_GROUP_LUA
 from ddmq.proxy.cluster.lease_clock import LeaseClock
 from ddmq.proxy.store.broker import map_redis_errors
 

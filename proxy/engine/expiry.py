@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from ddmq.protocol.connection import AsyncRedis
+from ddmq.protocol.redis.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.store.trim import record_expired
 

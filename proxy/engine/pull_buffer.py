@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Final
 
-from ddmq.protocol.pull_codec import (
+from ddmq.protocol.wire.pull_codec import (
     MESSAGE_OVERHEAD_BYTES,
     UTF8_MAX_BYTES,
 )

@@ -34,7 +34,7 @@ of the same partition (the one that reached the sink, say) never saw them. Expir
 tombstones are swept lazily, at most once per second.
 
 Leases are kept in the memory of one proxy: a lease's replays must go to the proxy that served it.
-What a lease handed out is also *recorded* in Redis (:func:`ddmq.protocol.keys.replay_lease`, written
+What a lease handed out is also *recorded* in Redis (:func:`ddmq.protocol.redis.keys.replay_lease`, written
 before the pull is answered, kept for the lease timeout plus :data:`RECORD_GRACE_MS`), so that its ack
 outlives the proxy: an ack of a lease this proxy does not hold (the proxy that served it died, or
 restarted) reads the record and marks those offsets finished for whoever reads the queue next (and
@@ -54,9 +54,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from ddmq.protocol import keys
-from ddmq.protocol.connection import eval_script
-from ddmq.protocol.scripts import LEASE_RECORD_LUA
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import eval_script
+from ddmq.protocol.redis.scripts import LEASE_RECORD_LUA
 from ddmq.proxy.core.errors import BadRequestError, DdmqError, UnavailableError
 from ddmq.proxy.core.types import PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.job import JobState, UpstreamJob

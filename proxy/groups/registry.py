@@ -31,8 +31,8 @@ from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from ddmq.config.schema import ProxyConfig, TopicGroupConfig
-from ddmq.protocol.connection import AsyncRedis
-from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
+from ddmq.protocol.redis.connection import AsyncRedis
+from ddmq.protocol.redis.queues import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.link_health import LinkHealth

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 
 from ddmq.protocol import clitools
-from ddmq.protocol.connection import redact_url
+from ddmq.protocol.redis.connection import redact_url
 
 __all__ = ["export_lines"]
 

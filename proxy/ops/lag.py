@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from ddmq.protocol import keys
-from ddmq.protocol.connection import AsyncRedis
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.store.broker import get_many, map_redis_errors
 

@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.registry import Collector
 from redis.asyncio.cluster import RedisCluster
 
-from ddmq.protocol import keys as key_names
-from ddmq.protocol.connection import AsyncRedis, eval_scripts
-from ddmq.protocol.scripts import TOPIC_COUNTS_LUA
+from ddmq.protocol.redis import keys as key_names
+from ddmq.protocol.redis.connection import AsyncRedis, eval_scripts
+from ddmq.protocol.redis.scripts import TOPIC_COUNTS_LUA
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.ops.collector import EngineCollector
 from ddmq.proxy.ops.exposition import render

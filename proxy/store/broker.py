@@ -2,7 +2,7 @@
 
 Every Redis error leaves this module as :class:`BrokerError` (see :func:`map_redis_errors`), so the
 engine deals with one retriable error type. Entries are read (and dead letters written) in the
-producer's format, :mod:`ddmq.protocol.stream_entry`.
+producer's format, :mod:`ddmq.protocol.redis.stream_entry`.
 
 Queue reads are the proxy's busiest Redis call. redis-py's XREAD callback turns every entry's field
 list into a dict before we look at it; :class:`Broker` wraps that callback on its client so that its
@@ -12,7 +12,7 @@ own reads (and only those, marked with an option) get the server's reply as it i
 A queue whose blocking read came back empty waits in the broker's :class:`~ddmq.proxy.store.idle_watch.IdleWatcher`
 (one blocking read over all idle queues, on one server) before it reads again.
 
-On a Redis Cluster (:mod:`ddmq.protocol.connection`) every command here names keys of one slot, except
+On a Redis Cluster (:mod:`ddmq.protocol.redis.connection`) every command here names keys of one slot, except
 the reads over many queues and the multi-key reads of offsets: those are split per slot
 (:meth:`Broker.read_many`, :meth:`Broker.get_many`) and sent to the masters concurrently.
 """
@@ -32,11 +32,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.typing import EncodableT, FieldT
 
-from ddmq.protocol import keys, stream_entry
-from ddmq.protocol.connection import REDIS_FAILURES, AsyncRedis, eval_script
-from ddmq.protocol.queues import ProduceError, repair_queue
-from ddmq.protocol.scripts import CHECK_STREAM_LUA, RAISE_SEQUENCE_LUA
-from ddmq.protocol.stream_entry import KEY, PRODUCE_TIME, TAG, VALUE
+from ddmq.protocol.redis import keys, stream_entry
+from ddmq.protocol.redis.connection import REDIS_FAILURES, AsyncRedis, eval_script
+from ddmq.protocol.redis.queues import ProduceError, repair_queue
+from ddmq.protocol.redis.scripts import CHECK_STREAM_LUA, RAISE_SEQUENCE_LUA
+from ddmq.protocol.redis.stream_entry import KEY, PRODUCE_TIME, TAG, VALUE
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.store.idle_watch import IdleWatcher
@@ -138,7 +138,7 @@ def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
 
 
 def read_mark(n: int, message: StoredMessage | None) -> list[str | int]:
-    """The ``n, ts, sha`` arguments of :data:`~ddmq.protocol.scripts.STREAM_INTACT_LUA` for a reader
+    """The ``n, ts, sha`` arguments of :data:`~ddmq.protocol.redis.scripts.STREAM_INTACT_LUA` for a reader
     whose last read entry is ``message`` (None: nothing read yet, only the queue's end is checked against ``n``)."""
     if message is None:
         return [n, "0", ""]
@@ -267,7 +267,7 @@ class Broker:
 
     async def stream_intact(self, topic: str, qid: int, n: int, message: StoredMessage | None) -> bool:
         """False when the queue no longer holds what was read up to offset ``n`` (``message``: the entry
-        read there, if any): Redis rolled back. See :data:`~ddmq.protocol.scripts.STREAM_INTACT_LUA`."""
+        read there, if any): Redis rolled back. See :data:`~ddmq.protocol.redis.scripts.STREAM_INTACT_LUA`."""
         with map_redis_errors(f"checking {topic}#{qid} against what was read"):
             keys_ = [keys.stream(topic, qid), keys.sequence(topic, qid)]
             return bool(await eval_script(self.redis, CHECK_STREAM_LUA, keys_, read_mark(n, message)))
@@ -290,7 +290,7 @@ class Broker:
                 await pipe.execute()
 
     async def repair_queue(self, topic: str, qid: int) -> int:
-        """Let producers append again after foreign entries (see :func:`ddmq.protocol.queues.repair_queue`);
+        """Let producers append again after foreign entries (see :func:`ddmq.protocol.redis.queues.repair_queue`);
         returns the next offset to be produced."""
         try:
             return await repair_queue(self.redis, topic, qid)

@@ -1,17 +1,17 @@
 """DeadLetters: a (group, topic)'s dead-letter stream, for operators: list, read, replay, purge.
 
 Dead letters are written by the pull buffer (``Broker.dead_letter``) to the stream
-:func:`ddmq.protocol.keys.dead_letters`, one entry per message with its qid, offset, attempts and last
+:func:`ddmq.protocol.redis.keys.dead_letters`, one entry per message with its qid, offset, attempts and last
 error. Every read and every step of a replay or purge is bounded in bytes (``max_bytes``): a page
 stops before the entry that would pass it and says whether more follow, and values are cut to
 ``value_cut`` bytes in listings (the full length is given; :meth:`DeadLetters.get` reads one entry
 with a larger cut). A value larger than the budget still moves, alone.
 
 Replay is exactly once per entry, whatever runs at the same time (the scripts are in
-:mod:`ddmq.protocol.scripts`):
+:mod:`ddmq.protocol.redis.scripts`):
 
 1. *Claim*: one script moves a chunk of entries out of the dead-letter stream into the claims stream
-   (:func:`ddmq.protocol.keys.dead_letter_claims`). An entry is claimed by one call only; a purge or a
+   (:func:`ddmq.protocol.redis.keys.dead_letter_claims`). An entry is claimed by one call only; a purge or a
    second replay no longer sees it.
 2. *Produce*: one script per queue produces the chunk's messages (dense offsets, the producer's own
    code) and records each dead-letter id as replayed into that queue, skipping ids already recorded.
@@ -43,11 +43,11 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final, NamedTuple
 
-from ddmq.protocol import keys, stream_entry
-from ddmq.protocol.connection import AsyncRedis, eval_script
-from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol.producer import AsyncProducer, ProduceError
-from ddmq.protocol.scripts import (
+from ddmq.protocol.produce.producer import AsyncProducer, ProduceError
+from ddmq.protocol.redis import keys, stream_entry
+from ddmq.protocol.redis.connection import AsyncRedis, eval_script
+from ddmq.protocol.redis.hashing import queue_for_key
+from ddmq.protocol.redis.scripts import (
     CLAIM_LUA,
     CLAIMS_LUA,
     LAST_ID_LUA,

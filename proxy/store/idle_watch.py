@@ -43,8 +43,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from ddmq.protocol import keys
-from ddmq.protocol.connection import REDIS_FAILURES
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import REDIS_FAILURES
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.supervise import note_restart
 from ddmq.proxy.store.read_link import give_back

@@ -23,8 +23,8 @@ from typing import Any, Final
 
 from redis.asyncio import Redis as AsyncRedis
 
-from ddmq.protocol import keys
-from ddmq.protocol.connection import LONGEST_BLOCK_MS
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import LONGEST_BLOCK_MS
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.supervise import supervised
 from ddmq.proxy.store.broker import map_redis_errors
@@ -203,7 +203,7 @@ CommandHandler = Callable[[KeyCommand], Awaitable[None]]
 
 class KeyCommandWatcher:
     """The key commands of every (group, topic) this proxy consumes, from one blocking read of the bell
-    (:func:`~ddmq.protocol.keys.key_command_bell`) for the whole proxy: nothing to poll while no
+    (:func:`~ddmq.protocol.redis.keys.key_command_bell`) for the whole proxy: nothing to poll while no
     command comes, and a command reaches its handlers as soon as it is posted. Runs while a handler
     is registered. A proxy hears the commands posted after it started watching."""
 

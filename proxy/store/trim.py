@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 from redis.asyncio.cluster import RedisCluster
 
-from ddmq.protocol import keys
-from ddmq.protocol.connection import AsyncRedis, eval_script, eval_scripts
-from ddmq.protocol.scripts import EXPIRED_RECORD_LUA, TRIMMER_DROP_LUA, TRIMMER_PROBE_LUA
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import AsyncRedis, eval_script, eval_scripts
+from ddmq.protocol.redis.scripts import EXPIRED_RECORD_LUA, TRIMMER_DROP_LUA, TRIMMER_PROBE_LUA
 from ddmq.proxy.store.broker import map_redis_errors
 
 
@@ -95,7 +95,7 @@ async def probe(
 ) -> list[Probe | None]:
     """Take or renew the trimmer lease of each of ``queues`` for ``owner`` (``held``: per queue, whether
     ``owner`` held it at its last probe: one command renews it then, another takes it when free) and
-    read its first entry and end, in one pipeline of :data:`~ddmq.protocol.scripts.TRIMMER_PROBE_LUA`
+    read its first entry and end, in one pipeline of :data:`~ddmq.protocol.redis.scripts.TRIMMER_PROBE_LUA`
     calls (one per :data:`PROBE_BATCH` queues on a single Redis, one per queue on a Cluster). None for
     a queue another proxy trims."""
     size = 1 if isinstance(redis, RedisCluster) else PROBE_BATCH

@@ -15,8 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.service import ProxyService
 from tests.support import OrderChecker
 

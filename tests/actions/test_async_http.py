@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from ddmq.actions.async_http import AsyncHttpAction
-from ddmq.protocol import keys
 from ddmq.protocol.net import free_port
+from ddmq.protocol.redis import keys
 
 from ..proxy.conftest import running_proxy
 from .conftest import (

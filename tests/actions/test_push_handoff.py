@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 
 from ..proxy.conftest import running_proxy
 from .conftest import Behaviour, Upstream, keyed, produce, push_config

@@ -7,7 +7,7 @@ import json
 
 import redis.asyncio as aioredis
 
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.core.types import QueueResult
 from tests.support import OrderChecker
 

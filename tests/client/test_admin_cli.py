@@ -17,9 +17,9 @@ import redis
 
 from ddmq.client.consumer import PullConsumer
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.protocol import keys
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
 from ddmq.protocol.wire import ConsumeResult, PullRequest
 
 from ..support import ProxyProcess

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 
 from ..support import debian_tool
 
@@ -62,7 +62,7 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) 
 
 
 def test_every_help_is_plain_text_of_its_own() -> None:
-    from ddmq.client.cli import build_parser
+    from ddmq.client.cli.main import build_parser
 
     helps: dict[tuple[str, ...], str] = {}
     for path in _subcommands(build_parser()):
@@ -103,7 +103,7 @@ def test_zsh_completion_is_valid_and_names_every_command() -> None:
     assert script.stdout.startswith("#compdef ddmq")
     checked = subprocess.run([zsh, "-n"], input=script.stdout, capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stderr
-    from ddmq.client.cli import build_parser
+    from ddmq.client.cli.main import build_parser
 
     for path in _subcommands(build_parser())[1:]:
         assert re.search(rf"^\s+{re.escape(path[-1])}:'", script.stdout, re.MULTILINE), path

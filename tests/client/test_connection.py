@@ -9,7 +9,7 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from ddmq.config.schema import ProxyConfig
-from ddmq.protocol.connection import async_redis, check_url, is_cluster_url, sync_redis
+from ddmq.protocol.redis.connection import async_redis, check_url, is_cluster_url, sync_redis
 
 
 @pytest.mark.parametrize(

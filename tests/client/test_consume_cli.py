@@ -21,13 +21,13 @@ import pytest
 import redis
 import yaml
 
+from ddmq.client.cli.status import group_status
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer
-from ddmq.client.pulling import Backoff
-from ddmq.client.status import group_status
+from ddmq.client.pull_parts import Backoff
 from ddmq.client.thrift_client import ProxyClientError, PullError, WrongPortError
-from ddmq.protocol import keys
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
 
 from ..support import ProxyProcess, produce_keyed
 

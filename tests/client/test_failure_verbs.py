@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from ddmq.client import AsyncPullConsumer, ConsumedMessage, PullConsumer, Retry
-from ddmq.client.admin import AdminClient
+from ddmq.client.cli.admin import AdminClient
 from ddmq.protocol.clitools import CliError
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 
 from ..support import ProxyProcess
 

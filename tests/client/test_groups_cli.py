@@ -13,8 +13,8 @@ from typing import Any
 import redis
 
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.protocol import keys
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
 from ddmq.protocol.wire import ConsumeResult, PullRequest
 
 from ..support import ProxyProcess

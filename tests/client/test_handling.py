@@ -9,7 +9,7 @@ import pytest
 from ddmq.client import Retry
 from ddmq.client.handling import MAX_REASON_BYTES, Verdict, outcome_of, reason_text, report
 from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS, Held, extend_every_s
-from ddmq.client.pulling import ConsumedMessage, NotProcessed, PendingResults
+from ddmq.client.pull_parts import ConsumedMessage, NotProcessed, PendingResults
 from ddmq.config.schema import TopicGroupConfig
 
 
@@ -108,7 +108,7 @@ def _nodes(result: object) -> list[object]:
     ["--group-timeout-ms", "0"],
 ])
 def test_consume_refuses_bad_failure_options(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    from ddmq.client.cli import main
+    from ddmq.client.cli.main import main
 
     assert main(["consume", "--servers", "127.0.0.1:1", "--group", "g", *args]) == 2
     assert capsys.readouterr().err.startswith("ddmq consume: --")

@@ -17,10 +17,10 @@ from typing import Any, cast
 import pytest
 import redis
 
-from ddmq.protocol import keys
-from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol.producer import AsyncProducer, DeliveryError, MessageTooLargeError, Producer, SendResult
-from ddmq.protocol.scripts import IDEMPOTENT_PRODUCE_LUA, OUT_OF_ORDER, PRODUCE_LUA
+from ddmq.protocol.produce.producer import AsyncProducer, DeliveryError, MessageTooLargeError, Producer, SendResult
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.hashing import queue_for_key
+from ddmq.protocol.redis.scripts import IDEMPOTENT_PRODUCE_LUA, OUT_OF_ORDER, PRODUCE_LUA
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from ddmq.client.keys_cli import stuck_first
+from ddmq.client.cli.keys import stuck_first
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 
 from ..support import ProxyProcess
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from ddmq.client.cli.offsets import Target, plan
 from ddmq.client.consumer import ConsumedMessage, PullConsumer
-from ddmq.client.offsets import Target, plan
-from ddmq.protocol import keys
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
 
 from ..support import ProxyProcess, produce_keyed
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from thriftpy2.thrift import TMessageType
 
-from ddmq.client.pulling import ConsumedMessage, PendingResults
+from ddmq.client.pull_parts import ConsumedMessage, PendingResults
 from ddmq.protocol import wire
-from ddmq.protocol.writer import encode
+from ddmq.protocol.wire.writer import encode
 
 
 def _message(offset: int, qid: str = "0") -> ConsumedMessage:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 
 from ..support import ProxyProcess
 

@@ -19,10 +19,10 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ddmq.protocol import keys
-from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol.producer import AsyncProducer, DeliveryError, OutgoingMessage, Producer, SendResult
-from ddmq.protocol.queues import ProduceError, TopicMismatchError, ensure_topic
+from ddmq.protocol.produce.producer import AsyncProducer, DeliveryError, OutgoingMessage, Producer, SendResult
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.hashing import queue_for_key
+from ddmq.protocol.redis.queues import ProduceError, TopicMismatchError, ensure_topic
 
 
 @pytest.fixture
@@ -280,11 +280,11 @@ async def test_async_redis_errors_become_produce_errors() -> None:
 
 # --- `ddmq produce` ---------------------------------------------------------------------------------
 
-# client/cli.py also imports ddmq.client.consumer and ddmq.client.demo, written by others. Until both
+# client/cli/main.py also imports ddmq.client.consumer and ddmq.client.cli.demo, written by others. Until both
 # exist, drive add_cli through a parser of our own; afterwards the real `ddmq` entry point is used.
 _DRIVER = """
 import argparse, sys
-from ddmq.client.produce_cli import add_cli
+from ddmq.client.cli.produce import add_cli
 parser = argparse.ArgumentParser(prog="ddmq")
 add_cli(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])
@@ -293,7 +293,7 @@ sys.exit(args.func(args))
 
 
 def _ddmq_command() -> list[str]:
-    if importlib.util.find_spec("ddmq.client.consumer") and importlib.util.find_spec("ddmq.client.demo"):
+    if importlib.util.find_spec("ddmq.client.consumer") and importlib.util.find_spec("ddmq.client.cli.demo"):
         return [sys.executable, "-m", "ddmq.client.cli"]
     return [sys.executable, "-c", _DRIVER]
 

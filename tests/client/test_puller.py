@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from ddmq.client.handling import ACK, FAIL, RELEASE
+from ddmq.client.pull_parts import ConsumedMessage, Counters, FatalError, PullerSettings
 from ddmq.client.puller import Puller
-from ddmq.client.pulling import ConsumedMessage, Counters, FatalError, PullerSettings
 from ddmq.client.thrift_client import ProxyConnectionError, PullError
 from ddmq.protocol.wire import Context, Message, PullResponse
 

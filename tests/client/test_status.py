@@ -11,9 +11,9 @@ from pathlib import Path
 
 import redis
 
-from ddmq.client.status import group_status
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.client.cli.status import group_status
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.core.types import QueueResult
 
 from ..proxy.conftest import running_proxy
@@ -92,7 +92,7 @@ def test_status_into_a_closed_pipe_ends_quietly(redis_url: str) -> None:
 
 
 def test_status_shows_the_time_lag_of_the_first_unfinished_message(redis_url: str) -> None:
-    from ddmq.protocol.producer import Producer
+    from ddmq.protocol.produce.producer import Producer
 
     with Producer(redis_url) as producer:
         for i in range(3):

@@ -9,8 +9,8 @@ import time
 
 import redis
 
-from ddmq.protocol import keys
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
 
 DDMQ = [sys.executable, "-m", "ddmq.client.cli"]
 

@@ -6,7 +6,7 @@ temporary directory, and a real proxy process with a config written here, plus `
 ...         print(proxy.port, proxy.rss_mb())
 
 They wrap the product's own launchers (``EmbeddedRedis``, ``EmbeddedCluster``,
-:class:`~ddmq.protocol.proxy_process.ProxyChild`, ``free_port``) with what a run needs around them:
+:class:`~ddmq.client.cli.proxy_process.ProxyChild`, ``free_port``) with what a run needs around them:
 temporary folders, a config from sections, crash and restart, and errors that end a run
 (:class:`HarnessError`). ``tests/support.py``'s ``ProxyProcess`` is the tests' flavour of
 :class:`ProxyRun`; ``bench/profiler.py`` profiles one.
@@ -24,9 +24,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from ddmq.client.cli.proxy_process import ProxyChild, ProxyProcessError, write_config
 from ddmq.protocol.native import resolve_loop
 from ddmq.protocol.net import free_port
-from ddmq.protocol.proxy_process import ProxyChild, ProxyProcessError, write_config
 from ddmq.proxy.store.embedded import EmbeddedRedis
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 

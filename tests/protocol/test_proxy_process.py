@@ -1,4 +1,4 @@
-"""The one launcher of a proxy child process (protocol/proxy_process.py), against a real proxy and Redis."""
+"""The one launcher of a proxy child process (client/cli/proxy_process.py), against a real proxy and Redis."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from ddmq.client.cli.proxy_process import ProxyChild, ProxyProcessError, port_open, write_config
 from ddmq.protocol.native import describe
 from ddmq.protocol.net import free_port
-from ddmq.protocol.proxy_process import ProxyChild, ProxyProcessError, port_open, write_config
 
 
 def _config(tmp_path: Path, redis_url: str, port: int) -> Path:

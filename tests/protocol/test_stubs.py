@@ -1,4 +1,4 @@
-"""The typed views in protocol/structs.py match the IDL: every struct, field, type and field id.
+"""The typed views in protocol/wire/structs.py match the IDL: every struct, field, type and field id.
 
 The type checker sees only the views under ``TYPE_CHECKING``; the running code uses thriftpy2's classes
 built from the IDL. This test reads the views from the source (ast) and compares them with the loaded
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from thriftpy2.thrift import TType
 
-from ddmq.protocol import structs
+from ddmq.protocol.wire import structs
 
 SOURCE = Path(structs.__file__).with_suffix(".py")
 

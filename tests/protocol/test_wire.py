@@ -13,7 +13,6 @@ import thriftpy2
 from thriftpy2.thrift import TPayload, TType
 
 from ddmq.protocol import wire
-from ddmq.protocol.reader import new_struct
 from ddmq.protocol.wire import (
     AckResult,
     ConsumeResult,
@@ -32,6 +31,7 @@ from ddmq.protocol.wire import (
     TApplicationException,
     TMessageType,
 )
+from ddmq.protocol.wire.reader import new_struct
 
 STRING, BINARY, I32, I64, BOOL = TType.STRING, TType.BINARY, TType.I32, TType.I64, TType.BOOL
 STRUCT, LIST, MAP = TType.STRUCT, TType.LIST, TType.MAP

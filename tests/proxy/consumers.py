@@ -11,7 +11,7 @@ from types import TracebackType
 import redis.asyncio as aioredis
 
 from ddmq.config.schema import LeaseConfig, TopicGroupConfig
-from ddmq.protocol.producer import AsyncProducer, OutgoingMessage
+from ddmq.protocol.produce.producer import AsyncProducer, OutgoingMessage
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.membership import Membership

@@ -15,8 +15,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer, RedisFullError
+from ddmq.protocol.produce.producer import AsyncProducer, RedisFullError
+from ddmq.protocol.redis import keys
 from ddmq.proxy.store.embedded import EmbeddedRedis
 from tests.support import OrderChecker
 

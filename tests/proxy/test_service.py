@@ -10,8 +10,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.core.errors import UnknownGroupError, UnknownTopicError
 from ddmq.proxy.core.types import PullBatch, QueueResult
 from ddmq.proxy.service import ProxyService

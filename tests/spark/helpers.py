@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 from ddmq.protocol.wire import ConsumeStatsRequest
 
 from ..support import OrderChecker, ProxyProcess, body

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 from ddmq.protocol.wire import ConsumeStatsRequest
 
 from ..support import ProxyProcess

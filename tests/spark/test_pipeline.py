@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from ddmq.client.cli import build_parser
-from ddmq.client.demo import produce_rides
+from ddmq.client.cli.demo import produce_rides
+from ddmq.client.cli.main import build_parser
 from ddmq.client.spark import pipeline
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 
 from ..support import ProxyProcess
 

@@ -19,15 +19,15 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from ddmq.client.cli import build_parser
-from ddmq.client.demo import produce_rides
+from ddmq.client.cli.demo import produce_rides
+from ddmq.client.cli.main import build_parser
 from ddmq.client.spark import pipeline
 from ddmq.client.spark.options import parse_options
 from ddmq.client.spark.pull_mode import PullPartition, PullStreamReader, read_leased
 from ddmq.client.spark.queue_mode import QueuePartition, read_range
 from ddmq.client.thrift_client import ProxyConnectionError
-from ddmq.protocol import keys
 from ddmq.protocol.net import free_port
+from ddmq.protocol.redis import keys
 
 from ..support import ProxyProcess, order_violations
 from .helpers import Collector, owners, positions, produce, wait_until

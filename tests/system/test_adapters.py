@@ -24,9 +24,9 @@ from thriftpy2.thrift import TType
 
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.protocol import wire
-from ddmq.protocol import writer as thrift_writer
-from ddmq.protocol.producer import Producer
-from ddmq.protocol.pull_codec import encode_pull_reply
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.wire import writer as thrift_writer
+from ddmq.protocol.wire.pull_codec import encode_pull_reply
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService

@@ -12,8 +12,8 @@ import pytest
 import redis
 import requests
 
-from ddmq.protocol import keys, stream_entry
 from ddmq.protocol.net import free_port
+from ddmq.protocol.redis import keys, stream_entry
 
 from ..support import ProxyProcess
 

@@ -10,7 +10,7 @@ import pytest
 
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.protocol import wire
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.core.errors import UnknownGroupError
 
 from ..proxy.conftest import running_proxy

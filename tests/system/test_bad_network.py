@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 from tests.harness.relay import Relay
 from tests.harness.stack import LOOP_ENV
 

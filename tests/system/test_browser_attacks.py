@@ -20,7 +20,7 @@ from aiohttp import web
 from playwright.async_api import BrowserContext, Page, async_playwright, expect
 
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 from tests.harness.faketime import faketime_cleanup, faketime_wrap
 
 from ..support import (

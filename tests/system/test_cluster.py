@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 
 from ..support import (
     Delivery,

@@ -23,7 +23,7 @@ import jsonschema
 import pytest
 import yaml
 
-from ddmq.client.cli import build_parser as ddmq_parser
+from ddmq.client.cli.main import build_parser as ddmq_parser
 from ddmq.config import load
 from ddmq.proxy.cli import build_parser as proxy_parser
 
@@ -213,7 +213,7 @@ def test_the_image_build_replays_without_docker(dockerfile: str, tmp_path: Path)
             (wheel,) = wheels.glob("ddmq_proxy-*.whl")
             with zipfile.ZipFile(wheel) as archive:
                 names = set(archive.namelist())
-            assert {"ddmq/proxy/cli.py", "ddmq/client/cli.py", "ddmq/config/examples/compose.yaml"} <= names
+            assert {"ddmq/proxy/cli.py", "ddmq/client/cli/main.py", "ddmq/config/examples/compose.yaml"} <= names
             installs += 1
         else:
             assert instruction in ("FROM", "ENV", "EXPOSE", "CMD"), instruction

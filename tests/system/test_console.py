@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from playwright.async_api import BrowserContext, Dialog, Page, async_playwright, expect
 
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 
 from ..http_support import ApiClient, OpenApiChecker
 from ..proxy.conftest import running_proxy

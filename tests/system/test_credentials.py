@@ -15,9 +15,9 @@ import pytest
 import redis
 import requests
 
-from ddmq.protocol.connection import redact_url
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis.connection import redact_url
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.service import ProxyService
 

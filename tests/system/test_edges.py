@@ -27,7 +27,7 @@ from ddmq.client.thrift_client import AsyncProxyClient, ProxyClient, PullError
 from ddmq.config import parse
 from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.errors import BadRequestError, ConfigError
 from ddmq.proxy.service import ProxyService

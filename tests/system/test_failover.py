@@ -15,7 +15,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from ddmq.client.thrift_client import AsyncProxyClient
-from ddmq.protocol import keys, wire
+from ddmq.protocol import wire
+from ddmq.protocol.redis import keys
 from ddmq.proxy.core.types import QueueResult
 from ddmq.proxy.service import ProxyService
 

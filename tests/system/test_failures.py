@@ -22,10 +22,11 @@ import pytest
 import redis.asyncio
 
 from ddmq.client.thrift_client import AsyncProxyClient
-from ddmq.protocol import keys, wire
-from ddmq.protocol.hashing import queue_for_key
+from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.hashing import queue_for_key
 from ddmq.proxy.service import ProxyService
 
 from ..http_support import ApiClient, OpenApiChecker

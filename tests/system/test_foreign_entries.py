@@ -19,10 +19,11 @@ from pathlib import Path
 import aiohttp
 import redis
 
-from ddmq.client.status import group_status
+from ddmq.client.cli.status import group_status
 from ddmq.client.thrift_client import AsyncProxyClient
-from ddmq.protocol import keys, wire
+from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
+from ddmq.protocol.redis import keys
 
 from ..support import OrderChecker, ProxyProcess, check_and_ack, produce_keyed
 from .test_http_end_to_end import wait_ready

@@ -26,10 +26,11 @@ from typing import Any
 import pytest
 
 from ddmq.client.thrift_client import AsyncProxyClient
-from ddmq.protocol import keys, wire
-from ddmq.protocol.connection import sync_redis
+from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import AsyncProducer, Producer
+from ddmq.protocol.produce.producer import AsyncProducer, Producer
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import sync_redis
 from ddmq.proxy.store.embedded import EmbeddedRedis
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 

@@ -28,11 +28,12 @@ import yaml
 from redis.crc import key_slot
 
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.protocol import keys, wire
-from ddmq.protocol.connection import sync_redis
+from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
-from ddmq.protocol.producer import Producer
-from ddmq.protocol.queues import ProduceError
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import sync_redis
+from ddmq.protocol.redis.queues import ProduceError
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
 
 from ..support import (

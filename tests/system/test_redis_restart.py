@@ -18,8 +18,9 @@ from pathlib import Path
 import redis
 
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
-from ddmq.protocol import keys, wire
+from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
+from ddmq.protocol.redis import keys
 from ddmq.proxy.store.embedded import EmbeddedRedis
 
 from ..support import OrderChecker, ProxyProcess, check_and_ack, produce_keyed

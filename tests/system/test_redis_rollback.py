@@ -23,10 +23,11 @@ from pathlib import Path
 import aiohttp
 import redis
 
-from ddmq.client.status import group_status
+from ddmq.client.cli.status import group_status
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
-from ddmq.protocol import keys, wire
+from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
+from ddmq.protocol.redis import keys
 from ddmq.proxy.store.embedded import EmbeddedRedis
 
 from ..support import OrderChecker, ProxyProcess, produce_keyed

@@ -21,8 +21,9 @@ import redis.asyncio as aioredis
 import yaml
 
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
-from ddmq.protocol import keys, wire
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol import wire
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.core.errors import UnknownGroupError
 
 from ..support import (

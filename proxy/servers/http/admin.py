@@ -1,7 +1,7 @@
 """Operator endpoints: ``/metrics``, ``/healthz``, ``/readyz`` and the ``/admin/...`` JSON views.
 
 The handlers decode the query, call one function of :mod:`ddmq.proxy.ops.views`,
-:mod:`ddmq.proxy.store.dead_letters` or :mod:`ddmq.protocol.status`, and encode the answer. Who may
+:mod:`ddmq.proxy.store.dead_letters` or :mod:`ddmq.protocol.redis.status`, and encode the answer. Who may
 call ``/admin/...`` is decided before, by :mod:`ddmq.proxy.servers.http.guard`.
 """
 
@@ -17,9 +17,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field
 
-from ddmq.protocol.connection import REDIS_FAILURES, sync_redis
-from ddmq.protocol.keys import dead_letters as dead_letters_key
-from ddmq.protocol.status import GroupStatus, QueueStatus, group_status
+from ddmq.protocol.redis.connection import REDIS_FAILURES, sync_redis
+from ddmq.protocol.redis.keys import dead_letters as dead_letters_key
+from ddmq.protocol.redis.status import GroupStatus, QueueStatus, group_status
 from ddmq.proxy.api.keys import key_action, list_keys
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.core.errors import (

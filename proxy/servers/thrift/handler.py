@@ -13,8 +13,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from ddmq.protocol.pull_codec import FAST_PULL_REPLY, encode_pull_reply
-from ddmq.protocol.reader import new_struct
 from ddmq.protocol.wire import (
     ConsumeResult,
     ConsumerService,
@@ -32,6 +30,8 @@ from ddmq.protocol.wire import (
     TMessageType,
     encode,
 )
+from ddmq.protocol.wire.pull_codec import FAST_PULL_REPLY, encode_pull_reply
+from ddmq.protocol.wire.reader import new_struct
 from ddmq.proxy.api.requests import too_many_offsets
 from ddmq.proxy.api.surface import ConsumeService
 from ddmq.proxy.core.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
@@ -280,7 +280,7 @@ def _message(m: StoredMessage) -> Message:
 
 
 def _encode_pull_reply(seqid: int, group: str, topic: str | None, batch: PullBatch, peer: str) -> bytes:
-    """The reply frame by the hand-written encoder (:mod:`ddmq.protocol.pull_codec`)."""
+    """The reply frame by the hand-written encoder (:mod:`ddmq.protocol.wire.pull_codec`)."""
     queue = batch.queue
     try:
         if queue is None:

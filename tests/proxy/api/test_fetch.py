@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from ddmq.client.thrift_client import AsyncProxyClient, RemoteApplicationError
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer, OutgoingMessage
+from ddmq.protocol.produce.producer import AsyncProducer, OutgoingMessage
+from ddmq.protocol.redis import keys
 from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest, FetchResponse
 from ddmq.proxy.api.fetch import MAX_FETCH_BYTES
 from ddmq.proxy.core.types import QueueResult

@@ -6,8 +6,8 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from ddmq.config.schema import TopicGroupConfig
-from ddmq.protocol import keys
-from ddmq.protocol.queues import ensure_topic
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.queues import ensure_topic
 
 from ...support import OrderChecker
 from ..consumers import Proxy, consume_all, produce

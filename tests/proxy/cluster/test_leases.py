@@ -6,7 +6,7 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 from ddmq.proxy.cluster.leases import RENEW_BATCH, LeaseStore
 
 

@@ -7,7 +7,7 @@ import itertools
 
 import redis.asyncio as aioredis
 
-from ddmq.protocol import keys
+from ddmq.protocol.redis import keys
 from ddmq.proxy.cluster.membership import HEARTBEAT_BATCH, SWEEP_EVERY, Membership, assign
 
 

@@ -7,9 +7,9 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from ddmq.protocol import keys
-from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol.queues import ensure_topic
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.hashing import queue_for_key
+from ddmq.protocol.redis.queues import ensure_topic
 from ddmq.proxy.cluster.leases import LeaseStore
 
 from ...support import OrderChecker

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.client.status import format_status
+from ddmq.client.cli.status import format_status
 from ddmq.config.schema import RetentionConfig
-from ddmq.protocol import keys
-from ddmq.protocol.connection import AsyncRedis, async_redis, sync_redis
-from ddmq.protocol.producer import Producer
-from ddmq.protocol.status import group_status
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.connection import AsyncRedis, async_redis, sync_redis
+from ddmq.protocol.redis.status import group_status
 from ddmq.proxy.cluster.membership import STAMP_EVERY_MS
 from ddmq.proxy.cluster.retention import cap_floor, consumed_floor
 from ddmq.proxy.store.trim import QueueHead, Reader

@@ -15,8 +15,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from ddmq.config.schema import RetentionConfig
-from ddmq.protocol import keys
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.cluster.retention import Retention
 from ddmq.proxy.cluster.trim_pacing import MAX_GAP_ROUNDS
 from ddmq.proxy.store.broker import Broker

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from ddmq.config.schema import TopicGroupConfig
-from ddmq.protocol.queues import ensure_topic
+from ddmq.protocol.redis.queues import ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
 from ddmq.proxy.core.supervise import RESTARTS
 from ddmq.proxy.engine.reader import READ_BLOCK_MS, QueueReader

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ddmq.client.thrift_client import ProxyClient
-from ddmq.protocol.producer import Producer
+from ddmq.protocol.produce.producer import Producer
 from ddmq.protocol.wire import ConsumeStatsRequest, LeaseAck, PullRequest
 
 from ...support import OrderChecker, ProxyProcess, body

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from ddmq.client.thrift_client import AsyncProxyClient, PullError
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.protocol.wire import LeaseAck, PullRequest, PullResponse
 from ddmq.proxy.service import ProxyService
 

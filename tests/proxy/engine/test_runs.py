@@ -7,7 +7,7 @@ import asyncio
 import json
 import random
 
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.core.types import PullBatch, QueueResult
 from ddmq.proxy.service import ProxyService
 

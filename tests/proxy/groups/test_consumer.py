@@ -9,7 +9,7 @@ import json
 import redis.asyncio as aioredis
 
 from ddmq.config.schema import TopicGroupConfig
-from ddmq.protocol.queues import ensure_topic
+from ddmq.protocol.redis.queues import ensure_topic
 from ddmq.proxy.engine.offsets import decode_ranges
 
 from ...support import OrderChecker

@@ -8,8 +8,8 @@ import time
 import aiohttp
 import redis.asyncio
 
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.ops.lag import LagHistory, produce_times, rates, topic_lag
 
 from ...http_support import ApiClient, OpenApiChecker

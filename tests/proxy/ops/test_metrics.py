@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from ddmq.config.schema import MetricsConfig
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.ops.latency import LatencyHistogram
 from ddmq.proxy.ops.metrics import TOPIC_COUNTS_PER_CALL, ProxyMetrics, _topic_counts_per_key
 

@@ -19,8 +19,8 @@ import yaml
 
 from ddmq.config import parse
 from ddmq.config.schema import ProxyConfig
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.core.errors import ConfigError, UnknownGroupError, UnknownTopicError
 from ddmq.proxy.core.types import QueueResult
 from ddmq.proxy.groups.changes import ConfigChange, diff

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddmq.client.thrift_client import AsyncProxyClient
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.protocol.wire import ConsumeResult, Context, PullRequest
 from ddmq.proxy.core.types import PullBatch, QueueId, QueueResult, StoredMessage
 from ddmq.proxy.servers.clients import MAX_CLIENTS, ClientTracker

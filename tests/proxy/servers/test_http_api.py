@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.servers.http.guard import is_loopback as _is_loopback
 from ddmq.proxy.service import ProxyService
 

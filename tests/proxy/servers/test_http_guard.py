@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 
 from .test_http_api import TOKEN, http_proxy, pull
 

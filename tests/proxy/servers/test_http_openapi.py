@@ -9,7 +9,7 @@ import aiohttp
 from openapi_spec_validator import validate
 
 from ddmq.config import parse
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.servers.http import build_app, load_openapi
 from ddmq.proxy.servers.http.view import ProxyView
 from ddmq.proxy.service import ProxyService

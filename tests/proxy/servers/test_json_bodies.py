@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.core.types import QueueResult
 
 from ..conftest import running_proxy

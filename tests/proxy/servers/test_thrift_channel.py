@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from ddmq.protocol.layout import FRAME_HEADER
 from ddmq.protocol.wire import FRAME_HEADER_BYTES
+from ddmq.protocol.wire.layout import FRAME_HEADER
 from ddmq.proxy.servers.thrift.channel import ChannelClosedError, FrameChannel
 
 pytestmark = pytest.mark.both_loops

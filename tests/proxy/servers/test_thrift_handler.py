@@ -7,9 +7,9 @@ import asyncio
 from typing import Any
 
 from ddmq.protocol import wire
-from ddmq.protocol.frames import decode
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.protocol.wire import ConsumerService, Envelope, PullRequest, TMessageType
+from ddmq.protocol.wire.frames import decode
 from ddmq.proxy.api.requests import RequestRules
 from ddmq.proxy.servers.thrift.handler import ThriftHandler
 

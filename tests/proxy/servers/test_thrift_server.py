@@ -24,8 +24,8 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
-from ddmq.client import consume_cli
 from ddmq.client import consumer as consumer_module
+from ddmq.client.cli import consume as consume_cli
 from ddmq.client.consumer import AsyncPullConsumer, ConsumedMessage, PullConsumer, parse_servers
 from ddmq.client.thrift_client import (
     AsyncProxyClient,

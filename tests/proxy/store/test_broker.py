@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.protocol import keys
-from ddmq.protocol.producer import AsyncProducer
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.store.broker import Broker, decode_entry, decode_fields
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import redis.asyncio
 
-from ddmq.protocol import keys, stream_entry
-from ddmq.protocol.connection import async_redis
-from ddmq.protocol.hashing import queue_for_key
-from ddmq.protocol.producer import AsyncProducer
-from ddmq.protocol.queues import ensure_topic
+from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis import keys, stream_entry
+from ddmq.protocol.redis.connection import async_redis
+from ddmq.protocol.redis.hashing import queue_for_key
+from ddmq.protocol.redis.queues import ensure_topic
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 from ddmq.proxy.store.dead_letters import DeadLetters

@@ -1,6 +1,6 @@
 """A connection Redis reset is a Redis error on every event loop: under uvloop a write on a closed
 transport raises RuntimeError, which the project's connection classes turn into redis.ConnectionError
-(protocol/connection.py), so the callers' failure paths (and the proxy's mapping to BrokerError) take it."""
+(protocol/redis/connection.py), so the callers' failure paths (and the proxy's mapping to BrokerError) take it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import redis
 
-from ddmq.protocol.connection import async_redis
+from ddmq.protocol.redis.connection import async_redis
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.store.broker import Broker
 

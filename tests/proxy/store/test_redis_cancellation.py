@@ -3,7 +3,7 @@
 redis-py 8.0 and 8.1 lose about a third of such cancellations on Python 3.11: the task keeps running.
 So does redis-py 7 with a socket timeout, which writes under ``asyncio.wait_for`` (Python 3.11's loses
 a cancel that arrives as the write completes); the project's clients, which always have one
-(``protocol/connection.py``), write under ``asyncio.timeout``. This pins the behaviour we rely on, so
+(``protocol/redis/connection.py``), write under ``asyncio.timeout``. This pins the behaviour we rely on, so
 an upgrade that brings it back fails here, not in production.
 """
 
@@ -15,7 +15,7 @@ import random
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.protocol.connection import AsyncRedis, async_redis
+from ddmq.protocol.redis.connection import AsyncRedis, async_redis
 
 
 @pytest.mark.both_loops

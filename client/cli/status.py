@@ -1,0 +1,135 @@
+"""``ddmq status``: who owns each queue of a group, and how far behind it is, read from Redis.
+
+It reads Redis directly (not a proxy), so it works while proxies are down or moving queues::
+
+    ddmq status --redis redis://127.0.0.1:6379/0 --group cg_rides
+
+A group is known when a proxy heartbeats for it or it has a committed offset in some topic; the
+command fails (status 1) on a group that is neither, and on a ``--topic`` that does not exist. The
+time lag is the age of the first message the group has not finished (``?`` when that entry is gone
+from the stream). A member whose last heartbeat is older than
+``--member-ttl-ms`` (the proxies' ``leases.ttl_ms``) is shown as expired: its proxy stopped without
+leaving the group, and the others have already taken or will take its queues. ``stored`` is what
+the queue holds in Redis now, ``expired`` what the group never received because it was trimmed first
+(docs/retention.md); below the table, the group holding each topic's retention back, and Redis memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+
+from ddmq.protocol import clitools
+from ddmq.protocol.redis.connection import REDIS_ERRORS, redact_url, sync_redis
+from ddmq.protocol.redis.status import DEFAULT_MEMBER_TTL_MS, GroupStatus, QueueStatus, group_status
+
+__all__ = ["DEFAULT_MEMBER_TTL_MS", "GroupStatus", "QueueStatus", "add_cli", "format_status", "group_status"]
+
+#: What ``ddmq status`` reports as a failure: Redis errors, and a malformed URL (a ValueError).
+_STATUS_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
+
+
+def format_status(status: GroupStatus) -> str:
+    def member(name: str, age: int) -> str:
+        return f"{name} ({'EXPIRED: ' if name in status.expired else ''}heartbeat {age} ms ago)"
+
+    members = ", ".join(member(name, age) for name, age in sorted(status.members.items()))
+    if not members:
+        members = "no members: nothing is consuming"
+    elif len(status.expired) == len(status.members):
+        members += " -- no live member: nothing is consuming"
+    lines = [f"group {status.group}: {members}"]
+    lines.append(
+        f"{'topic':<20} {'qid':>4} {'owner':<24} {'term':>5} {'lease ms':>9} "
+        f"{'committed':>10} {'produced':>10} {'lag':>8} {'time lag':>9} {'rollbacks':>9} {'stored':>8} {'expired':>8}"
+    )
+    for row in status.queues:
+        lines.append(
+            f"{row.topic:<20} {row.qid:>4} {row.owner or '-':<24} {row.term or '-':>5} "
+            f"{row.lease_expires_in_ms if row.lease_expires_in_ms is not None else '-':>9} "
+            f"{row.committed if row.committed is not None else '-':>10} {row.produced:>10} {row.lag:>8} "
+            f"{_age(row.lag_ms):>9} {row.rollbacks:>9} {row.stored:>8} {row.expired:>8}"
+        )
+    rolled = [row for row in status.queues if row.last_rollback_ms]
+    if rolled:
+        last = max(rolled, key=lambda row: row.last_rollback_ms or 0)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((last.last_rollback_ms or 0) / 1000))
+        lines.append(f"Redis rolled back under {len(rolled)} queue(s), last under {last.topic}#{last.qid} at {when}: "
+                     "messages it lost are lost; see the proxy's log")
+    lost = [row for row in status.queues if row.expired]
+    if lost:
+        lines.append(f"EXPIRED: {sum(row.expired for row in lost)} message(s) of {len(lost)} queue(s) were trimmed "
+                     "before the group read them (retention cap, idle group or a producer's maxlen)")
+    now = int(time.time() * 1000)
+    for holder in status.retention:
+        age = _age(max(0, now - holder.oldest_ms) if holder.oldest_ms is not None else None)
+        lines.append(f"retention of {holder.topic}: held back by group {holder.group}, "
+                     f"{holder.retained} message(s) kept for it, oldest {age}")
+    if status.maxmemory:
+        lines.append(f"redis memory: {_mb(status.used_memory)} of maxmemory {_mb(status.maxmemory)} "
+                     f"({100 * status.used_memory / status.maxmemory:.0f}%)")
+    else:
+        lines.append(f"redis memory: {_mb(status.used_memory)} (no maxmemory)")
+    if not status.queues:
+        lines.append("(no queues: the group has not consumed any topic yet)")
+    return "\n".join(lines)
+
+
+def _mb(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
+def _age(ms: int | None) -> str:
+    """A time lag in the unit that reads best: 0, 850ms, 12.5s, 7m03s, 2h05m; '?' when unknown."""
+    if ms is None:
+        return "?"
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    minutes, seconds = divmod(ms // 1000, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "status", help="owners, lease expiry, committed and produced offsets, lag in messages and time, rollbacks, "
+        "stored and expired messages, who holds the retention back, Redis memory",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    clitools.env_option(
+        parser, "--redis", clitools.ENV_REDIS,
+        "the broker's URL, e.g. redis://127.0.0.1:6379/0 (add ?cluster=true for a Redis Cluster)",
+    )
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--topic", action="append", help="only this topic (repeatable)")
+    parser.add_argument(
+        "--member-ttl-ms", type=int, default=DEFAULT_MEMBER_TTL_MS, metavar="MS",
+        help=f"a member silent for longer is expired: the proxies' leases.ttl_ms (default {DEFAULT_MEMBER_TTL_MS})",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=_status_command)
+
+
+def _status_command(args: argparse.Namespace) -> int:
+    try:
+        with sync_redis(args.redis) as client:
+            status = group_status(client, args.group, args.topic, args.member_ttl_ms)
+    except _STATUS_ERRORS as exc:
+        raise clitools.CliError(f"{redact_url(args.redis)}: {exc}") from exc
+    if status.missing_topics:
+        raise clitools.CliError(
+            f"no topic {', '.join(map(repr, status.missing_topics))} in {redact_url(args.redis)}"
+            " (a topic exists once a proxy serving it started or a producer wrote to it)"
+        )
+    if not status.known:
+        raise clitools.CliError(
+            f"group {args.group!r} is unknown to {redact_url(args.redis)}: "
+            "no proxy has served it and it has no committed offset"
+        )
+    print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
+    return 0

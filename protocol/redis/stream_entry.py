@@ -1,0 +1,96 @@
+"""A message as a Redis stream entry: the producer writes it, the proxy reads it and dead-letters it.
+
+An entry's fields (all values bytes):
+
+======  =====================================================================
+field   value
+======  =====================================================================
+``v``   the body, exactly as given (``str`` is encoded as UTF-8)
+``k``   the key, UTF-8; ``""`` when there is none
+``t``   the tag; ``""`` when there is none
+``p``   properties as a compact JSON object of string to string; omitted when empty
+``ts``  produce time, milliseconds since the epoch, decimal
+======  =====================================================================
+
+The entry id is ``0-<offset>`` (:func:`ddmq.protocol.redis.keys.offset_of`). A dead letter is the same entry
+plus fields of its own (``qid``, ``offset``, ``attempts``, ``error``, ``dead_ms``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Final, NamedTuple
+
+__all__ = [
+    "KEY",
+    "PRODUCE_TIME",
+    "PROPERTIES",
+    "TAG",
+    "VALUE",
+    "StoredMessage",
+    "decode_properties",
+    "encode_entry",
+    "encode_properties",
+]
+
+VALUE: Final = b"v"
+KEY: Final = b"k"
+TAG: Final = b"t"
+PROPERTIES: Final = b"p"
+PRODUCE_TIME: Final = b"ts"
+
+
+class StoredMessage(NamedTuple):
+    """A message as read from a queue's stream; pull replies carry it as the wire's ``Message``
+    (:mod:`ddmq.protocol.wire.pull_codec`)."""
+
+    offset: int
+    value: bytes
+    key: str
+    tag: str
+    properties: dict[str, str]
+    produce_ms: int
+
+
+_NO_PROPERTIES: Final[dict[str, str]] = {}
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """The ``p`` field: a compact JSON object (TypeError unless it maps str to str)."""
+    for name, text in properties.items():
+        if not isinstance(name, str) or not isinstance(text, str):
+            raise TypeError("properties must map str to str")
+    return json.dumps(dict(properties), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def decode_properties(raw: bytes | None) -> dict[str, str]:
+    """The ``p`` field back as a dict (a shared empty one when absent); ValueError unless an object."""
+    if not raw:
+        return _NO_PROPERTIES
+    properties = json.loads(raw)
+    if not isinstance(properties, dict):
+        raise ValueError("its properties are not a JSON object")
+    return properties
+
+
+def encode_entry(
+    value: bytes | str, key: str | None, tag: str | None, properties: Mapping[str, str] | None, produce_ms: int
+) -> list[bytes]:
+    """The entry's field/value items, flat, in the order ``XADD`` takes them: ``v k t [p] ts``. The
+    proxy's reader recognises that order without properties, the common case, without building a dict.
+
+    TypeError when a value has the wrong type: nothing is written for a message that cannot be read back.
+    """
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    elif not isinstance(value, bytes):
+        raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
+    for name, text in (("key", key), ("tag", tag)):
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"{name} must be a str or None, not {type(text).__name__}")
+    items = [VALUE, value, KEY, (key or "").encode("utf-8"), TAG, (tag or "").encode("utf-8")]
+    if properties:
+        items += [PROPERTIES, encode_properties(properties)]
+    items += [PRODUCE_TIME, str(produce_ms).encode("ascii")]
+    return items
