@@ -15,7 +15,7 @@ process runs the hostile clients of the scenario:
 
 It prints p50 / p99 / max pull latency of the legitimate client, how many of its pulls took over
 100 ms, the proxy's largest RSS, and how many hostile requests were answered; ``--json`` writes the
-rows. The target (the issue's) is a legitimate pull under ~100 ms while big ack frames are handled.
+rows. The target is a legitimate pull under ~100 ms while big ack frames are handled.
 """
 
 from __future__ import annotations

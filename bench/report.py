@@ -12,7 +12,7 @@ __all__ = ["Row", "Target", "format_table"]
 
 @dataclass(frozen=True)
 class Target:
-    """``figure <op> value`` from the issue, e.g. ``Target(">=", 0.5)``."""
+    """A row's target, ``figure <op> value``, e.g. ``Target(">=", 0.5)``."""
 
     op: str
     value: float

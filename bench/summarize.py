@@ -1,12 +1,12 @@
-"""Medians of repeated ``bench/run.py`` runs, per row and per build, against issue 27's targets.
+"""Medians of repeated ``bench/run.py`` runs, per row and per build, against the targets.
 
 ``python bench/summarize.py RUN.json [RUN.json ...] [--brief] [--markdown] [--json PATH]``
 
 One run's figures drift with the shared machine, so a comparison of two builds is made of several
 runs of each, alternated, and judged by medians. The runs are grouped by size (quick or full) and by
 the hot path the proxy ran (``meta.hot_path``: ``compiled`` or ``pure``); each figure is printed as
-its group's median with the range and the number of runs, and judged against the issue's target
-where it has one. A second table lists every run with the cores it had before and after
+its group's median with the range and the number of runs, and judged against its target
+where it has one (``TARGETS``). A second table lists every run with the cores it had before and after
 (``meta.machine``) and its load average.
 
 The figures: for each throughput row the ratio, proxy and baseline msg/s, the proxy's and the
@@ -107,7 +107,7 @@ def _p3_busy(side: str) -> Callable[[dict[str, Any]], float | None]:
     return get
 
 
-#: Issue 27's "Done when" targets (bench/report.py's own targets are the earlier issues').
+#: The targets of the medians, stricter than the per-run targets ``run.py`` prints (bench/scenarios/).
 TARGETS = {
     "P1 ratio": Target(">=", 0.5),
     "P1j ratio": Target(">=", 0.45),

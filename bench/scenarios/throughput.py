@@ -52,7 +52,7 @@ KEYS = 1000
 ROW_IDS = {"KEY": "P1", "JSONPath": "P1j", "QID": "P1q"}
 #: ``maxPerKey`` of the runs rows, and the rows of P1 that get a twin with runs (and its target).
 RUNS_PER_KEY = 64
-#: Issue 27's targets: P1 0.5 of raw Redis, P1j 0.45 (it parses every body), ordered runs with QID or
+#: The targets: P1 0.5 of raw Redis, P1j 0.45 (it parses every body), ordered runs with QID or
 #: hot keys 0.45; P1-runs at least what P1 reached in the same run.
 TARGETS: dict[str, float] = {"P1": 0.5, "P1j": 0.45, "P1q": 0.5}
 RUNS_TARGETS: dict[str, float | None] = {"P1": None, "P1q": 0.45}  # None: at least the row without runs
