@@ -19,8 +19,7 @@ from ddmq.protocol.produce.producer import (
     ProduceError,
     Producer,
 )
-from ddmq.protocol.redis import keys
-from ddmq.protocol.redis.connection import REDIS_ERRORS, redact_url, sync_redis
+from ddmq.protocol.redis.connection import redact_url
 
 __all__ = ["add_cli", "produce_lines"]
 
@@ -77,12 +76,13 @@ def _produce_command(args: argparse.Namespace) -> int:
         raise clitools.CliError("--max-message-bytes must be at least 1", clitools.USAGE_ERROR)
     if not args.dedup_window_s > 0:
         raise clitools.CliError("--dedup-window-s must be positive", clitools.USAGE_ERROR)
-    _check_topic_exists(args.redis, args.topic, args.create)
     try:
         with Producer(
             args.redis, delivery_timeout_ms=args.delivery_timeout_ms, max_message_bytes=args.max_message_bytes,
             dedup_window_s=args.dedup_window_s,
         ) as producer:
+            if not args.create:
+                _check_topic_exists(producer, args.redis, args.topic)
             if args.queues is not None:
                 producer.ensure_topic(args.topic, args.queues)
             return produce_lines(producer, args.topic, sys.stdin.buffer, batch=args.batch, err=sys.stderr)
@@ -90,21 +90,12 @@ def _produce_command(args: argparse.Namespace) -> int:
         raise clitools.CliError(str(exc)) from exc
 
 
-#: Redis errors, and a malformed URL (a ValueError).
-_CHECK_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
-
-
-def _check_topic_exists(url: str, topic: str, create: bool) -> None:
-    """Refuse a topic Redis has no metadata for, naming the ones it has, unless ``create``."""
-    if create:
+def _check_topic_exists(producer: Producer, url: str, topic: str) -> None:
+    """Refuse a topic Redis has no metadata for, naming the ones it has. Asked through the producer, so
+    a failover under way is ridden out as the sends that follow would be (up to the delivery timeout)."""
+    queues, known = producer.find_topic(topic)
+    if queues is not None:
         return
-    try:
-        with sync_redis(url) as client:
-            if client.hget(keys.topic_meta(topic), "queues") is not None:
-                return
-            known = sorted(name.decode() for name in client.smembers(keys.topics()))
-    except _CHECK_ERRORS as exc:
-        raise clitools.CliError(f"{redact_url(url)}: {exc}") from exc
     listed = ", ".join(known) if known else "none"
     raise clitools.CliError(
         f"no topic {topic!r} in {redact_url(url)} (existing topics: {listed}); "

@@ -219,6 +219,11 @@ class Producer:
         """
         return self._run(self._core.ensure_topic(topic, queues))
 
+    def find_topic(self, topic: str) -> tuple[int | None, list[str]]:
+        """The topic's number of queues, None when it does not exist, and the topics that do; writes
+        nothing. Redis failures are retried until ``delivery_timeout_ms`` (then :class:`DeliveryError`)."""
+        return self._run(self._core.find_topic(topic))
+
     def check_message(self, message: OutgoingMessage) -> None:
         """What ``send_batch`` would refuse this message for (TypeError, ValueError, MessageTooLargeError)."""
         self._core.planner.encode(message, 0)
@@ -322,6 +327,10 @@ class AsyncProducer:
     async def ensure_topic(self, topic: str, queues: int) -> int:
         """See :func:`ensure_topic`."""
         return await self._run(self._core.ensure_topic(topic, queues))
+
+    async def find_topic(self, topic: str) -> tuple[int | None, list[str]]:
+        """See :meth:`Producer.find_topic`."""
+        return await self._run(self._core.find_topic(topic))
 
     def check_message(self, message: OutgoingMessage) -> None:
         """What ``send_batch`` would refuse this message for (TypeError, ValueError, MessageTooLargeError)."""

@@ -9,7 +9,7 @@ is (the queue count, a batch's script calls and their retries) is :class:`Produc
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ddmq.protocol.produce.calls import OutgoingMessage, Planner, Send, SendResult, Sequences
@@ -81,16 +81,37 @@ class ProducerCore:
         self.planner.queues[topic] = stored
         return stored
 
+    def find_topic(self, topic: str) -> Steps[tuple[int | None, list[str]]]:
+        """The topic's number of queues (None when Redis has no metadata for it) and every topic Redis
+        lists, read without writing anything; retried as a send is, so a failover does not end it."""
+        keys.check_name("topic", topic)
+
+        def commands(pipe: Any) -> None:
+            pipe.hget(keys.topic_meta(topic), "queues")
+            pipe.smembers(keys.topics())
+
+        raw, names = yield from self._retried(topic, commands)
+        known = sorted(name.decode() for name in names)
+        return (None if raw is None else parse_queues(topic, raw)), known
+
     def _topic_queues(self, topic: str, queues: int) -> Steps[int]:
-        send = Send(topic, [], 0, Sequences(), self.policy)  # no produce call: no sequence to give up
+        def commands(pipe: Any) -> None:
+            pipe.hsetnx(keys.topic_meta(topic), "queues", queues)
+            pipe.hget(keys.topic_meta(topic), "queues")
+            pipe.sadd(keys.topics(), topic)
+
+        _, raw, _ = yield from self._retried(topic, commands)
+        return parse_queues(topic, raw)
+
+    def _retried(self, topic: str, commands: Callable[[Any], None]) -> Steps[list[Any]]:
+        """One pipeline of ``commands`` (no produce call: no sequence to give up), its replies, retried on
+        retriable Redis errors until the delivery timeout."""
+        send = Send(topic, [], 0, Sequences(), self.policy)
         while True:
             try:
                 pipe = self.redis.pipeline(transaction=False)
-                pipe.hsetnx(keys.topic_meta(topic), "queues", queues)
-                pipe.hget(keys.topic_meta(topic), "queues")
-                pipe.sadd(keys.topics(), topic)
-                _, raw, _ = yield Execute(pipe, True)
-                return parse_queues(topic, raw)
+                commands(pipe)
+                return list((yield Execute(pipe, True)))
             except REDIS_ERRORS as exc:
                 send.lost([], exc)
             yield send.before_retry()
