@@ -8,6 +8,7 @@ it and once on uvloop, the proxy's default loop (``pytest_asyncio_loop_factories
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
@@ -16,8 +17,9 @@ import redis
 import redis.asyncio
 
 from ddmq.protocol.native import loop_factory
-from ddmq.proxy.store.embedded import EmbeddedRedis
+from ddmq.proxy.store.embedded import EmbeddedRedis, find_executable
 from ddmq.proxy.store.embedded_cluster import EmbeddedCluster
+from tests.harness import servers
 
 #: ``cluster-node-timeout``: a killed master's replica takes over about two of these later.
 CLUSTER_NODE_TIMEOUT_MS = 1000
@@ -28,6 +30,7 @@ BOTH_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {**_ASYNCIO, "u
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    servers.choose()  # DDMQ_TEST_REDIS: the whole run on Redis 7.0 or Valkey 8.1 (tests/harness/servers.py)
     config.addinivalue_line("markers", "both_loops: run this async test on asyncio's event loop and on uvloop")
     # A shell without job control starts a background job (`.ci/run &`) with SIGINT ignored, and an
     # ignored signal stays ignored in every process started after it: the commands the tests stop
@@ -35,6 +38,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # with one here the tests' children get SIGINT as a terminal would deliver it.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"redis server: {os.environ.get(servers.CHOICE_ENV) or 'redis-6.2'} ({find_executable()})"
 
 
 def pytest_asyncio_loop_factories(

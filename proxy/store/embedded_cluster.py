@@ -144,7 +144,8 @@ class EmbeddedCluster:
 
     def start(self, timeout_s: float = 60.0) -> EmbeddedCluster:
         server = find_executable(self._executable)
-        cli = str(Path(server).with_name("redis-cli"))
+        # the cli beside the server: redis-cli by redis-server, valkey-cli by valkey-server
+        cli = str(Path(server).with_name(Path(server).name.replace("-server", "-cli")))
         if not os.access(cli, os.X_OK):
             found = shutil.which("redis-cli")
             if found is None:
