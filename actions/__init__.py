@@ -16,10 +16,15 @@ from ddmq.actions.base import (
     registered_names,
     start_chain,
 )
+from ddmq.actions.job import INVALID_JSON, NOT_PARSED, Job, JobState
 
 __all__ = [
+    "INVALID_JSON",
+    "NOT_PARSED",
     "Action",
     "ChainContext",
+    "Job",
+    "JobState",
     "ServiceAction",
     "Status",
     "async_http",

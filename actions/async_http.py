@@ -22,11 +22,11 @@ from typing import Any
 import aiohttp
 
 from ddmq.actions.base import ChainContext, register
+from ddmq.actions.job import INVALID_JSON, NOT_PARSED, Job
+from ddmq.actions.pacing import TokenBucket
 from ddmq.actions.push import Failure, Outcome, PushAction
 from ddmq.config.jsonpath import MISSING, compile_jsonpath
 from ddmq.protocol.redis.connection import redact_url
-from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
-from ddmq.proxy.engine.reader import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class AsyncHttpAction(PushAction):
         if self._session is not None:
             await self._session.close()
 
-    def request_parts(self, job: UpstreamJob) -> tuple[dict[str, str], Any] | Failure:
+    def request_parts(self, job: Job) -> tuple[dict[str, str], Any] | Failure:
         """Query parameters and body of ``job``'s request, or why there cannot be one."""
         data = job.data
         if data is INVALID_JSON or data is NOT_PARSED:
@@ -88,10 +88,10 @@ class AsyncHttpAction(PushAction):
             body = {name: _text(value) for name, value in data.items() if value is not None}
         return params, body
 
-    async def push(self, jobs: list[UpstreamJob]) -> list[Outcome]:
+    async def push(self, jobs: list[Job]) -> list[Outcome]:
         return [await self._push_one(job) for job in jobs]
 
-    async def _push_one(self, job: UpstreamJob) -> Outcome:
+    async def _push_one(self, job: Job) -> Outcome:
         parts = self.request_parts(job)
         if isinstance(parts, Failure):
             return parts

@@ -15,10 +15,14 @@ actions (the push sinks) return ``ASYNC`` and finish the job from their own boun
 An action that owns tasks or connections also has ``start()`` (called once the loop runs) and
 ``async close()``; the consumer calls them through :func:`start_chain` / :func:`close_chain`.
 
+A job is a :class:`~ddmq.actions.job.Job`; what an action may ask of its consumer is
+:class:`ChainContext`, declared here as Protocols of what the actions use, which the proxy's consumer
+satisfies: this folder imports nothing of the proxy.
+
 >>> @register("Noop")
 ... class Noop:
 ...     def __init__(self, ctx: ChainContext) -> None: ...
-...     def act(self, job: UpstreamJob) -> Status:
+...     def act(self, job: Job) -> Status:
 ...         return Status.CONTINUE
 """
 
@@ -26,16 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from ddmq.actions.job import Job
 from ddmq.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from ddmq.config.schema import TopicGroupConfig
-    from ddmq.proxy.engine.job import UpstreamJob
-    from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
-    from ddmq.proxy.engine.pull_buffer import PullBuffer
-    from ddmq.proxy.engine.redelivery import Redelivery
 
 
 class Status(Enum):
@@ -45,22 +46,69 @@ class Status(Enum):
     ASYNC = "async"
 
 
+# The consumer's structures below take the engine's own job (a subclass of Job, the one the chain was
+# handed), and an action passes them only the job it was given: their job parameters are Any, as a Job
+# parameter would refuse the engine's narrower signatures.
+
+
+class KeyGate(Protocol):
+    """The consumer's per-key gate, which ``Order`` puts every job through."""
+
+    def admit(self, job: Any) -> bool:
+        """Let ``job`` (its order key set) in behind its key's unfinished jobs: True when the chain goes
+        on with it now, False when the gate holds it and the consumer continues it later."""
+        ...
+
+
+class PullSink(Protocol):
+    """The consumer's pull buffer, where ``PullServer`` leaves a job for the pull clients."""
+
+    def add(self, job: Any) -> None: ...
+
+
+class Retries(Protocol):
+    """The consumer's retry schedule and dead-letter writer, which push actions hand failures to."""
+
+    def route_retries(self, topic: str, requeue: Callable[[Any], None]) -> None:
+        """Jobs of ``topic`` are pushed, not pulled: when a retry is due, hand the job to ``requeue``."""
+        ...
+
+    def retry_later(self, job: Any, reason: str) -> None:
+        """An attempt of ``job`` failed: retry it on schedule, or dead-letter it after the last retry."""
+        ...
+
+    def dead_letter(self, job: Any, reason: str) -> None:
+        """Write ``job`` to the dead-letter stream, then finish it."""
+        ...
+
+
 class ChainContext(Protocol):
     """What an action may use: its config and the consumer's shared structures."""
 
-    group: str
-    topic: str
-    config: TopicGroupConfig
-    blocking_queue: UpstreamJobBlockingQueue
-    buffer: PullBuffer
-    redelivery: Redelivery
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def config(self) -> TopicGroupConfig: ...
+
+    @property
+    def blocking_queue(self) -> KeyGate: ...
+
+    @property
+    def buffer(self) -> PullSink: ...
+
+    @property
+    def redelivery(self) -> Retries: ...
 
     def count(self, what: str, n: int = 1) -> None:
         """Add to one of the consumer's named counters (exported as metrics)."""
 
 
 class Action(Protocol):
-    def act(self, job: UpstreamJob) -> Status: ...
+    def act(self, job: Job) -> Status: ...
 
 
 @runtime_checkable

@@ -10,9 +10,9 @@ code. In a body that is not JSON every path finds nothing.
 from __future__ import annotations
 
 from ddmq.actions.base import ChainContext, Status, register
+from ddmq.actions.job import INVALID_JSON, NOT_PARSED, Job
 from ddmq.config.expression import compile_expression
 from ddmq.config.jsonpath import MISSING
-from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 
 
 @register("Filter")
@@ -25,7 +25,7 @@ class FilterAction:
         self._drop_tags = frozenset(config.exclude_tags)
         self._expression = compile_expression(config.expression) if config.expression else None
 
-    def keeps(self, job: UpstreamJob) -> bool:
+    def keeps(self, job: Job) -> bool:
         tag = job.message.tag
         if self._keep_tags and tag not in self._keep_tags:
             return False
@@ -38,7 +38,7 @@ class FilterAction:
             return self._expression(data)
         return True
 
-    def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: Job) -> Status:
         if self.keeps(job):
             return Status.CONTINUE
         self._ctx.count("filtered_out")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
 from ddmq.actions.base import ChainContext, Status, register
-from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
+from ddmq.actions.job import INVALID_JSON, Job
 
 log: Final = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class JsonAction:
     def __init__(self, ctx: ChainContext) -> None:
         self._ctx = ctx
 
-    def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: Job) -> Status:
         body = job.message.value
         try:
             job.data = load_body(body)

@@ -17,9 +17,9 @@ from collections.abc import Hashable
 from typing import Any, Final
 
 from ddmq.actions.base import ChainContext, Status, register
+from ddmq.actions.job import INVALID_JSON, Job
 from ddmq.config.jsonpath import MISSING, compile_jsonpath
 from ddmq.config.schema import ORDER_KEY_KEY, ORDER_KEY_NONE, ORDER_KEY_QID
-from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 
 _CONTINUE: Final = Status.CONTINUE
 _ASYNC: Final = Status.ASYNC  # enum members read through their class are slow; Final: a C static when compiled
@@ -44,7 +44,7 @@ class OrderAction:
         self._getter = compile_jsonpath(config.order_key) if config.is_jsonpath_key else None
         self._queue = ctx.blocking_queue
 
-    def order_key(self, job: UpstreamJob) -> Hashable | None:
+    def order_key(self, job: Job) -> Hashable | None:
         mode = self._mode
         if mode == ORDER_KEY_KEY:
             key: Hashable | None = job.message.key or None
@@ -63,7 +63,7 @@ class OrderAction:
                 return ("qid", job.qid)
         return key
 
-    def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: Job) -> Status:
         job.order_key = self.order_key(job)
         # Its key's head with nothing else waiting to run: the chain goes on now. Otherwise the
         # consumer's dispatcher continues it once the blocking queue hands the job out.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from ddmq.actions.base import ChainContext, Status, register
-from ddmq.proxy.engine.job import UpstreamJob
+from ddmq.actions.job import Job
 
 _ASYNC: Final = Status.ASYNC  # enum members read through their class are slow; Final: a C static when compiled
 
@@ -14,7 +14,7 @@ class PullServerAction:
     def __init__(self, ctx: ChainContext) -> None:
         self._buffer = ctx.buffer
 
-    def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: Job) -> Status:
         self._buffer.add(job)
         return _ASYNC
 

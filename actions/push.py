@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 from ddmq.actions.base import ChainContext, Status
-from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.actions.job import Job, JobState
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class PushAction(ABC):
         self._redelivery = ctx.redelivery
         self._workers_wanted = max(1, min(workers, ctx.config.concurrency))
         self._batch_size = batch_size
-        self._ready: asyncio.Queue[UpstreamJob] = asyncio.Queue()
+        self._ready: asyncio.Queue[Job] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0
         ctx.redelivery.route_retries(ctx.topic, self._enqueue)
@@ -83,20 +83,20 @@ class PushAction(ABC):
     # the contract ------------------------------------------------------------------------------
 
     @abstractmethod
-    async def push(self, jobs: list[UpstreamJob]) -> list[Outcome]:
+    async def push(self, jobs: list[Job]) -> list[Outcome]:
         """Push ``jobs`` (at most ``batch_size``, each the head of its key); one outcome per job.
 
         Errors of the upstream must come back as :class:`Failure`; an exception here is a bug and
         counts as a failed attempt of every job of the batch.
         """
 
-    def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: Job) -> Status:
         self._enqueue(job)
         return Status.ASYNC
 
     # workers -----------------------------------------------------------------------------------
 
-    def _enqueue(self, job: UpstreamJob) -> None:
+    def _enqueue(self, job: Job) -> None:
         job.state = JobState.READY
         self._ready.put_nowait(job)
 
@@ -110,11 +110,11 @@ class PushAction(ABC):
         """Workers pushing right now (at most ``max_in_flight``)."""
         return self._busy
 
-    def _take_batch(self, first: UpstreamJob) -> list[UpstreamJob]:
-        batch: list[UpstreamJob] = []
-        job: UpstreamJob | None = first
+    def _take_batch(self, first: Job) -> list[Job]:
+        batch: list[Job] = []
+        job: Job | None = first
         while job is not None:
-            if job.tracker.dropped:  # its queue moved to another proxy, which delivers it again
+            if job.dropped():  # its queue moved to another proxy, which delivers it again
                 self._finish(job)
             else:
                 batch.append(job)
@@ -143,7 +143,7 @@ class PushAction(ABC):
             for job, outcome in zip(batch, outcomes, strict=True):
                 self._settle(job, outcome)
 
-    def _settle(self, job: UpstreamJob, outcome: Outcome) -> None:
+    def _settle(self, job: Job, outcome: Outcome) -> None:
         if outcome is None:
             self._ctx.count("pushed")
             self._finish(job)
@@ -157,6 +157,6 @@ class PushAction(ABC):
             self._redelivery.retry_later(job, outcome.reason)
 
     @staticmethod
-    def _finish(job: UpstreamJob) -> None:
+    def _finish(job: Job) -> None:
         job.state = JobState.FINISHED
-        job.consumer.finish(job)
+        job.finish()

@@ -29,11 +29,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ddmq.actions.base import ChainContext, register
+from ddmq.actions.job import INVALID_JSON, NOT_PARSED, Job
 from ddmq.actions.push import Failure, Outcome, PushAction
 from ddmq.config.expression import Predicate, compile_expression
 from ddmq.config.jsonpath import MISSING, compile_jsonpath, parse_key_template
 from ddmq.config.schema import RedisCommandConfig
-from ddmq.proxy.engine.job import INVALID_JSON, NOT_PARSED, UpstreamJob
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class RedisAction(PushAction):
         if self._client is not None:
             await self._client.aclose()
 
-    def calls_for(self, job: UpstreamJob) -> list[tuple[Any, ...]] | Failure:
+    def calls_for(self, job: Job) -> list[tuple[Any, ...]] | Failure:
         data = job.data
         if data is INVALID_JSON or data is NOT_PARSED:
             return Failure(f"Redis: {job.last_error or 'body is not JSON'}", permanent=True)
@@ -123,7 +123,7 @@ class RedisAction(PushAction):
             calls += built
         return calls
 
-    async def push(self, jobs: list[UpstreamJob]) -> list[Outcome]:
+    async def push(self, jobs: list[Job]) -> list[Outcome]:
         outcomes: list[Outcome] = [None] * len(jobs)
         spans: list[tuple[int, int, int]] = []  # job index, first result, results
         client = self._client

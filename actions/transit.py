@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ddmq.actions.base import ChainContext, Status, register
+from ddmq.actions.job import INVALID_JSON, Job
 from ddmq.config.jsonpath import MISSING, compile_jsonpath
-from ddmq.proxy.engine.job import INVALID_JSON, UpstreamJob
 
 
 @register("Transit")
@@ -39,7 +39,7 @@ class TransitAction:
             target[parts[-1]] = value
         return out
 
-    def act(self, job: UpstreamJob) -> Status:
+    def act(self, job: Job) -> Status:
         if job.data is INVALID_JSON:
             job.last_error = f"Transit: {job.last_error or 'body is not JSON'}"
             self._ctx.count("transit_invalid")

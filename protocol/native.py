@@ -53,6 +53,8 @@ COMPILED: Final = (
     "ddmq.proxy.api.fetch",
     "ddmq.proxy.api.consume",
     "ddmq.proxy.groups.group",
+    # the job the chain runs on, and the engine's, which extends it (a native class extends only a native one)
+    "ddmq.actions.job",
     "ddmq.proxy.engine.job",
     "ddmq.proxy.engine.ready_line",
     "ddmq.proxy.engine.offsets",

@@ -4,7 +4,9 @@ Between the product folders: the wire contract and what both sides share live in
 the proxy never needs the client SDK and the client never needs the server.
 
     protocol/           imports none of client, proxy, actions
-    proxy/ actions/ config/   import protocol, never client
+    proxy/ config/      import protocol, never client
+    actions/            imports protocol and config: the actions' contract is its own (actions/base.py,
+                        actions/job.py), which the proxy's consumer and job satisfy
     client/             imports protocol, never proxy or actions
 
 On the server side, the layers DESIGN.md lists ("Layers"), bottom first: a module imports only from its
@@ -12,6 +14,8 @@ own layer or one below (``LAYERS``).
 
 Every module is read with ``ast`` (imports inside functions and ``TYPE_CHECKING`` blocks count too);
 upward imports are not allowed, not even for types (``UPWARD_FOR_TYPES`` is the place to list one, and is empty).
+Between the product folders, and between the subfolders of ``proxy/``, no imports go round in a
+cycle, type-only ones counted (``folder_cycles``).
 
 The same modules keep to size limits (``MAX_MODULE_LINES``, ``MAX_CLASS_METHODS``, ``MAX_FUNCTION_LINES``);
 what is still over one is listed, with the reason, in ``OVERSIZE``.
@@ -30,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "protocol": ("ddmq.client", "ddmq.proxy", "ddmq.actions"),
     "proxy": ("ddmq.client",),
-    "actions": ("ddmq.client",),
+    "actions": ("ddmq.client", "ddmq.proxy"),
     "config": ("ddmq.client",),
     "client": ("ddmq.proxy", "ddmq.actions"),
 }
@@ -40,10 +44,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 LAYERS: tuple[str, ...] = (
     "ddmq.protocol",
     "ddmq.config",
+    "ddmq.actions",
     "ddmq.proxy.core",
     "ddmq.proxy.store",
     "ddmq.proxy.engine",
-    "ddmq.actions",
     "ddmq.proxy.cluster",
     "ddmq.proxy.groups",
     "ddmq.proxy.api",
@@ -149,6 +153,8 @@ def test_every_proxy_module_is_in_a_layer_below_the_process() -> None:
         ("from ddmq.proxy.groups.group import TopicConsumer\n", "ddmq.proxy.engine.reader2"),
         ("def later():\n    from ddmq.proxy.service import ProxyService\n", "ddmq.proxy.ops.views"),
         ("from ddmq.proxy.engine import job\n", "ddmq.config.schema"),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ddmq.proxy.engine.ordering import Gate\n",
+         "ddmq.actions.base"),
         ("from ..service import ProxyService\n", "ddmq.proxy.api.surface"),
     ],
 )
@@ -180,6 +186,91 @@ def test_the_check_catches_a_violation(source: str, package: str, folder: str) -
 def test_the_check_lets_allowed_imports_through() -> None:
     source = "from ddmq.protocol import keys\nimport ddmq.config.schema\nfrom ddmq.clientele import x\n"
     assert violations(source, "ddmq.proxy", FORBIDDEN["proxy"]) == []
+
+
+def _module_name(path: Path) -> tuple[str, str]:
+    """(module, package) of a product module: ``ddmq.proxy.engine.job``, ``ddmq.proxy.engine``."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    package = "ddmq." + ".".join(parts[:-1])
+    return (package if parts[-1] == "__init__" else f"{package}.{parts[-1]}"), package
+
+
+def folder_graph(modules: list[tuple[str, str, str]], depth: int) -> dict[str, set[str]]:
+    """folder -> the folders it imports from, for ``(module, package, source)`` triples; a folder is a
+    module name's first ``depth`` parts (2: ``ddmq.proxy``; 3: ``ddmq.proxy.engine``). A module directly
+    in a folder of ``depth - 1`` parts (``ddmq.proxy.service`` at depth 3) belongs to no folder."""
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return ".".join(parts[:depth]) if len(parts) > depth or (len(parts) == depth and module in packages) else None
+
+    packages = {package for _, package, _ in modules}
+    graph: dict[str, set[str]] = {}
+    for module, package, source in modules:
+        own = folder(module)
+        if own is None:
+            continue
+        targets = graph.setdefault(own, set())
+        for _, target in imported_modules(source, package):
+            other = folder(target) if target.startswith("ddmq.") else None
+            if other is not None and other != own:
+                targets.add(other)
+    return graph
+
+
+def folder_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles of ``graph``: each strongly connected group of two or more folders, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def _product_modules(folder: str | None = None) -> list[tuple[str, str, str]]:
+    return [(*_module_name(path), path.read_text()) for top, path in _modules() if folder in (None, top)]
+
+
+@pytest.mark.parametrize(("what", "folder", "depth"), [("the product folders", None, 2), ("proxy/", "proxy", 3)])
+def test_no_folder_imports_go_round_in_a_cycle(what: str, folder: str | None, depth: int) -> None:
+    cycles = folder_cycles(folder_graph(_product_modules(folder), depth))
+    assert not cycles, f"folders of {what} that import each other, type-only imports counted: {cycles}"
+
+
+def test_the_cycle_check_sees_a_type_only_cycle() -> None:
+    modules = [
+        ("ddmq.proxy.engine.job", "ddmq.proxy.engine", "from ddmq.proxy.store.broker import Broker\n"),
+        ("ddmq.proxy.store.broker", "ddmq.proxy.store",
+         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine import job\n"),
+        ("ddmq.proxy.service", "ddmq.proxy", "from ddmq.proxy.engine.job import UpstreamJob\n"),
+        ("ddmq.proxy.engine", "ddmq.proxy.engine", ""),
+        ("ddmq.proxy.store", "ddmq.proxy.store", ""),
+    ]
+    assert folder_cycles(folder_graph(modules, 3)) == [["ddmq.proxy.engine", "ddmq.proxy.store"]]
+    assert folder_cycles(folder_graph(modules, 2)) == []  # one folder, ddmq.proxy
+    assert folder_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
 def test_the_tests_import_nothing_from_the_benchmarks() -> None:

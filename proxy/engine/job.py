@@ -1,35 +1,27 @@
-"""UpstreamJob: one message travelling through its group's action chain."""
+"""UpstreamJob: one message travelling through its group's action chain, as the engine holds it.
+
+The fields the actions read and write are :class:`~ddmq.actions.job.Job`'s (with ``JobState``,
+``INVALID_JSON`` and ``NOT_PARSED``, re-exported here for the engine); this class adds what only the
+engine uses: the consumer the job belongs to, its queue and offset tracker, its successor in its
+key's chain, its delivery deadline and extensions.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from ddmq.actions.job import INVALID_JSON as INVALID_JSON
+from ddmq.actions.job import NOT_PARSED as NOT_PARSED
+from ddmq.actions.job import Job, JobState
 from ddmq.proxy.core.types import QueueId, StoredMessage
 
 if TYPE_CHECKING:
     from ddmq.proxy.engine.offsets import OffsetTracker
 
-
-class JobState(IntEnum):
-    NEW = 0  # read, running the actions before Order
-    WAITING = 1  # behind an unfinished job with the same order key
-    RUNNABLE = 2  # head of its key, queued for the rest of the chain
-    READY = 3  # in the PullBuffer, waiting for a pull
-    IN_FLIGHT = 4  # handed to a client, waiting for ack/fail/timeout
-    RETRY_WAIT = 5  # failed, waiting for its retry interval
-    FINISHED = 6  # acked, filtered, or dead-lettered
-    PARKED = 7  # its key stopped here (on_exhausted: park, or an operator): see engine/parking.py
-
+__all__ = ["INVALID_JSON", "NOT_PARSED", "JobOwner", "JobState", "KeyHolds", "RetrySettings", "UpstreamJob"]
 
 _NEW: Final = JobState.NEW  # enum members read through their class are slow; Final: a C static when compiled
-
-
-#: ``data`` of a job whose body is not valid JSON (set by the Json action).
-INVALID_JSON: Final[Any] = object()
-#: ``data`` of a job no Json action has parsed.
-NOT_PARSED: Final[Any] = object()
 
 
 class RetrySettings(Protocol):
@@ -57,7 +49,7 @@ class RetrySettings(Protocol):
 
 
 class KeyHolds(Protocol):
-    """What the pull buffer and redelivery ask of a consumer's parked keys."""
+    """What the pull buffer and redelivery ask of a topic's parked keys."""
 
     def arrived(self, job: UpstreamJob) -> str | None:
         """``job`` reached the pull buffer: ``"parked"`` when its key holds it, a dead-letter reason when
@@ -71,9 +63,9 @@ class KeyHolds(Protocol):
 
 
 class JobOwner(Protocol):
-    """What the pull buffer, redelivery and push actions may ask of the consumer a job belongs to
-    (:class:`~ddmq.proxy.groups.group.TopicConsumer`): nothing deeper, so neither can reach into its chain,
-    key gate or readers."""
+    """What the pull buffer, redelivery and push actions may ask of the owner a job belongs to
+    (``job.consumer``), its topic's :class:`~ddmq.proxy.engine.topic_jobs.TopicJobs`: its settings,
+    whether a queue may be served, whether a job heads its key, and finishing a job, all in the engine."""
 
     @property
     def group(self) -> str: ...
@@ -101,7 +93,8 @@ class JobOwner(Protocol):
         ...
 
     def finish(self, job: UpstreamJob) -> None:
-        """``job`` is done: release its key, mark its offset finished."""
+        """``job`` is done: release its key's successor, mark its offset finished, let a reader waiting
+        for room read."""
         ...
 
     @property
@@ -112,33 +105,18 @@ class JobOwner(Protocol):
 
     @property
     def parking(self) -> KeyHolds:
-        """The consumer's parked and sequenced keys (:mod:`ddmq.proxy.engine.parking`)."""
+        """The topic's parked and sequenced keys (:mod:`ddmq.proxy.engine.parking`)."""
         ...
 
 
-class UpstreamJob:
-    """A message plus its progress: chain position, order key, attempts, successor in its key chain."""
+class UpstreamJob(Job):
+    """A job as the engine holds it: its consumer, queue and tracker, its successor in its key chain."""
 
-    __slots__ = (
-        "attempts",
-        "consumer",
-        "data",
-        "deadline",
-        "extensions",
-        "index",
-        "last_error",
-        "message",
-        "next",
-        "offset",
-        "order_key",
-        "qid",
-        "queue",
-        "state",
-        "tracker",
-    )
+    __slots__ = ("consumer", "deadline", "extensions", "next", "queue", "tracker")
 
-    def __init__(self, consumer: JobOwner, queue: QueueId, message: StoredMessage, tracker: OffsetTracker) -> None:
-        self.consumer = consumer
+    def __init__(self, owner: JobOwner, queue: QueueId, message: StoredMessage, tracker: OffsetTracker) -> None:
+        # Job's fields are set here rather than by Job.__init__: one call less for every message read.
+        self.consumer = owner
         #: Built once per queue by its reader, not per job: the buffer keys its maps by it.
         self.queue = queue
         self.qid = queue.qid
@@ -154,6 +132,12 @@ class UpstreamJob:
         self.deadline = 0  # timing-wheel tick while in flight
         self.extensions = 0  # extendOffsets taken by the current delivery
         self.last_error = ""
+
+    def dropped(self) -> bool:
+        return self.tracker.dropped
+
+    def finish(self) -> None:
+        self.consumer.finish(self)
 
     def __repr__(self) -> str:
         return (

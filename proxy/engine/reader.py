@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+from ddmq.actions.pacing import TokenBucket as TokenBucket  # re-exported: the consumer names it from here
 from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.supervise import Backoff, supervised
@@ -35,28 +35,6 @@ log = logging.getLogger(__name__)
 READ_BLOCK_MS = 1000
 #: How often a reader whose lease is not confirmed looks again.
 _LEASE_WAIT_S = 0.05
-
-
-class TokenBucket:
-    """``rate`` tokens per second, bursts up to one second's worth; shared by a topic's readers."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.capacity = max(1.0, rate)
-        self._tokens = self.capacity
-        self._stamp = time.monotonic()
-
-    async def take(self, wanted: int) -> int:
-        """Wait for at least one token; take up to ``wanted``. Returns how many were taken."""
-        while True:
-            now = time.monotonic()
-            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
-            self._stamp = now
-            if self._tokens >= 1:
-                granted = min(wanted, int(self._tokens))
-                self._tokens -= granted
-                return granted
-            await asyncio.sleep((1 - self._tokens) / self.rate)
 
 
 class ReadAuditLog(Protocol):
