@@ -1,10 +1,12 @@
 """The docs site's generated references cover the code they are generated from (docs/hooks.py; CI also
-runs `mkdocs build --strict`, which fails on a broken link or anchor)."""
+runs `mkdocs build --strict`, which fails on a broken link or anchor), and DESIGN.md's layer table names
+the modules on disk."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -99,3 +101,42 @@ def test_no_file_holds_a_merge_conflict_marker() -> None:
         if marker.search(path.read_text(errors="replace")):
             found.append(name)
     assert found == []
+
+
+def _design_layer_table() -> list[tuple[str, list[str]]]:
+    """(layer, modules) per row of DESIGN.md's layer table, in the table's order."""
+    text = (REPO / "DESIGN.md").read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and re.fullmatch(r"`ddmq(\.\w+)*`", cells[0]):
+            rows.append((cells[0].strip("`"), re.findall(r"`([^`]+)`", cells[1])))
+    return rows
+
+
+def _modules_on_disk(layers: tuple[str, ...], layer_of: Callable[[str], int | None]) -> dict[str, list[str]]:
+    """Per layer, its modules as the table names them: the path inside the layer's folder, no ``.py``."""
+    found: dict[str, list[str]] = {layer: [] for layer in layers}
+    for folder in ("protocol", "config", "actions", "proxy"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            index = layer_of("ddmq." + ".".join(path.relative_to(REPO).with_suffix("").parts))
+            assert index is not None, path
+            layer = layers[index]
+            home = REPO.joinpath(*layer.split(".")[1:])
+            found[layer].append(path.relative_to(home).with_suffix("").as_posix())
+    return found
+
+
+def test_the_design_layer_table_names_every_module_of_every_layer_and_nothing_else() -> None:
+    from tests.test_layers import LAYERS, layer_of
+
+    rows = _design_layer_table()
+    assert [layer for layer, _ in rows] == list(LAYERS), "DESIGN.md's layers, bottom first, as tests/test_layers.py"
+    on_disk = _modules_on_disk(LAYERS, layer_of)
+    for layer, named in rows:
+        assert len(named) == len(set(named)), f"{layer}: a module named twice in DESIGN.md"
+        missing, gone = sorted(set(on_disk[layer]) - set(named)), sorted(set(named) - set(on_disk[layer]))
+        assert not missing and not gone, f"DESIGN.md, layer {layer}: not named {missing}, not on disk {gone}"
