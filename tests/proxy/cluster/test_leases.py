@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import redis.asyncio as aioredis
 
@@ -120,7 +121,9 @@ async def test_a_held_lease_costs_one_redis_command_per_renewal(redis_client: ai
     await redis_client.config_resetstat()
     assert await a.renew_many(leases) == [True] * 40
     stats = await redis_client.info("commandstats")
-    ran = {name.removeprefix("cmdstat_"): value["calls"] for name, value in stats.items()}
+    ran: Counter[str] = Counter()
+    for name, value in stats.items():  # Redis 7 and Valkey name subcommands: cmdstat_config|resetstat
+        ran[name.removeprefix("cmdstat_").partition("|")[0]] += value["calls"]
     assert ran.pop("getex") == 40 and ran.pop("del") == 1  # the OOM pass of the one script call
     assert set(ran) <= {"evalsha", "eval", "script", "info", "config"}, ran
     assert 59_000 < await redis_client.pttl(leases[0].keys()[0]) <= 60_000
