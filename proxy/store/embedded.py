@@ -37,6 +37,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ddmq.protocol.errors import DdmqError
 from ddmq.protocol.net import free_port
 
 __all__ = ["EXECUTABLE_ENV", "EmbeddedRedis", "EmbeddedRedisError", "find_executable"]
@@ -52,8 +53,11 @@ _HOST = "127.0.0.1"
 _LOG_TAIL_LINES = 20
 
 
-class EmbeddedRedisError(RuntimeError):
-    """The embedded redis-server could not be found, started or stopped; the message says why."""
+class EmbeddedRedisError(DdmqError, RuntimeError):
+    """The embedded redis-server could not be found, started or stopped; the message says why. Not
+    retriable: what stopped it (a missing binary, a data directory in use) is there the next time too."""
+
+    retriable = False
 
 
 #: Names the server binary when no config gives one (the tests run their whole suite on another server so).
@@ -125,9 +129,10 @@ def _quick_client(url: str, timeout_s: float = 2.0) -> redis.Redis:
 def _may_be_redis(pid: int) -> bool:
     """False when the pid surely belongs to something else (it was reused); True if unsure."""
     try:
-        return b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True
+    return b"redis-server" in command or b"valkey-server" in command
 
 
 def default_maxmemory_mb() -> int:
