@@ -19,13 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
 
-import redis.asyncio.retry
-from redis.backoff import NoBackoff
-
 from ddmq.config.schema import ProxyConfig, RetentionConfig
 from ddmq.protocol.redis.connection import (
     AsyncRedis,
-    async_redis,
     is_cluster_url,
     quiet_dropped_cluster_nodes,
     redact_url,
@@ -52,7 +48,8 @@ from ddmq.proxy.servers.exposure import exposure_warnings
 from ddmq.proxy.servers.http import HttpServer
 from ddmq.proxy.servers.http.view import ProxyView
 from ddmq.proxy.servers.thrift.server import ThriftServer
-from ddmq.proxy.store.broker import Broker, ConnectionCounter, map_redis_errors
+from ddmq.proxy.store.broker import Broker, ConnectionCounter
+from ddmq.proxy.store.client import broker_client, ping
 from ddmq.proxy.store.embedded import EmbeddedRedis, EmbeddedRedisError
 
 log = logging.getLogger(__name__)
@@ -198,19 +195,12 @@ class ProxyService(OverRegistry):
         """The proxy's Redis client, with the config's deadlines, once Redis answers."""
         config = self.config
         connections = ConnectionCounter()  # lets readers notice a Redis restart or failover (see QueueReader)
-        options: dict[str, object] = {}
-        if not is_cluster_url(self.redis_url):
-            # A lost connection is tried once more at once, on a new one; a timeout is not: the call
-            # already waited its deadline, and the proxy's own loops retry.
-            options["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
-        client = async_redis(self.redis_url, config.redis_client.deadlines(config.leases), decode_responses=False,
-                             redis_connect_func=connections.on_connect, **options)
+        client = broker_client(self.redis_url, config.redis_client.deadlines(config.leases), connections)
         self._redis = client
         self.health.where = f"redis at {redact_url(self.redis_url)}"
         if is_cluster_url(self.redis_url):
             quiet_dropped_cluster_nodes(asyncio.get_running_loop())
-        with map_redis_errors(f"connecting to {redact_url(self.redis_url)}"):
-            await client.ping()
+        await ping(client, self.redis_url)
         return client, connections
 
     def _start_retention(self) -> None:
@@ -225,8 +215,7 @@ class ProxyService(OverRegistry):
         pressure would break the fencing and lose data, and nothing else would tell."""
         where = redact_url(self.redis_url)
         try:
-            with map_redis_errors(f"reading maxmemory-policy of {where}"):
-                reply = await client.config_get("maxmemory-policy")
+            reply = await client.config_get("maxmemory-policy")
         except DdmqError as exc:  # managed Redis services often refuse CONFIG
             log.warning("cannot read maxmemory-policy of %s (%s): make sure it is noeviction, or Redis may evict "
                         "leases, committed offsets and messages when it fills up", where, exc)

@@ -188,7 +188,7 @@ def test_the_check_lets_allowed_imports_through() -> None:
     assert violations(source, "ddmq.proxy", FORBIDDEN["proxy"]) == []
 
 
-def _module_name(path: Path) -> tuple[str, str]:
+def _module_and_package(path: Path) -> tuple[str, str]:
     """(module, package) of a product module: ``ddmq.proxy.engine.job``, ``ddmq.proxy.engine``."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     package = "ddmq." + ".".join(parts[:-1])
@@ -250,7 +250,7 @@ def folder_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _product_modules(folder: str | None = None) -> list[tuple[str, str, str]]:
-    return [(*_module_name(path), path.read_text()) for top, path in _modules() if folder in (None, top)]
+    return [(*_module_and_package(path), path.read_text()) for top, path in _modules() if folder in (None, top)]
 
 
 @pytest.mark.parametrize(("what", "folder", "depth"), [("the product folders", None, 2), ("proxy/", "proxy", 3)])
@@ -282,6 +282,112 @@ def test_the_tests_import_nothing_from_the_benchmarks() -> None:
         if module == "bench" or module.startswith("bench.")
     ]
     assert not found
+
+
+#: Where Redis's errors may be caught or mapped into the project's own (a path, or a folder ending in
+#: ``/``), and why there. Everywhere else Redis fails as the project's own errors: the proxy's client
+#: raises BrokerError, the producers ProduceError.
+REDIS_EDGES: dict[str, str] = {
+    "proxy/store/": "the proxy's edge: its Redis client raises BrokerError for every failure (client.py), "
+                    "and the store's modules say what they were doing (map_redis_errors), also for the "
+                    "connections they use directly",
+    "protocol/produce/": "the producers' edge: they retry what may pass, and give up with DeliveryError",
+    "protocol/redis/queues.py": "the queue operations producers and the proxy share fail as ProduceError",
+    "protocol/redis/connection.py": "the connections turn the event loop's own errors into redis-py's, and a "
+                                    "script call falls back to EVAL on NOSCRIPT",
+    "actions/redis_action.py": "an edge of its own: the Redis a push action writes to is its user's, not the "
+                               "broker, and its errors are the push's outcomes",
+    "client/cli/": "an edge of its own: a command's own connection to the broker, whose failure it tells",
+}
+#: Names of the project that stand for redis-py's errors.
+_REDIS_ERROR_NAMES = frozenset({"REDIS_ERRORS", "REDIS_FAILURES"})
+
+
+def redis_error_handling(source: str) -> list[str]:
+    """Where ``source`` catches or tests for redis-py's errors (``except``, ``isinstance``), or maps them
+    (``map_redis_errors``)."""
+    tree = ast.parse(source)
+    modules: set[str] = set()  # names bound to redis-py's modules
+    errors = set(_REDIS_ERROR_NAMES)  # names bound to its error classes
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {(alias.asname or alias.name).split(".")[0] for alias in node.names
+                        if alias.name.split(".")[0] == "redis"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "redis":
+            errors |= {alias.asname or alias.name for alias in node.names}
+
+    def names_an_error(node: ast.AST) -> bool:
+        for part in ast.walk(node):
+            if isinstance(part, ast.Name) and part.id in errors and (
+                    part.id in _REDIS_ERROR_NAMES or part.id.endswith(("Error", "Exception"))):
+                return True
+            if (isinstance(part, ast.Attribute) and part.attr.endswith(("Error", "Exception"))
+                    and isinstance(root := _root(part), ast.Name) and root.id in modules):
+                return True
+        return False
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ExceptHandler) and node.type is not None and names_an_error(node.type):
+            found.append(f"line {node.lineno}: except {ast.unparse(node.type)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+              and len(node.args) == 2 and names_an_error(node.args[1])):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Name) and node.id in _REDIS_ERROR_NAMES | {"map_redis_errors"}:
+            found.append(f"line {node.lineno}: {node.id}")
+        elif isinstance(node, ast.Attribute) and node.attr in _REDIS_ERROR_NAMES | {"map_redis_errors"}:
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and any(alias.name == "map_redis_errors" for alias in node.names):
+            found.append(f"line {node.lineno}: imports map_redis_errors")
+    return sorted(set(found), key=lambda line: int(line.split()[1].rstrip(":")))
+
+
+def _root(node: ast.expr) -> ast.expr:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
+def _is_redis_edge(path: Path) -> bool:
+    where = path.relative_to(ROOT).as_posix()
+    return any(where == edge or (edge.endswith("/") and where.startswith(edge)) for edge in REDIS_EDGES)
+
+
+@pytest.mark.parametrize(("folder", "path"), _modules(), ids=_module_id)
+def test_redis_errors_are_mapped_at_the_edges_only(folder: str, path: Path) -> None:
+    found = [] if _is_redis_edge(path) else redis_error_handling(path.read_text())
+    assert not found, (
+        f"{path.relative_to(ROOT)} handles redis-py's errors, which only its edges do ({sorted(REDIS_EDGES)}); "
+        f"catch BrokerError (or DdmqError) instead: {found}"
+    )
+
+
+def test_every_redis_edge_is_there() -> None:
+    assert [edge for edge in REDIS_EDGES if not (ROOT / edge).exists()] == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from ddmq.protocol.redis.connection import REDIS_FAILURES\ntry:\n    pass\nexcept REDIS_FAILURES:\n    pass\n",
+        "import redis\ntry:\n    pass\nexcept (redis.ConnectionError, ValueError):\n    pass\n",
+        "import redis.asyncio as aioredis\ntry:\n    pass\nexcept aioredis.ResponseError:\n    pass\n",
+        "from redis.exceptions import ResponseError\nok = isinstance(reply, ResponseError)\n",
+        "from ddmq.proxy.store.broker import map_redis_errors\n",
+        "def f(store):\n    with store.map_redis_errors('x'):\n        pass\n",
+    ],
+)
+def test_the_redis_check_sees_redis_errors_handled(source: str) -> None:
+    assert redis_error_handling(source)
+
+
+def test_the_redis_check_lets_the_projects_errors_and_client_types_through() -> None:
+    source = (
+        "from redis.asyncio.cluster import RedisCluster\nfrom ddmq.proxy.core.errors import BrokerError\n"
+        "try:\n    pass\nexcept (BrokerError, TimeoutError, ConnectionError):\n    pass\n"
+        "cluster = isinstance(client, RedisCluster)\n"
+    )
+    assert redis_error_handling(source) == []
 
 
 def _lua_literals(source: str) -> list[int]:

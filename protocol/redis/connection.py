@@ -53,6 +53,7 @@ __all__ = [
     "LONGEST_BLOCK_MS",
     "REDIS_ERRORS",
     "REDIS_FAILURES",
+    "AsyncCluster",
     "AsyncRedis",
     "Deadlines",
     "SyncRedis",
@@ -186,18 +187,27 @@ def check_url(url: str) -> str:
     return url
 
 
-def async_redis(url: str, deadlines: Deadlines = DEFAULT_DEADLINES, **kwargs: Any) -> AsyncRedis:
+def async_redis(
+    url: str,
+    deadlines: Deadlines = DEFAULT_DEADLINES,
+    *,
+    client_class: type[redis.asyncio.Redis] | None = None,
+    cluster_class: type[AsyncCluster] | None = None,
+    **kwargs: Any,
+) -> AsyncRedis:
     """An asyncio client for ``url`` with ``deadlines``; ``kwargs`` go to redis-py (e.g.
-    ``decode_responses``) and override the deadlines' options."""
+    ``decode_responses``) and override the deadlines' options. ``client_class`` (a subclass of redis-py's
+    ``Redis``) and ``cluster_class`` (of :class:`AsyncCluster`) are what to build, for a caller that
+    adds to the client (the proxy's raises its own error for every failure)."""
     kwargs = {**deadlines.options(), **kwargs}
     if not is_cluster_url(url):
-        client = redis.asyncio.Redis.from_url(url, **kwargs)
+        client = (client_class or redis.asyncio.Redis).from_url(url, **kwargs)
         pool = client.connection_pool
         pool.connection_class = _mapped_connection(pool.connection_class)
         return client
     parsed = _ClusterUrl(url)
     seeds = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.others]
-    return _AsyncCluster.from_url(parsed.first, startup_nodes=seeds or None, **kwargs)
+    return (cluster_class or AsyncCluster).from_url(parsed.first, startup_nodes=seeds or None, **kwargs)
 
 
 def sync_redis(url: str, deadlines: Deadlines = DEFAULT_DEADLINES, **kwargs: Any) -> SyncRedis:
@@ -344,7 +354,7 @@ class _MapsLostConnections:
             raise redis.ConnectionError(f"connection lost while reading: {exc!r}") from exc
 
 
-class _AsyncCluster(redis.asyncio.cluster.RedisCluster):  # type: ignore[misc]  # redis is untyped here
+class AsyncCluster(redis.asyncio.cluster.RedisCluster):  # type: ignore[misc]  # redis is untyped here
     """redis-py's cluster client, routing stream reads without a round trip.
 
     redis-py finds the keys of commands whose key positions move (XREAD, XREADGROUP) by asking the

@@ -29,7 +29,7 @@ from ddmq.protocol.redis import keys
 from ddmq.proxy.core.errors import BadRequestError, UnknownTopicError
 from ddmq.proxy.core.types import FetchedQueue, QueueId, StoredMessage
 from ddmq.proxy.groups.group import ConsumerGroup
-from ddmq.proxy.store.broker import Broker, map_redis_errors
+from ddmq.proxy.store.broker import Broker
 
 #: Messages per queue when the request does not say.
 DEFAULT_FETCH_BATCH: Final = 64
@@ -90,18 +90,16 @@ class LowLevelApi:
         if not offsets:
             raise BadRequestError("AckResult.offsets names no queue")
         positions = await self._targets(group, offsets, allow_stored=False)
-        with map_redis_errors(f"storing fetch positions of group {group.name}"):
-            async with self.broker.redis.pipeline(transaction=False) as pipe:
-                for queue, offset in positions.items():
-                    pipe.set(keys.fetch_position(group.name, queue.topic, queue.qid), offset)
-                await pipe.execute()
+        async with self.broker.redis.pipeline(transaction=False) as pipe:
+            for queue, offset in positions.items():
+                pipe.set(keys.fetch_position(group.name, queue.topic, queue.qid), offset)
+            await pipe.execute()
 
     async def positions(self, group: str, queues: list[QueueId]) -> dict[QueueId, int | None]:
         """The stored positions (None where none was stored)."""
         if not queues:
             return {}
-        with map_redis_errors(f"reading fetch positions of group {group}"):
-            raws = await self.broker.get_many([keys.fetch_position(group, q.topic, q.qid) for q in queues])
+        raws = await self.broker.get_many([keys.fetch_position(group, q.topic, q.qid) for q in queues])
         return {q: int(raw) if raw is not None else None for q, raw in zip(queues, raws, strict=True)}
 
     # --------------------------------------------------------------------------------------------

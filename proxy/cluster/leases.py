@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol.redis import keys
-from ddmq.protocol.redis.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
+from ddmq.protocol.redis.connection import AsyncRedis, eval_script, eval_scripts
 from ddmq.protocol.redis.scripts import (
     LEASE_ACQUIRE_LUA,
     LEASE_COMMIT_LUA,
@@ -42,7 +42,8 @@ from ddmq.protocol.redis.scripts import (
     LEASE_RENEW_LUA,
     LEASE_RENEW_MANY_LUA,
 )
-from ddmq.proxy.store.broker import map_redis_errors, read_mark
+from ddmq.proxy.core.errors import BrokerError
+from ddmq.proxy.store.broker import read_mark
 
 log = logging.getLogger(__name__)
 
@@ -88,18 +89,17 @@ class LeaseStore:
         self.owner = owner
         self.ttl_ms = ttl_ms
 
-    async def _run(self, script: str, keys_: list[str], args: list[Any], what: str) -> int:
-        with map_redis_errors(what):
-            return int(await eval_script(self.redis, script, keys_, args))
+    async def _run(self, script: str, keys_: list[str], args: list[Any]) -> int:
+        return int(await eval_script(self.redis, script, keys_, args))
 
     async def acquire(self, group: str, topic: str, qid: int) -> Lease | None:
         """Take the lease if it is free or already ours (restart); None when someone else holds it."""
         probe = Lease(group, topic, qid, self.owner, 0)
-        term = await self._run(LEASE_ACQUIRE_LUA, probe.keys(), [self.owner, self.ttl_ms], f"acquiring {probe.token}")
+        term = await self._run(LEASE_ACQUIRE_LUA, probe.keys(), [self.owner, self.ttl_ms])
         return probe._replace(term=term) if term else None
 
     async def renew(self, lease: Lease) -> bool:
-        return bool(await self._run(LEASE_RENEW_LUA, lease.keys(), [lease.token, self.ttl_ms], f"renewing {lease}"))
+        return bool(await self._run(LEASE_RENEW_LUA, lease.keys(), [lease.token, self.ttl_ms]))
 
     async def renew_many(self, leases: Sequence[Lease]) -> list[bool | None]:
         """Renew ``leases`` with :data:`~ddmq.protocol.redis.scripts.LEASE_RENEW_MANY_LUA`, in one pipeline of
@@ -125,7 +125,7 @@ class LeaseStore:
         out: list[bool | None] = [None] * len(leases)
         try:
             replies = await eval_scripts(self.redis, calls)
-        except REDIS_FAILURES as exc:  # the upkeep's link health says it once, not every round
+        except BrokerError as exc:  # the upkeep's link health says it once, not every round
             log.debug("renewing %d leases failed: %s", len(leases), exc)
             return out
         for batch, reply in zip(batches, replies, strict=True):
@@ -137,7 +137,7 @@ class LeaseStore:
         return out
 
     async def release(self, lease: Lease) -> bool:
-        return bool(await self._run(LEASE_RELEASE_LUA, lease.keys(), [lease.token], f"releasing {lease}"))
+        return bool(await self._run(LEASE_RELEASE_LUA, lease.keys(), [lease.token]))
 
     async def commit(
         self, lease: Lease, offset: int, finished: str = "", mark: list[str | int] | None = None
@@ -151,17 +151,15 @@ class LeaseStore:
             [*lease.keys(), keys.committed(group, topic, qid), keys.finished(group, topic, qid),
              keys.stream(topic, qid), keys.sequence(topic, qid)],
             [lease.token, offset, finished, *(mark or read_mark(0, None))],
-            f"committing {lease}",
         ))
 
     async def holder(self, group: str, topic: str, qid: int) -> LeaseHolder | None:
         """Who holds a queue's lease now (for status views)."""
         key = keys.lease(group, topic, qid)
-        with map_redis_errors(f"reading the lease of {group}/{topic}#{qid}"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.get(key)
-                pipe.pttl(key)
-                raw, ttl = await pipe.execute()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(key)
+            pipe.pttl(key)
+            raw, ttl = await pipe.execute()
         if raw is None:
             return None
         owner, _, term = raw.decode().rpartition(" ")

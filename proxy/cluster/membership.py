@@ -23,10 +23,10 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from ddmq.protocol.redis import keys
-from ddmq.protocol.redis.connection import REDIS_FAILURES, AsyncRedis, eval_script, eval_scripts
+from ddmq.protocol.redis.connection import AsyncRedis, eval_script, eval_scripts
 from ddmq.protocol.redis.scripts import HEARTBEAT_LUA, HEARTBEAT_MANY_LUA, REGISTER_GROUP_LUA
 from ddmq.proxy.cluster.lease_clock import LeaseClock
-from ddmq.proxy.store.broker import map_redis_errors
+from ddmq.proxy.core.errors import BrokerError
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,10 @@ class Membership:
         registry ``ddmq groups`` reads); forget members silent for longer than the timeout; return
         the live members, sorted."""
         key = keys.members(group)
-        with map_redis_errors(f"heartbeating group {group}"):
-            live = await eval_script(self.redis, HEARTBEAT_LUA, [key, keys.group_topics(group)],
-                                     [self.instance_id, self.timeout_ms, topic or ""])
-            if topic is not None:
-                await eval_script(self.redis, REGISTER_GROUP_LUA, [keys.groups()], [group])
+        live = await eval_script(self.redis, HEARTBEAT_LUA, [key, keys.group_topics(group)],
+                                 [self.instance_id, self.timeout_ms, topic or ""])
+        if topic is not None:
+            await eval_script(self.redis, REGISTER_GROUP_LUA, [keys.groups()], [group])
         return sorted(member.decode() for member in live)
 
     async def heartbeat_many(self, groups: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -112,7 +111,7 @@ class Membership:
         sent_at = loop.time()
         try:
             replies = await eval_scripts(self.redis, calls)
-        except REDIS_FAILURES as exc:
+        except BrokerError as exc:
             self.failure = exc  # the upkeep says it once (see link_health), not every round
             return {}
         self.failure = None
@@ -144,5 +143,4 @@ class Membership:
     async def leave(self, group: str) -> None:
         """Graceful exit: the others rebalance at their next heartbeat instead of after the timeout."""
         self._stamped.pop(group, None)
-        with map_redis_errors(f"leaving group {group}"):
-            await self.redis.zrem(keys.members(group), self.instance_id)
+        await self.redis.zrem(keys.members(group), self.instance_id)

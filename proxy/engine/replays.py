@@ -62,7 +62,7 @@ from ddmq.proxy.core.types import PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.offsets import OffsetTracker, decode_ranges, encode_ranges
 from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY, PullBuffer
-from ddmq.proxy.store.broker import Broker, map_redis_errors
+from ddmq.proxy.store.broker import Broker
 
 
 class ReplayConsumer(Protocol):
@@ -226,10 +226,9 @@ class ReplayLeases:
         key = keys.replay_lease(self._buffer.group, lease_id)
         redis = self._group.broker.redis
         try:
-            with map_redis_errors(f"recording replay lease {lease_id!r}"):
-                await eval_script(redis, LEASE_RECORD_LUA, [key], [
-                    f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)), timeout_ms + RECORD_GRACE_MS,
-                ])
+            await eval_script(redis, LEASE_RECORD_LUA, [key], [
+                f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)), timeout_ms + RECORD_GRACE_MS,
+            ])
         except DdmqError as exc:
             log.warning("replay lease %r of group %s not recorded (%s): a proxy death would deliver it again",
                         lease_id, self._buffer.group, exc)
@@ -269,8 +268,7 @@ class ReplayLeases:
                 await consumer.commit(queue.qid)
         if held:
             try:
-                with map_redis_errors("deleting acked replay lease records"):
-                    await self._group.broker.redis.delete(*(keys.replay_lease(self._buffer.group, i) for i in held))
+                await self._group.broker.redis.delete(*(keys.replay_lease(self._buffer.group, i) for i in held))
             except DdmqError as exc:  # they expire by themselves; a later ack of them finishes nothing new
                 log.debug("replay lease records of group %s not deleted: %s", self._buffer.group, exc)
         return acked
@@ -285,8 +283,7 @@ class ReplayLeases:
         redis = group.broker.redis
         touched: set[QueueId] = set()
         for lease_id in lease_ids:
-            with map_redis_errors(f"reading replay lease {lease_id!r}"):
-                record = await redis.hgetall(keys.replay_lease(self._buffer.group, lease_id))
+            record = await redis.hgetall(keys.replay_lease(self._buffer.group, lease_id))
             fields = {_text(name): _text(value) for name, value in record.items()}
             if not fields or _ABANDONED in fields:
                 continue
@@ -302,8 +299,7 @@ class ReplayLeases:
                     continue
                 # APPEND keeps the ranges valid (decode_ranges takes the union of comma-separated parts)
                 # and is one command on one key, so no owner's commit can interleave inside it.
-                with map_redis_errors(f"finishing replay lease {lease_id!r} on {topic}#{qid}"):
-                    await redis.append(keys.finished(self._buffer.group, topic, qid), "," + ranges)
+                await redis.append(keys.finished(self._buffer.group, topic, qid), "," + ranges)
                 tracker = consumer.tracker(qid)
                 if tracker is not None:
                     # This proxy reads the queue (it took it from the dead proxy, or is that proxy
@@ -327,9 +323,8 @@ class ReplayLeases:
         for lease_id in lease_ids:
             _check(lease_id, 0, 1)
             key = keys.replay_lease(self._buffer.group, lease_id)
-            with map_redis_errors(f"abandoning replay lease {lease_id!r}"):
-                abandoned = [_ABANDONED, "1", MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS]
-                await eval_script(redis, LEASE_RECORD_LUA, [key], abandoned)
+            abandoned = [_ABANDONED, "1", MAX_LEASE_TIMEOUT_MS + RECORD_GRACE_MS]
+            await eval_script(redis, LEASE_RECORD_LUA, [key], abandoned)
 
     def _sweep(self, now: float) -> None:
         if now < self._next_sweep:

@@ -28,12 +28,10 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from redis.exceptions import ResponseError
-
 from ddmq.protocol.redis import keys
 from ddmq.protocol.redis.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
-from ddmq.proxy.store.broker import get_many, map_redis_errors
+from ddmq.proxy.store.broker import get_many
 
 if TYPE_CHECKING:
     from ddmq.proxy.groups.registry import GroupRegistry
@@ -78,11 +76,10 @@ async def _produce_times(redis: AsyncRedis, wanted: list[tuple[str, int, int]]) 
     """Per (topic, qid, offset): what :func:`produce_times` finds, in one pipeline."""
     if not wanted:
         return []
-    with map_redis_errors("reading produce times"):
-        async with redis.pipeline(transaction=False) as pipe:
-            for topic, qid, offset in wanted:
-                pipe.xrange(keys.stream(topic, qid), f"0-{offset}", "+", count=1)
-            replies = await pipe.execute()
+    async with redis.pipeline(transaction=False) as pipe:
+        for topic, qid, offset in wanted:
+            pipe.xrange(keys.stream(topic, qid), f"0-{offset}", "+", count=1)
+        replies = await pipe.execute()
     times: list[int | None] = []
     for entries in replies:
         raw = entries[0][1].get(b"ts") if entries else None
@@ -112,8 +109,7 @@ async def topic_lags(redis: AsyncRedis, pairs: list[tuple[str, str, int]]) -> li
     every committed offset and sequence, one pipeline of the produce times of the queues behind)."""
     sequences = {(topic, qid): keys.sequence(topic, qid) for _, topic, queues in pairs for qid in range(queues)}
     committed_names = [keys.committed(group, topic, qid) for group, topic, queues in pairs for qid in range(queues)]
-    with map_redis_errors(f"reading the lag of {len(pairs)} groups and topics"):
-        raws = await get_many(redis, committed_names + list(sequences.values()))
+    raws = await get_many(redis, committed_names + list(sequences.values()))
     produced_of = {where: int(raw) + 1 if raw is not None else 1
                    for where, raw in zip(sequences, raws[len(committed_names):], strict=True)}
     committed_raws = iter(raws[:len(committed_names)])
@@ -218,8 +214,7 @@ class LagHistory:
         """The samples kept in Redis (by this proxy before a restart, or by another proxy of the
         group), oldest first: the console's chart survives a restart."""
         assert self._registry.redis is not None
-        with map_redis_errors(f"reading the lag history of {group}/{topic}"):
-            entries = await self._registry.redis.xrevrange(keys.lag_history(group, topic), "+", "-", count=self.points)
+        entries = await self._registry.redis.xrevrange(keys.lag_history(group, topic), "+", "-", count=self.points)
         samples = []
         for entry_id, fields in reversed(entries):
             try:
@@ -238,17 +233,16 @@ class LagHistory:
         if not samples or redis is None:
             return
         interval_ms = max(1, int(self.interval_s * 1000))
-        with map_redis_errors("writing the lag history"):
-            async with redis.pipeline(transaction=False) as pipe:
-                for group, topic, sample in samples:
-                    pipe.xadd(keys.lag_history(group, topic), dict(zip(_FIELDS, sample[1:], strict=True)),
-                              id=f"{sample.at_ms - sample.at_ms % interval_ms}-0", maxlen=self.points,
-                              approximate=False)
-                replies = await pipe.execute(raise_on_error=False)
+        async with redis.pipeline(transaction=False) as pipe:
+            for group, topic, sample in samples:
+                pipe.xadd(keys.lag_history(group, topic), dict(zip(_FIELDS, sample[1:], strict=True)),
+                          id=f"{sample.at_ms - sample.at_ms % interval_ms}-0", maxlen=self.points,
+                          approximate=False)
+            replies = await pipe.execute(raise_on_error=False)
         for (group, topic, sample), reply in zip(samples, replies, strict=True):
             if not isinstance(reply, Exception):
                 self._last_stored[group, topic] = sample
-            elif not (isinstance(reply, ResponseError) and "equal or smaller" in str(reply)):
+            elif "equal or smaller" not in str(reply):  # Redis's refusal of an id not above the last
                 log.warning("lag history of %s/%s: %s", group, topic, reply)
             # else another proxy of the group (or this one, sampling again) took this interval's sample
 

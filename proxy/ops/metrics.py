@@ -29,13 +29,13 @@ from redis.asyncio.cluster import RedisCluster
 from ddmq.protocol.redis import keys as key_names
 from ddmq.protocol.redis.connection import AsyncRedis, eval_scripts
 from ddmq.protocol.redis.scripts import TOPIC_COUNTS_LUA
-from ddmq.proxy.core.errors import DdmqError
+from ddmq.proxy.core.errors import BrokerError, DdmqError
 from ddmq.proxy.ops.collector import EngineCollector
 from ddmq.proxy.ops.exposition import render
 from ddmq.proxy.ops.families import TopicFigures
 from ddmq.proxy.ops.lag import Position, produce_times_at
 from ddmq.proxy.ops.latency import LatencyHistogram, PullTimers
-from ddmq.proxy.store.broker import Broker, map_redis_errors
+from ddmq.proxy.store.broker import Broker
 
 if TYPE_CHECKING:
     from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
@@ -181,11 +181,10 @@ class ProxyMetrics:
         """(group, topic) -> dead letters in the stream, queues nobody holds the lease of."""
         if not topics:
             return {}
-        with map_redis_errors("reading dead-letter lengths and leases"):
-            if isinstance(redis, RedisCluster):
-                counts = await _topic_counts_per_key(redis, topics)
-            else:
-                counts = await _topic_counts_scripted(redis, topics)
+        if isinstance(redis, RedisCluster):
+            counts = await _topic_counts_per_key(redis, topics)
+        else:
+            counts = await _topic_counts_scripted(redis, topics)
         return {key: TopicFigures(dead, queues - held)
                 for (key, queues), (dead, held) in zip(topics.items(), counts, strict=True)}
 
@@ -215,8 +214,8 @@ async def _topic_counts_scripted(
         calls.append((TOPIC_COUNTS_LUA, names, counts))
     out: list[tuple[int, int]] = []
     for reply in await eval_scripts(redis, calls):
-        if isinstance(reply, Exception):
-            raise reply
+        if isinstance(reply, Exception):  # a call's error reply, handed back as a value
+            raise BrokerError(f"redis failed on a dead-letter and lease count: {reply}") from reply
         out += zip(map(int, reply[::2]), map(int, reply[1::2]), strict=True)
     return out
 

@@ -1,8 +1,9 @@
 """Redis Streams access for the proxy: reading queues, offsets, dead letters, topic metadata.
 
-Every Redis error leaves this module as :class:`BrokerError` (see :func:`map_redis_errors`), so the
-engine deals with one retriable error type. Entries are read (and dead letters written) in the
-producer's format, :mod:`ddmq.protocol.redis.stream_entry`.
+Every Redis error leaves this module as :class:`BrokerError`, so the engine deals with one retriable
+error type: the proxy's client raises it (:mod:`ddmq.proxy.store.client`), and :func:`map_redis_errors`
+says what the broker was doing (on a reader's own connection too, which is no client's). Entries are
+read (and dead letters written) in the producer's format, :mod:`ddmq.protocol.redis.stream_entry`.
 
 Queue reads are the proxy's busiest Redis call. redis-py's XREAD callback turns every entry's field
 list into a dict before we look at it; :class:`Broker` wraps that callback on its client so that its
@@ -61,10 +62,17 @@ OPENING_AT_ONCE = 32
 
 @contextmanager
 def map_redis_errors(what: str) -> Iterator[None]:
+    """A Redis failure inside, redis-py's own (a connection used directly, a client not built by
+    :func:`~ddmq.proxy.store.client.broker_client`) or that client's BrokerError, leaves as one
+    BrokerError that says what was being done. For the store's modules only: everything above calls
+    the client, which maps its failures itself."""
     try:
         yield
     except REDIS_FAILURES as exc:
         raise BrokerError(f"redis failed while {what}: {exc}") from exc
+    except BrokerError as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+        raise BrokerError(f"redis failed while {what}: {cause}") from cause
 
 
 class ForeignEntry(Exception):

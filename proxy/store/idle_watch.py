@@ -51,6 +51,9 @@ from ddmq.proxy.store.read_link import give_back
 
 log = logging.getLogger(__name__)
 
+#: What CLIENT UNBLOCK raises when it fails: redis-py's errors, or the proxy client's BrokerError.
+_UNBLOCK_FAILURES: tuple[type[Exception], ...] = (*REDIS_FAILURES, BrokerError)
+
 __all__ = ["CHUNK_STREAMS", "WATCH_BLOCK_MS", "IdleWatcher"]
 
 #: How long one watching call blocks. Newcomers and leavers interrupt it, so this bounds only the idle
@@ -282,11 +285,11 @@ class IdleWatcher:
             try:
                 if await self._redis.client_unblock(client_id):
                     return
-            except ResponseError as exc:
-                self._refuse_unblock(exc)
-                return
-            except REDIS_FAILURES:
-                return  # the call itself fails too, and says so to its waiters
+            except _UNBLOCK_FAILURES as exc:
+                refused = exc.__cause__ if isinstance(exc, BrokerError) else exc
+                if isinstance(refused, ResponseError):
+                    self._refuse_unblock(refused)
+                return  # else the call itself fails too, and says so to its waiters
             if pause is None:
                 return  # never seen blocked: the newcomers wait for the block to end
             await asyncio.sleep(pause)  # not blocked yet: the call is still on its way to Redis

@@ -17,9 +17,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field
 
-from ddmq.protocol.redis.connection import REDIS_FAILURES, sync_redis
-from ddmq.protocol.redis.keys import dead_letters as dead_letters_key
-from ddmq.protocol.redis.status import GroupStatus, QueueStatus, group_status
+from ddmq.protocol.redis.status import QueueStatus
 from ddmq.proxy.api.keys import key_action, list_keys
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.core.errors import (
@@ -36,6 +34,7 @@ from ddmq.proxy.ops.views import KEY_STATES, blocked_keys, group_view, in_flight
 from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, ReplayResult, check_id
 from ddmq.proxy.store.key_commands import dead_letter_ids_of_key
+from ddmq.proxy.store.status import group_owners
 
 if TYPE_CHECKING:
     from ddmq.proxy.servers.http.view import ProxyView
@@ -207,7 +206,7 @@ class OperatorApi:
         if running and service.redis is not None:
             try:
                 redis_ok = bool(await asyncio.wait_for(service.redis.ping(), READY_PING_S))
-            except REDIS_FAILURES as exc:  # TimeoutError is an OSError
+            except (BrokerError, TimeoutError) as exc:  # the client's, and this wait's own deadline
                 log.info("readyz: redis does not answer: %s", exc)
         ready = running and redis_ok
         return web.json_response(
@@ -237,7 +236,8 @@ class OperatorApi:
         group = self._group(request)
         first = _offset(request, "queue_offset")
         view = asdict(group_view(group))
-        status, dead = await asyncio.to_thread(self._owners, group.name, sorted(group.consumers))
+        topics = sorted(group.consumers)
+        status, dead = await asyncio.to_thread(group_owners, self._service.redis_url, group.name, topics)
         answer: dict[str, Any] = {
             **view,
             "dead_letters": dead,
@@ -259,19 +259,6 @@ class OperatorApi:
         empty = {"in_flight": None, "ready": None, "retry_wait": None}
         return [{**asdict(row), **(asdict(counts[row.topic, row.qid]) if (row.topic, row.qid) in counts else empty)}
                 for row in queues]
-
-    def _owners(self, group: str, topics: list[str]) -> tuple[GroupStatus, dict[str, int]]:
-        """Owners, leases and offsets as ``ddmq status`` reads them (its own short-lived connection),
-        and the number of dead letters per topic."""
-        try:
-            with sync_redis(self._service.redis_url, socket_timeout=5) as client:
-                status = group_status(client, group, topics)
-                pipe = client.pipeline(transaction=False)
-                for topic in topics:
-                    pipe.xlen(dead_letters_key(group, topic))
-                return status, dict(zip(topics, pipe.execute(), strict=True))
-        except REDIS_FAILURES as exc:
-            raise BrokerError(f"redis failed while reading the owners of group {group}: {exc}") from exc
 
     async def in_flight(self, request: web.Request) -> web.Response:
         group = self._group(request)
