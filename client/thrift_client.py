@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from thriftpy2.thrift import TPayload
 
-from ddmq.protocol.errors import ERROR_CODES, is_retriable
+from ddmq.protocol.errors import ERROR_CODES, DdmqError, is_retriable
 from ddmq.protocol.wire import (
     DEFAULT_PORT,
     FRAME_HEADER_BYTES,
@@ -73,11 +73,11 @@ FATAL_CODES: Final = frozenset(code for code, entry in ERROR_CODES.items() if no
 _HTTP_REPLY: Final = b"HTTP"
 
 
-class ProxyClientError(Exception):
+class ProxyClientError(DdmqError):
     """Base of the errors the proxy clients raise. ``retriable`` is False when calling again cannot
     help (an unknown group, a server that is not a Thrift proxy): consumers stop on those."""
 
-    retriable: bool = True
+    retriable = True
 
 
 class PullError(ProxyClientError):
@@ -117,7 +117,9 @@ class RemoteApplicationError(ProxyClientError):
         self.kind = kind
         self.message = message
         head, sep, _ = message.partition(":")
-        self.code: int | None = int(head) if sep and head.isdigit() else None
+        # None where the message carries no PullException code: unlike the other errors' ``code``,
+        # this one says what the proxy sent, and it may have sent none.
+        self.code: int | None = int(head) if sep and head.isdigit() else None  # type: ignore[assignment]
         if self.code is not None:
             self.retriable = is_retriable(self.code)
         else:

@@ -33,13 +33,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ddmq.config.jsonpath import MISSING, check_jsonpath, compile_jsonpath
+from ddmq.protocol.errors import DdmqError
 
 Predicate = Callable[[Any], bool]
 _Getter = Callable[[Any], Any]
 
 
-class ExpressionError(ValueError):
-    """The expression text is invalid; the message gives the column and what was expected."""
+class ExpressionError(DdmqError, ValueError):
+    """The expression text is invalid; the message gives the column and what was expected. Not
+    retriable, as the config's errors."""
+
+    retriable = False
 
 
 _TOKEN = re.compile(

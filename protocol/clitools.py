@@ -22,6 +22,8 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any, Final, NoReturn
 
+from ddmq.protocol.errors import DdmqError
+
 __all__ = [
     "EMBEDDED_REDIS_URL_FILE",
     "ENV_ADMIN_TOKEN",
@@ -55,12 +57,17 @@ FAILURE: Final = 1
 INTERRUPTED: Final = 130
 
 
-class CliError(Exception):
-    """A command failed: ``message`` is printed as ``<prog>: <message>`` and the exit status is ``status``."""
+class CliError(DdmqError):
+    """A command failed: ``message`` is printed as ``<prog>: <message>`` and the exit status is ``status``.
+    Not retriable unless its raiser says so: a command reports its failure to whoever ran it."""
 
-    def __init__(self, message: str, status: int = FAILURE) -> None:
+    retriable = False
+
+    def __init__(self, message: str, status: int = FAILURE, retriable: bool | None = None) -> None:
         super().__init__(message)
         self.status = status
+        if retriable is not None:
+            self.retriable = retriable
 
 
 #: reST markup of the docstrings that serve as help texts: roles (``:class:`X` ``), literals and

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ddmq.protocol.errors import DdmqError
 from ddmq.protocol.redis import keys
 from ddmq.protocol.redis.connection import SyncRedis, server_time_ms
 from ddmq.protocol.redis.status import DEFAULT_MEMBER_TTL_MS
@@ -51,8 +52,11 @@ def group_summary(client: SyncRedis, group: str, member_ttl_ms: int = DEFAULT_ME
     return GroupSummary(group, dict(sorted(topics.items())), alive, sorted(set(ages) - set(alive)))
 
 
-class GroupHeld(Exception):
-    """A proxy holds a lease on a queue of the group: it is being consumed."""
+class GroupHeld(DdmqError):
+    """A proxy holds a lease on a queue of the group: it is being consumed. Retriable: once its
+    consumers stopped, the same call goes through."""
+
+    retriable = True
 
     def __init__(self, group: str, holders: dict[str, list[str]]) -> None:
         self.holders = holders  # owner -> ["topic#qid", ...]

@@ -19,9 +19,14 @@ from pathlib import Path
 
 import yaml
 
+from ddmq.protocol.errors import DdmqError
 
-class ProxyProcessError(RuntimeError):
-    """The proxy exited, or did not listen in time; the message ends with the tail of its log."""
+
+class ProxyProcessError(DdmqError, RuntimeError):
+    """The proxy exited, or did not listen in time; the message ends with the tail of its log. Not
+    retriable: the log says what to change first."""
+
+    retriable = False
 
 
 def write_config(path: Path, config: dict[str, object]) -> Path:

@@ -28,6 +28,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from ddmq.client.spark.options import SourceOptions
 from ddmq.client.spark.rows import to_record_batch
 from ddmq.client.thrift_client import ProxyClient, ProxyClientError
+from ddmq.protocol.errors import DdmqError
 from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest
 
 __all__ = ["DataLossError", "Positions", "QueueBatchReader", "QueuePartition", "QueueStreamReader", "read_range"]
@@ -41,8 +42,11 @@ _CLUSTER = "spark"
 _RETRY_FOR_S: Final = 10.0
 
 
-class DataLossError(RuntimeError):
-    """Offsets of a range the query reads are gone from Redis (``failOnDataLoss``, the default)."""
+class DataLossError(DdmqError, RuntimeError):
+    """Offsets of a range the query reads are gone from Redis (``failOnDataLoss``, the default). Not
+    retriable: what was trimmed does not come back."""
+
+    retriable = False
 
 
 def data_lost(options: SourceOptions, partition: QueuePartition, first: int, last: int) -> None:

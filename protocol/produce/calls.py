@@ -335,7 +335,8 @@ class Send:
                 # script itself (and caches it there); SCRIPT LOAD would reach only the masters redis-py knew.
                 self.use_eval = True
                 continue
-            error = reply if isinstance(reply, BaseException) else ProduceError(f"unexpected reply {reply!r:.100}")
+            error = reply if isinstance(reply, BaseException) else ProduceError(
+                f"unexpected reply {reply!r:.100}", retriable=False)
             if not is_retriable(error):
                 # the round's other answers count first, so the error lists what they wrote
                 final = final or (f"queue {call.qid}: {error}", error)
@@ -387,7 +388,8 @@ class Send:
             kind = RedisFullError
             reason = f"Redis is full (used memory > maxmemory), retriable once memory is freed: {reason}"
         error = kind(
-            self.topic, reason, written, unwritten, unknown, self.retries, time.monotonic() - self.started
+            self.topic, reason, written, unwritten, unknown, self.retries, time.monotonic() - self.started,
+            retriable=cause is None or is_retriable(cause),
         )
         error.__cause__ = cause
         return error

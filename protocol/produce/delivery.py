@@ -24,6 +24,7 @@ from typing import NamedTuple
 import redis.exceptions
 from redis.exceptions import RedisClusterException
 
+from ddmq.protocol.errors import DdmqError
 from ddmq.protocol.redis.queues import ProduceError
 from ddmq.protocol.redis.scripts import OUT_OF_ORDER
 
@@ -121,8 +122,12 @@ class WrittenMessage(NamedTuple):
     offset: int
 
 
-class MessageTooLargeError(ValueError):
-    """A message is larger than the producer's ``max_message_bytes``; nothing of its batch was written."""
+class MessageTooLargeError(DdmqError, ValueError):
+    """A message is larger than the producer's ``max_message_bytes``; nothing of its batch was written.
+    Not retriable (the same message is as large the next time); a ValueError, as the producer's other
+    refusals of what it was given."""
+
+    retriable = False
 
 
 class DeliveryError(ProduceError):
@@ -132,6 +137,10 @@ class DeliveryError(ProduceError):
     messages that are not; ``unknown``: positions whose call was sent but whose answer never came (they
     may be in the queue). Positions index the batch as given to ``send_batch``. After this error the
     producer starts a new producer id, so its next sends do not wait for the unanswered calls.
+
+    ``retriable``: whether sending again may succeed, i.e. whether the error it gave up on is one the
+    producer retries (the deadline passed while Redis kept failing); not when Redis refused the send
+    for good. What may have been written is safe to send again with a ``dedup_id``.
     """
 
     def __init__(
@@ -143,6 +152,7 @@ class DeliveryError(ProduceError):
         unknown: Sequence[int],
         retries: int,
         elapsed_s: float,
+        retriable: bool | None = None,
     ) -> None:
         self.topic = topic
         self.reason = reason
@@ -154,7 +164,8 @@ class DeliveryError(ProduceError):
         super().__init__(
             f"producing to topic {topic!r} failed after {elapsed_s:.1f}s and {retries} retr"
             f"{'y' if retries == 1 else 'ies'}: {reason}; written {len(self.written)} message(s)"
-            f"{_ranges(self.written)}, not written {len(self.unwritten)}, unknown {len(self.unknown)}"
+            f"{_ranges(self.written)}, not written {len(self.unwritten)}, unknown {len(self.unknown)}",
+            retriable,
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ddmq.protocol.errors import DdmqError
 from ddmq.protocol.redis import keys
 from ddmq.protocol.redis.connection import REDIS_ERRORS, AsyncRedis, eval_script
 from ddmq.protocol.redis.scripts import PRODUCE_LUA
@@ -30,16 +31,29 @@ __all__ = [
 ]
 
 
-class ProduceError(Exception):
-    """Redis failed or holds data the producer cannot use. The message names the topic."""
+class ProduceError(DdmqError):
+    """Redis failed or holds data the producer cannot use. The message names the topic.
+
+    Retriable when Redis failed (as the proxy's :class:`~ddmq.proxy.core.errors.BrokerError`), not when
+    what it holds is wrong (``retriable=False``): the same call would find the same data.
+    """
+
+    retriable = True
+
+    def __init__(self, message: str, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if retriable is not None:
+            self.retriable = retriable
 
 
 class TopicMismatchError(ProduceError):
-    """A topic exists with a different number of queues than declared.
+    """A topic exists with a different number of queues than declared. Not retriable.
 
     Changing the number of queues would move keys to other queues and break per-key order, so it is
     never done implicitly.
     """
+
+    retriable = False
 
 
 def parse_queues(topic: str, raw: object) -> int:
@@ -49,7 +63,7 @@ def parse_queues(topic: str, raw: object) -> int:
         queues = 0
     if queues < 1:
         meta = keys.topic_meta(topic)
-        raise ProduceError(f"topic {topic!r}: {meta!r} holds a bad queues value {raw!r}")
+        raise ProduceError(f"topic {topic!r}: {meta!r} holds a bad queues value {raw!r}", retriable=False)
     return queues
 
 

@@ -1,4 +1,4 @@
-"""The proxy's error tree, and the codes they carry on the wire (``PullException.code``).
+"""The proxy's part of the error tree, and the codes they carry on the wire (``PullException.code``).
 
 ::
 
@@ -14,12 +14,14 @@
     │   └── ForbiddenError        1008  HTTP call refused: another site's page (Origin), a Host
     │                                   name not allowed, admin from another host without a token
     ├── UnavailableError          1005  shutting down or not ready; retry elsewhere/later
-    ├── BrokerError               1006  Redis failed; retriable
+    ├── BrokerError               1006  Redis failed; retriable. The proxy's Redis client raises it for
+    │                                   every failure (:mod:`ddmq.proxy.store.client`)
     └── ConfigError                     a config file is invalid (never on the wire)
 
 Code 1500 on the wire means an unexpected internal error (logged with a traceback by the proxy). What
 each code means and whether it is retriable is written once, in :data:`ddmq.protocol.errors.ERROR_CODES`;
-``DdmqError`` lives there and ``ConfigError`` in ``ddmq.config.errors`` (both importable from here).
+``DdmqError`` lives there, with the whole tree (the producers' and the clients' errors too), and
+``ConfigError`` in ``ddmq.config.errors`` (both importable from here).
 """
 
 from __future__ import annotations
