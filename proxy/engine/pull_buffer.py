@@ -1,16 +1,16 @@
 """PullBuffer: where a group's runnable jobs wait for pull clients.
 
-One buffer per consumer group holds:
-
-- *ready* jobs per queue, served round-robin across queues, a batch of one queue per pull, the oldest
-  offsets of the queue first (:class:`~ddmq.proxy.engine.ready_line.ReadyLine`);
-- *parked* long-poll requests, answered as soon as jobs are ready or empty at their linger time;
-- every unfinished job that entered the buffer, by (queue, offset), so acks and fails find it.
-
-Deadlines of jobs in flight, the retry schedule and dead-letter writes are the group's
-:class:`~ddmq.proxy.engine.redelivery.Redelivery` (:attr:`PullBuffer.redelivery`); push actions report their
-failed attempts there too. A job stays the head of its order key through all of this, so its key's
-order holds. The buffer reaches a job's consumer only through :class:`~ddmq.proxy.engine.job.JobOwner`.
+One buffer per consumer group. It holds, in one dict, a
+:class:`~ddmq.proxy.engine.queue_slot.QueueSlot` per queue: that queue's unfinished jobs by offset (so
+acks and fails find them), its ready line and its run members. A queue that moves away drops its slot.
+Beside the slots, the buffer's :class:`~ddmq.proxy.engine.delivery.Delivery` serves ready jobs to pulls
+(round-robin across queues, one queue's batch per pull, oldest offsets first), parks long polls until
+jobs are ready, and holds the group's :class:`~ddmq.proxy.engine.redelivery.Redelivery`
+(:attr:`PullBuffer.redelivery`: deadlines of jobs in flight, the retry schedule, dead-letter writes;
+push actions report their failed attempts there too). What clients and operators say about the jobs
+(acks, fails, releases, extensions, holds) is applied here. A job stays the head of its order key
+through all of this, so its key's order holds. The buffer reaches a job's consumer only through
+:class:`~ddmq.proxy.engine.job.JobOwner`.
 
 An ack counts only for a job that was handed to a client of the group at least once
 (``attempts > 0``); then it finishes the job whatever state it is in now (a late ack after a timeout
@@ -21,143 +21,100 @@ client can finish a backlog it never pulled. A fail counts only for a job in fli
 
 Ordered runs (``max_per_key`` > 1): the room a queue's ready heads leave in a reply goes, one message
 per key per round, to the successors waiting behind them in their keys' chains, at most
-``max_per_key`` per key; a reply's messages of a key are consecutive, in key order. Such *run members*
-go in flight but stay in their key's chain, in a map of their own (``_runs``), so clients without runs
-pay nothing for them. A member is finished by its own ack once it is its key's head; an ack before
-that is ignored (counted unknown: what is ahead of it may still fail). When a message fails or times
-out, the later members of its run return to waiting, their attempt uncounted, and go out again once
-it is finished. A replayable lease's later pulls may continue the runs of the keys it holds (see
-:mod:`ddmq.proxy.engine.replays`). DESIGN.md ("Engine", ordered runs) has the whole story.
+``max_per_key`` per key; a reply's messages of a key are consecutive, in key order
+(:mod:`ddmq.proxy.engine.runs`). Such *run members* go in flight but stay in their key's chain, kept
+by their slot apart from the heads, so clients without runs pay nothing for them. A member is finished
+by its own ack once it is its key's head; an ack before that is ignored (counted unknown: what is
+ahead of it may still fail). When a message fails or times out, the later members of its run return
+to waiting, their attempt uncounted, and go out again once it is finished. A replayable lease's later
+pulls may continue the runs of the keys it holds (see :mod:`ddmq.proxy.engine.replays`). DESIGN.md
+("Engine", ordered runs) has the whole story.
+
+Client verbs (:mod:`ddmq.proxy.engine.verbs`): a message given back (release) or still being worked on
+(extend). Parking (:mod:`ddmq.proxy.engine.parking`): a key's head taken out of delivery and put back
+(hold, unhold, drop_head).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import fields
 from typing import Final
 
-from ddmq.protocol.wire.pull_codec import (
-    MESSAGE_OVERHEAD_BYTES,
-    UTF8_MAX_BYTES,
-)
 from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
-from ddmq.proxy.engine.holds import HoldBuffer
+from ddmq.proxy.engine.delivery import EMPTY, Delivery
 from ddmq.proxy.engine.job import JobState, UpstreamJob
-from ddmq.proxy.engine.ready_line import ReadyLine
-from ddmq.proxy.engine.redelivery import BufferStats, Redelivery
-from ddmq.proxy.engine.runs import _log_alone
+from ddmq.proxy.engine.queue_slot import QueueSlot
+from ddmq.proxy.engine.redelivery import BufferStats
 
 log: Final = logging.getLogger(__name__)
 
 __all__ = ["THRIFT_REPLY", "BufferStats", "PullBuffer"]
 
-_EMPTY: Final = PullBatch(None, [])
-
 # Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
 # Final: the compiled build keeps them in C statics, where a plain global is a dict lookup per use.
 _READY: Final = JobState.READY
 _IN_FLIGHT: Final = JobState.IN_FLIGHT
-_WAITING: Final = JobState.WAITING
 _FINISHED: Final = JobState.FINISHED
+_PARKED: Final = JobState.PARKED
 
 
-@dataclass(eq=False)
-class _Waiter:
-    topic: str | None
-    max_batch: int
-    future: asyncio.Future[PullBatch] = field(repr=False)
-    timeout_ms: int | None = None
-    max_per_key: int = 1
-    reply: ReplySize = THRIFT_REPLY
-    early: Callable[[PullBatch], None] | None = None
+class PullBuffer:
+    """A consumer group's pull buffer: a :class:`QueueSlot` per queue, in one dict; the group's
+    :class:`Delivery`, which serves the slots' ready jobs and holds the group's redelivery; and the
+    counters per queue."""
 
-
-class PullBuffer(HoldBuffer):
     def __init__(self, group: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.group = group
-        #: Per queue; :attr:`stats` sums them. A queue's entry lives as long as the buffer.
+        #: Per queue; :attr:`stats` sums them. Counters, exported as such: a queue's entry lives as long
+        #: as the buffer (its slot does not: a queue that moves away and back counts on), from the
+        #: queue's first delivery, ack or fail.
         self.queue_stats: defaultdict[QueueId, BufferStats] = defaultdict(BufferStats)
-        self._ready: dict[QueueId, ReadyLine] = {}
-        self._ready_order: deque[QueueId] = deque()  # queues with ready jobs, round-robin
-        self._ready_count = 0
-        self._jobs: dict[QueueId, dict[int, UpstreamJob]] = {}
-        self._runs: dict[QueueId, dict[int, UpstreamJob]] = {}  # run members in flight behind their heads
-        #: Offsets finished elsewhere (a replay lease acked at another proxy) that were read here but wait
-        #: behind their key: finished instead of made ready when they get here (see finish_elsewhere).
-        self._finished_elsewhere: dict[QueueId, set[int]] = {}
-        self._waiters: deque[_Waiter] = deque()
-        self._wake: asyncio.Handle | None = None  # the deferred _wake_waiters, while one is due
-        self.redelivery = Redelivery(group, self.queue_stats, self._timed_out, self._make_ready, self._finish, clock)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
+        self._queues: dict[QueueId, QueueSlot] = {}
+        self._delivery = Delivery(group, self._queues, self.queue_stats, clock)
+        self.redelivery = self._delivery.redelivery
 
     # lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._loop is not None:
-            raise RuntimeError("PullBuffer already started")
-        self._loop = asyncio.get_running_loop()
-        self.redelivery.start()
+        self._delivery.start()
 
     async def close(self) -> None:
         """Answer parked pulls (empty), stop timers, wait for dead-letter writes under way."""
-        self._closed = self.redelivery.closed = True
-        self._answer_all_empty()
+        self._delivery.stop()
         await self.redelivery.close()
 
     def stop_serving(self) -> None:
         """From now on pulls answer empty at once (shutdown); acks keep working."""
-        self._closed = self.redelivery.closed = True
-        self._answer_all_empty()
+        self._delivery.stop()
 
     # jobs in -----------------------------------------------------------------------------------
 
     def add(self, job: UpstreamJob) -> None:
         """A runnable job reached the PullServer action."""
         queue = job.queue
-        if self._finished_elsewhere:
-            done = self._finished_elsewhere.get(queue)
-            if done is not None and job.offset in done:
-                done.discard(job.offset)
-                if not done:
-                    del self._finished_elsewhere[queue]
-                self.queue_stats[queue].acked += 1
-                self._finish(job)
-                return
-        jobs = self._jobs.get(queue)
-        if jobs is None:
-            jobs = self._jobs[queue] = {}
-        jobs[job.offset] = job
+        slot = self._queues.get(queue)
+        if slot is None:
+            slot = self._queues[queue] = QueueSlot(queue)
+        done = slot.finished_elsewhere
+        if done and job.offset in done:
+            done.discard(job.offset)
+            self.queue_stats[queue].acked += 1
+            slot.finish(job)
+            return
+        slot.heads[job.offset] = job
         if job.consumer.key_records and (held := job.consumer.parking.arrived(job)) is not None:
             if held != "parked":  # a sequenced key: dead-lettered behind its earlier message
                 self.redelivery.dead_letter(job, held)
             return
-        self._make_ready(job)
-
-    def _make_ready(self, job: UpstreamJob) -> None:
-        job.state = _READY
-        queue = job.queue
-        ready = self._ready.get(queue)
-        if ready is None:
-            ready = self._ready[queue] = ReadyLine()
-        if not ready:
-            self._ready_order.append(queue)
-        ready.append(job)
-        self._ready_count += 1
-        if self._waiters and self._wake is None:
-            # Deferred so a reader's whole batch lands before parked pulls are answered.
-            assert self._loop is not None
-            self._wake = self._loop.call_soon(self._wake_waiters)
+        self._delivery.ready_in(slot, job)
 
     def answer_parked(self) -> None:
         """Answer parked pulls now (a read's batch has landed), not after this loop iteration's other reads."""
-        if self._wake is not None:
-            self._wake.cancel()
-            self._wake_waiters()
+        self._delivery.answer_parked()
 
     # pulls -------------------------------------------------------------------------------------
 
@@ -187,120 +144,27 @@ class PullBuffer(HoldBuffer):
 
         ``early``: called with the batch that answers this pull after it parked, in the step that
         answers it (a read landing), before this coroutine resumes: a server writes its reply there."""
-        if not self._closed:
-            batch = self._take(topic, max_batch, timeout_ms, max_per_key, held, reply)
+        delivery = self._delivery
+        if not delivery.closed:
+            batch = delivery.take(topic, max_batch, timeout_ms, max_per_key, held, reply)
             if batch.messages or linger_ms <= 0:
                 return batch
-        if self._closed:
-            return _EMPTY
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(topic, max_batch, loop.create_future(), timeout_ms, max_per_key, reply, early)
-        self._waiters.append(waiter)
-        expiry = loop.call_later(linger_ms / 1000, _resolve, waiter.future, _EMPTY)
-        try:
-            return await waiter.future
-        finally:
-            expiry.cancel()
-            if not waiter.future.done():
-                waiter.future.cancel()
-
-    def _wake_waiters(self) -> None:
-        self._wake = None
-        waiters = self._waiters
-        unserved: deque[_Waiter] = deque()
-        while waiters and self._ready_count:
-            waiter = waiters.popleft()
-            if waiter.future.done():
-                continue
-            batch = self._take(waiter.topic, waiter.max_batch, waiter.timeout_ms, waiter.max_per_key, (), waiter.reply)
-            if batch.messages:
-                waiter.future.set_result(batch)
-                if waiter.early is not None:
-                    waiter.early(batch)
-            else:
-                unserved.append(waiter)
-        unserved.extend(w for w in waiters if not w.future.done())
-        self._waiters = unserved
-
-    def _answer_all_empty(self) -> None:
-        while self._waiters:
-            _resolve(self._waiters.popleft().future, _EMPTY)
-
-    def _take(
-        self,
-        topic: str | None,
-        max_batch: int,
-        timeout_ms: int | None = None,
-        max_per_key: int = 1,
-        held: Sequence[UpstreamJob] = (),
-        reply: ReplySize = THRIFT_REPLY,
-    ) -> PullBatch:
-        order = self._ready_order
-        size = reply.message
-        # Thrift's bound written out for messages without properties: a call per message would cost
-        # more than the rest of the check (bench/instructions.py).
-        inline = reply is THRIFT_REPLY
-        for _ in range(len(order)):
-            queue = order.popleft()
-            if topic is not None and queue.topic != topic:
-                order.append(queue)
-                continue
-            ready = self._ready[queue]
-            if ready and not ready.first().consumer.may_serve(queue.qid):
-                order.append(queue)  # lease not confirmed lately: deliver nothing until it is
-                continue
-            batch: list[UpstreamJob] = []
-            # bytes left in the reply (a queue's jobs share their topic's consumer)
-            room = ready.first().consumer.config.max_reply_bytes - reply.overhead if ready else 0
-            while ready and len(batch) < max_batch:
-                job = ready.popleft()
-                self._ready_count -= 1
-                if job.state is _READY:
-                    m = job.message
-                    if inline and not m.properties:
-                        needs = len(m.value) + (len(m.key) + len(m.tag)) * UTF8_MAX_BYTES + MESSAGE_OVERHEAD_BYTES
-                    else:
-                        needs = size(m)
-                    if needs > room and batch:
-                        ready.put_front(job)  # it stays first in line, never delivered
-                        self._ready_count += 1
-                        break
-                    room -= needs
-                    batch.append(job)
-            if ready:
-                order.append(queue)
-            if batch:
-                runs = None
-                if room < 0:
-                    _log_alone(batch[0], size(batch[0].message))
-                elif max_per_key > 1 and len(batch) < max_batch:
-                    batch, runs = self._with_runs(queue, batch, max_batch, max_per_key, held, room, reply)
-                self._deliver(batch, timeout_ms)
-                return PullBatch(queue, [job.message for job in batch], runs)
-        if held and max_per_key > 1:
-            return self._continue_runs(topic, max_batch, timeout_ms, max_per_key, held, reply)
-        return _EMPTY
-
-    def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
-        if timeout_ms is None:
-            timeout_ms = batch[0].consumer.config.timeout_ms
-        for job in batch:
-            job.state = _IN_FLIGHT
-            job.attempts += 1
-            job.extensions = 0
-        self.redelivery.watch(batch, timeout_ms)
-        self.queue_stats[batch[0].queue].delivered += len(batch)
+        if delivery.closed:
+            return EMPTY
+        return await delivery.park(topic, max_batch, linger_ms, timeout_ms, max_per_key, reply, early)
 
     # results -----------------------------------------------------------------------------------
 
     def ack(self, queue: QueueId, offsets: Iterable[int]) -> None:
-        jobs = self._jobs.get(queue)
-        members = self._runs.get(queue)
+        # A queue not held here (moved away, or never read here): an empty slot, which finds nothing.
+        slot = self._queues.get(queue) or QueueSlot(queue)
+        jobs = slot.heads
+        members = slot.members
         stats = self.queue_stats[queue]
         redelivery = self.redelivery  # its unwatch called directly: compiled, a bound alias goes through Python
         for offset in offsets:
-            job = jobs.get(offset) if jobs is not None else None
-            if job is None and members is not None:
+            job = jobs.get(offset)
+            if job is None and members:
                 # A run member counts once it is its key's head (what was ahead of it finished, maybe
                 # earlier in this very list); finished from here, it need not move to the heads first.
                 job = members.get(offset)
@@ -319,25 +183,25 @@ class PullBuffer(HoldBuffer):
             else:
                 stats.late_acks += 1
             stats.acked += 1
-            self._finish(job)
-        if members is not None and not members and self._runs.get(queue) is members:
-            del self._runs[queue]
+            slot.finish(job)
 
     def finish_elsewhere(self, queue: QueueId, offsets: Iterable[int]) -> int:
         """Finish read offsets of ``queue`` that a client acked at another proxy (a replay lease served
         by a proxy that died, whose queue this one took): a ready job never handed out here is finished
         at once, one still waiting behind its key when it gets here. Returns how many were handed out
         here already (too late: they are in flight or were delivered)."""
+        slot = self._queues.get(queue) or QueueSlot(queue)
         late = 0
         for offset in offsets:
-            job = self.job(queue, offset)
+            job = slot.job(offset)
             if job is None:
-                self._finished_elsewhere.setdefault(queue, set()).add(offset)
+                slot.finished_elsewhere.add(offset)
+                self._queues[queue] = slot  # kept, now that it holds something
             elif job.attempts or job.state is not _READY:
                 late += 1
             else:
                 self.queue_stats[queue].acked += 1
-                self._finish(job)  # its stale entry in the ready line is skipped when taken
+                slot.finish(job)  # its stale entry in the ready line is skipped when taken
         return late
 
     def fail(
@@ -347,66 +211,114 @@ class PullBuffer(HoldBuffer):
         reason: str = "client reported failure",
         retry_after_ms: int | None = None,
     ) -> None:
-        jobs = self._jobs.get(queue)
+        slot = self._queues.get(queue) or QueueSlot(queue)
         stats = self.queue_stats[queue]
+        redelivery = self.redelivery
         for offset in offsets:
-            job = jobs.get(offset) if jobs is not None else None
-            if job is None and queue in self._runs:
-                job = self._run_head(queue, offset)
-                if job is None and (member := self._runs[queue].get(offset)) is not None:
+            job = slot.heads.get(offset)
+            if job is None and slot.members:
+                job = slot.run_head(offset)
+                if job is None and (member := slot.members.get(offset)) is not None:
                     # Failed ahead of its turn (the client broke its run's order): it waits again
                     # behind the run's unfinished messages, this attempt counted.
                     stats.failed += 1
                     member.last_error = reason
-                    self._put_back(member)
+                    slot.put_back(member, redelivery)
                     member.attempts += 1
                     continue
-            if job is None or job.state is not JobState.IN_FLIGHT:
+            if job is None or job.state is not _IN_FLIGHT:
                 stats.unknown_fails += 1
                 log.debug("ignoring fail for offset %s@%s not in flight (group %s)", queue, offset, self.group)
                 continue
             stats.failed += 1
-            self.redelivery.unwatch(job)
-            self._return_run(job)
-            self.redelivery.failed_attempt(job, reason, retry_after_ms)
-
-    def _timed_out(self, job: UpstreamJob) -> bool:
-        """In-flight ``job`` passed its deadline: a failed attempt, its run's later members returned.
-        False for a run member behind its key's unfinished head: the head, due with it, returns it."""
-        members = self._runs.get(job.queue)
-        if members is not None and job.offset in members:
-            if not job.consumer.is_head(job):
-                return False
-            self._promote(job)
-        self.queue_stats[job.queue].timed_out += 1
-        self._return_run(job)
-        self.redelivery.failed_attempt(job, f"not acked within {job.consumer.config.timeout_ms} ms")
-        return True
-
-    def _finish(self, job: UpstreamJob) -> None:
-        job.state = _FINISHED
-        jobs = self._jobs.get(job.queue)
-        if jobs is not None:
-            jobs.pop(job.offset, None)
-        job.consumer.finish(job)
+            redelivery.unwatch(job)
+            slot.return_run(job, redelivery)
+            redelivery.failed_attempt(job, reason, retry_after_ms)
 
     def drop_queue(self, queue: QueueId) -> list[UpstreamJob]:
-        """Forget every job of ``queue`` (the queue moved away); returns them."""
-        # Heads first, then run members in their chains' order: the caller releases them in this order.
-        dropped = [*self._jobs.pop(queue, {}).values(), *self._runs.pop(queue, {}).values()]
-        self._finished_elsewhere.pop(queue, None)
-        for job in dropped:
-            if job.state is JobState.IN_FLIGHT:
-                self.redelivery.unwatch(job)
-            job.state = JobState.FINISHED
-        ready = self._ready.pop(queue, None)
-        if ready:
-            self._ready_count -= len(ready)
-            if queue in self._ready_order:
-                self._ready_order.remove(queue)
-        return dropped
+        """Forget every job of ``queue`` (the queue moved away); returns them, heads first, then run
+        members in their chains' order: the caller releases them in this order."""
+        slot = self._queues.pop(queue, None)
+        if slot is None:
+            return []
+        self._delivery.drop(slot)
+        return slot.drop(self.redelivery)
+
+    # client verbs (engine/verbs.py) ------------------------------------------------------------
+
+    def release(self, queue: QueueId, offsets: Iterable[int]) -> None:
+        """Messages given back unprocessed: each waits again as its key's head (first of its key),
+        with this delivery's attempt uncounted; the rest of its run waits behind it."""
+        slot = self._queues.get(queue) or QueueSlot(queue)
+        stats = self.queue_stats[queue]
+        redelivery = self.redelivery
+        for offset in offsets:
+            job = slot.heads.get(offset)
+            if job is None and slot.members:
+                job = slot.run_head(offset)
+                if job is None and (member := slot.members.get(offset)) is not None:
+                    stats.released += 1
+                    slot.put_back(member, redelivery)  # behind its run's unfinished head, uncounted
+                    continue
+            if job is None or job.state is not _IN_FLIGHT:
+                stats.ignored_verbs += 1
+                continue
+            stats.released += 1
+            redelivery.unwatch(job)
+            slot.return_run(job, redelivery)
+            job.attempts -= 1
+            self._delivery.ready_in(slot, job)
+
+    def extend(self, queue: QueueId, offsets: Iterable[int]) -> None:
+        """Messages still being worked on: each one's deadline restarts (``timeout_ms`` from now), at
+        most ``max_extensions`` times per delivery."""
+        stats = self.queue_stats[queue]
+        for offset in offsets:
+            job = self.job(queue, offset)
+            if job is None or job.state is not _IN_FLIGHT or job.extensions >= job.consumer.config.max_extensions:
+                stats.ignored_verbs += 1
+                continue
+            job.extensions += 1
+            stats.extended += 1
+            self.redelivery.unwatch(job)
+            self.redelivery.watch((job,), job.consumer.config.timeout_ms)
+
+    # parking (engine/parking.py) ---------------------------------------------------------------
+
+    def hold(self, job: UpstreamJob) -> None:
+        """Take head ``job`` out of delivery (to park it): off the wheel or the ready line, its run's
+        later members back in their key chain."""
+        if job.state is _IN_FLIGHT:
+            self.redelivery.unwatch(job)
+            slot = self._queues.get(job.queue)
+            if slot is not None:
+                slot.return_run(job, self.redelivery)
+        elif job.state is _READY:
+            self._delivery.unready(job)
+        job.state = _PARKED
+
+    def unhold(self, job: UpstreamJob) -> None:
+        """Deliver held or failing head ``job`` again now."""
+        if job.state is _READY:
+            self._delivery.unready(job)
+        self._delivery.make_ready(job)
+
+    def drop_head(self, job: UpstreamJob, reason: str) -> None:
+        """Dead-letter head ``job`` now (an operator's skip); its key moves on once it is written."""
+        self.hold(job)
+        self.redelivery.dead_letter(job, reason)
 
     # views -------------------------------------------------------------------------------------
+
+    def job(self, queue: QueueId, offset: int) -> UpstreamJob | None:
+        """The unfinished job of ``queue`` at ``offset``, if the buffer holds it."""
+        slot = self._queues.get(queue)
+        return slot.job(offset) if slot is not None else None
+
+    def jobs(self) -> Iterator[UpstreamJob]:
+        """Every unfinished job the buffer holds (ready, in flight, waiting for a retry, parked)."""
+        for slot in self._queues.values():
+            yield from slot.jobs()
 
     @property
     def stats(self) -> BufferStats:
@@ -419,26 +331,21 @@ class PullBuffer(HoldBuffer):
 
     @property
     def ready(self) -> int:
-        return self._ready_count
+        return self._delivery.count
 
     @property
     def in_flight(self) -> int:
-        return sum(1 for job in self.jobs() if job.state is JobState.IN_FLIGHT)
+        return sum(1 for job in self.jobs() if job.state is _IN_FLIGHT)
 
     def in_flight_of(self, topic: str) -> int:
         """Jobs of ``topic`` handed to clients and not acked or failed yet."""
-        return sum(1 for job in self.jobs() if job.queue.topic == topic and job.state is JobState.IN_FLIGHT)
+        return sum(1 for job in self.jobs() if job.queue.topic == topic and job.state is _IN_FLIGHT)
 
     @property
     def held(self) -> int:
         """Unfinished jobs in the buffer (ready, in flight, or waiting for a retry)."""
-        return sum(len(jobs) for jobs in self._jobs.values()) + sum(len(m) for m in self._runs.values())
+        return sum(slot.held() for slot in self._queues.values())
 
     @property
     def parked(self) -> int:
-        return sum(1 for w in self._waiters if not w.future.done())
-
-
-def _resolve(future: asyncio.Future[PullBatch], batch: PullBatch) -> None:
-    if not future.done():
-        future.set_result(batch)
+        return self._delivery.parked

@@ -1,11 +1,11 @@
-"""ReadyLine: a queue's runnable heads in the pull buffer, oldest offset first.
+"""ReadyLine: a queue's runnable heads in the pull buffer, oldest offset first (one per
+:class:`~ddmq.proxy.engine.queue_slot.QueueSlot`).
 
 Each order key has at most one runnable message (its head), so the order among a queue's ready jobs is
 free; serving the oldest first is the queue's own order with blocked keys skipped. A successor that
 waited behind its key, or a message back from a retry, is older than the heads read after it, so it
 goes out before them instead of waiting again behind newer keys (DDMQ's reactivation queue meant the
-same), and the committed offset, which stops at the first unfinished message, moves sooner. With 100
-workers on P3's backlog it shortened the wall time by about 8% (bench/results/journal.md, "ninth pass").
+same), and the committed offset, which stops at the first unfinished message, moves sooner.
 
 The reader's batches arrive in offset order and go to a plain deque in O(1). A job older than the
 deque's last one (a successor, a retry) goes to a heap beside it: successors come in the order their

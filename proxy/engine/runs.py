@@ -1,8 +1,10 @@
-"""Ordered runs of the pull buffer: the successors waiting behind a reply's heads in their keys'
-chains join the reply, one message per key per round (:func:`_grow`); their *run members* go in
-flight but stay in their key's chain, in the buffer's map of their own (``_runs``), until each is its
-key's head; a failed or timed-out message sends the rest of its run back to waiting. How the buffer
-serves, acks and fails them is :class:`~ddmq.proxy.engine.pull_buffer.PullBuffer`'s; DESIGN.md
+"""Ordered runs of the pull buffer: which successors waiting behind a reply's heads in their keys'
+chains join the reply (:func:`with_runs`), one message per key per round (:func:`_grow`) down each
+key's chain (:func:`_walk`), within the reply's count and bytes. They become *run members*: in flight
+but still in their key's chain, kept by their queue's :class:`~ddmq.proxy.engine.queue_slot.QueueSlot`
+apart from the heads until each is its key's head; the slot also puts a run back when a message of it
+fails or times out. How a reply is filled is :class:`~ddmq.proxy.engine.delivery.Delivery`'s, how
+acks and fails reach members :class:`~ddmq.proxy.engine.pull_buffer.PullBuffer`'s; DESIGN.md
 ("Engine", ordered runs) has the whole story.
 """
 
@@ -13,14 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from ddmq.protocol.wire.pull_codec import MESSAGE_OVERHEAD_BYTES, UTF8_MAX_BYTES
-from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize, StoredMessage
+from ddmq.proxy.core.types import THRIFT_REPLY, QueueId, ReplySize, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
-from ddmq.proxy.engine.redelivery import Redelivery
+from ddmq.proxy.engine.queue_slot import QueueSlot
+
+__all__ = ["log_alone", "may_continue", "with_runs"]
 
 # The buffer's logger: what is logged here is about the replies it serves.
 log: Final = logging.getLogger("ddmq.proxy.engine.pull_buffer")
-
-_EMPTY: Final = PullBatch(None, [])
 
 # Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
 # Final: the compiled build keeps them in C statics, where a plain global is a dict lookup per use.
@@ -28,126 +30,48 @@ _IN_FLIGHT: Final = JobState.IN_FLIGHT
 _WAITING: Final = JobState.WAITING
 
 
-class RunBuffer:
-    """The run-member half of the pull buffer (its base class): the maps it shares with it, and the
-    steps that grow, continue, promote and put back runs."""
-
-    _jobs: dict[QueueId, dict[int, UpstreamJob]]
-    _runs: dict[QueueId, dict[int, UpstreamJob]]
-    redelivery: Redelivery
-
-    def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
-        raise NotImplementedError
-
-    def _continue_runs(
-        self,
-        topic: str | None,
-        max_batch: int,
-        timeout_ms: int | None,
-        max_per_key: int,
-        held: Sequence[UpstreamJob],
-        reply: ReplySize,
-    ) -> PullBatch:
-        """No queue has ready heads: continue the runs of ``held`` keys, in one queue."""
-        tried: set[QueueId] = set()
-        for job in held:
-            queue = job.queue
-            if queue in tried or (topic is not None and queue.topic != topic) or not _may_continue(job):
-                continue
-            tried.add(queue)
-            if not job.consumer.may_serve(queue.qid):
-                continue
-            room = job.consumer.config.max_reply_bytes - reply.overhead
-            batch, runs = self._with_runs(queue, [], max_batch, max_per_key, held, room, reply)
-            if batch:
-                self._deliver(batch, timeout_ms)
-                return PullBatch(queue, [job.message for job in batch], runs)
-        return _EMPTY
-
-    def _with_runs(
-        self,
-        queue: QueueId,
-        heads: list[UpstreamJob],
-        max_batch: int,
-        max_per_key: int,
-        held: Sequence[UpstreamJob],
-        room_bytes: int,
-        reply: ReplySize,
-    ) -> tuple[list[UpstreamJob], list[int] | None]:
-        """``heads`` with their keys' waiting successors behind them, then the ``held`` keys' runs
-        continued: one more message per key per round, while the reply has room (``max_batch``
-        messages, ``room_bytes`` bytes left as ``reply`` counts them), so no key's run crowds out the
-        others'. Also returns the runs' sizes (None when no successor joined)."""
-        runs = [[head] for head in heads]
-        # A head out again after a failed attempt goes alone: its key's later messages wait until it is
-        # finished, not sent along again and again with a message that keeps failing.
-        growing = [(run, max_per_key) for run in runs if run[0].next is not None and run[0].attempts == 0]
-        # A held key's run starts behind the message held (not sent again): one more allowed for it.
-        continued = [[job] for job in held if job.queue == queue and _may_continue(job)]
-        growing += [(run, max_per_key + 1) for run in continued]
-        room = max_batch - len(heads)
-        if growing:
-            room = _grow(growing, queue, room, room_bytes, reply, not heads)
-        if len(heads) + room == max_batch:  # no successor joined
-            return heads, None
-        members = self._runs.get(queue)
-        if members is None:
-            members = self._runs[queue] = {}
-        batch: list[UpstreamJob] = []
-        sizes: list[int] = []
-        for run in runs:
-            batch += run
-            sizes.append(len(run))
+def with_runs(
+    slot: QueueSlot,
+    heads: list[UpstreamJob],
+    max_batch: int,
+    max_per_key: int,
+    held: Sequence[UpstreamJob],
+    room_bytes: int,
+    reply: ReplySize,
+) -> tuple[list[UpstreamJob], list[int] | None]:
+    """``heads`` (of ``slot``'s queue) with their keys' waiting successors behind them, then the
+    ``held`` keys' runs continued: one more message per key per round, while the reply has room
+    (``max_batch`` messages, ``room_bytes`` bytes left as ``reply`` counts them), so no key's run
+    crowds out the others'. The successors that join become the slot's run members. Also returns the
+    runs' sizes (None when no successor joined)."""
+    queue = slot.queue
+    runs = [[head] for head in heads]
+    # A head out again after a failed attempt goes alone: its key's later messages wait until it is
+    # finished, not sent along again and again with a message that keeps failing.
+    growing = [(run, max_per_key) for run in runs if run[0].next is not None and run[0].attempts == 0]
+    # A held key's run starts behind the message held (not sent again): one more allowed for it.
+    continued = [[job] for job in held if job.queue == queue and may_continue(job)]
+    growing += [(run, max_per_key + 1) for run in continued]
+    room = max_batch - len(heads)
+    if growing:
+        room = _grow(growing, queue, room, room_bytes, reply, not heads)
+    if len(heads) + room == max_batch:  # no successor joined
+        return heads, None
+    members = slot.members
+    batch: list[UpstreamJob] = []
+    sizes: list[int] = []
+    for run in runs:
+        batch += run
+        sizes.append(len(run))
+        for member in run[1:]:
+            members[member.offset] = member
+    for run in continued:
+        if len(run) > 1:
+            batch += run[1:]
+            sizes.append(len(run) - 1)
             for member in run[1:]:
                 members[member.offset] = member
-        for run in continued:
-            if len(run) > 1:
-                batch += run[1:]
-                sizes.append(len(run) - 1)
-                for member in run[1:]:
-                    members[member.offset] = member
-        return batch, sizes
-
-    def _run_head(self, queue: QueueId, offset: int) -> UpstreamJob | None:
-        """The run member at ``offset`` when it is its key's head now (moved to the heads), else None."""
-        members = self._runs[queue]
-        job = members.get(offset)
-        if job is None or not job.consumer.is_head(job):
-            return None
-        self._promote(job)
-        return job
-
-    def _promote(self, job: UpstreamJob) -> None:
-        """Run member ``job`` became its key's head: keep it with the heads from now on."""
-        queue = job.queue
-        members = self._runs[queue]
-        del members[job.offset]
-        if not members:
-            del self._runs[queue]
-        jobs = self._jobs.get(queue)
-        if jobs is None:
-            jobs = self._jobs[queue] = {}
-        jobs[job.offset] = job
-
-    def _return_run(self, job: UpstreamJob) -> None:
-        """``job`` failed or timed out: the rest of its run, still in flight, waits again in its key's
-        chain (attempts not counted) and goes out once ``job`` is finished."""
-        successor = job.next
-        if successor is not None and successor.state is _IN_FLIGHT:
-            self._put_back(successor)
-
-    def _put_back(self, member: UpstreamJob) -> None:
-        """Run member ``member`` and the in-flight members behind it wait in their key's chain again."""
-        members = self._runs[member.queue]
-        job: UpstreamJob | None = member
-        while job is not None and job.state is _IN_FLIGHT:
-            self.redelivery.unwatch(job)
-            job.state = _WAITING
-            job.attempts -= 1
-            del members[job.offset]
-            job = job.next
-        if not members:
-            del self._runs[member.queue]
+    return batch, sizes
 
 
 def _grow(
@@ -162,7 +86,7 @@ def _grow(
     it, one per key per round while ``room`` (messages) and ``room_bytes`` last; returns the room
     left. Which successor joins, and when the bytes end the growing, is :func:`_walk`'s."""
     size = reply.message
-    inline = reply is THRIFT_REPLY  # as in PullBuffer._take
+    inline = reply is THRIFT_REPLY  # as in Delivery.take
     if len(growing) == 1:
         # One key grows (QID order, a hot key): one walk down its chain, without the rounds across keys.
         run, limit = growing[0]
@@ -228,14 +152,14 @@ def _walk(
         room_bytes -= needs
         run.append(successor)
         if room_bytes < 0:
-            _log_alone(successor, needs)
+            log_alone(successor, needs)
             return None
         job = successor
         empty = False
     return room_bytes
 
 
-def _log_alone(job: UpstreamJob, needs: int) -> None:
+def log_alone(job: UpstreamJob, needs: int) -> None:
     """``job`` goes out alone in its reply: by itself it takes ``needs`` bytes, more than the room its
     topic's ``max_reply_bytes`` leaves. (DDMQ's SDKs refuse frames over 16,384,000 bytes.)"""
     log.warning(
@@ -245,7 +169,7 @@ def _log_alone(job: UpstreamJob, needs: int) -> None:
     )
 
 
-def _may_continue(held: UpstreamJob) -> bool:
+def may_continue(held: UpstreamJob) -> bool:
     """Whether a reader holding ``held`` may get the messages behind it: still in flight on its first
     delivery (a message out again after a failed attempt goes alone, as a head does)."""
     return held.state is _IN_FLIGHT and held.attempts == 1 and held.next is not None

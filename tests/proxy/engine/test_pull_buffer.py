@@ -297,3 +297,21 @@ async def test_acks_in_any_order_deliver_every_message_once_in_key_order_oldest_
         expected.setdefault(job.message.key, []).append((job.queue.qid, job.offset))
     assert delivered == expected  # per key: every message exactly once, in queue order
     assert len(owner.finished) == len(jobs)
+
+
+async def test_a_dropped_queue_leaves_nothing_of_it_and_the_other_queues_serve_on(
+    buffer: PullBuffer, owner: Owner
+) -> None:
+    q1 = QueueId("t", 1)
+    out, parked = owner.job("a", qid=1), owner.job("b", qid=1)
+    other = owner.job("c", qid=0)
+    assert picked(await pull(buffer, max_batch=1)) == [(1, out.offset)]
+    buffer.hold(parked)  # its queue's ready line is empty now, the queue still in the round-robin
+    dropped = buffer.drop_queue(q1)
+    assert dropped == [out, parked] and all(job.state is JobState.FINISHED for job in dropped)
+    assert buffer.job(q1, out.offset) is None and buffer.redelivery.timed == 0 and buffer.ready == 1
+    assert picked(await pull(buffer)) == [(0, other.offset)]
+    assert (await pull(buffer)).messages == []
+    buffer.ack(q1, [out.offset])  # a late ack of the queue gone: ignored
+    assert buffer.queue_stats[q1].unknown_acks == 1 and owner.finished == []
+    assert buffer.drop_queue(q1) == []
