@@ -41,42 +41,42 @@ class _OtherLayout(Exception):
 def read_message(reader: CompactReader) -> Message:
     """A ``Message`` laid out as :data:`~ddmq.protocol.wire.layout.MESSAGE_LAYOUT`, read without the
     generic field loop; any other layout (a missing or extra field) goes through :meth:`CompactReader.read_struct`."""
-    data = reader._data
-    start = reader._pos
+    data = reader.data
+    start = reader.pos
     try:
         if data[start] != KEY_HEADER:
             raise _OtherLayout
-        reader._pos = start + 1
-        key = reader._bytes().decode("utf-8")
-        if data[reader._pos] != VALUE_HEADER:
+        reader.pos = start + 1
+        key = reader.read_bytes().decode("utf-8")
+        if data[reader.pos] != VALUE_HEADER:
             raise _OtherLayout
-        reader._pos += 1
-        value = reader._bytes()
-        if data[reader._pos] != TAG_HEADER:
+        reader.pos += 1
+        value = reader.read_bytes()
+        if data[reader.pos] != TAG_HEADER:
             raise _OtherLayout
-        reader._pos += 1
-        tag = reader._bytes().decode("utf-8")
-        if data[reader._pos] != OFFSET_HEADER:
+        reader.pos += 1
+        tag = reader.read_bytes().decode("utf-8")
+        if data[reader.pos] != OFFSET_HEADER:
             raise _OtherLayout
-        reader._pos += 1
-        offset = reader._zigzag()
-        if data[reader._pos] != PROPERTIES_HEADER:
+        reader.pos += 1
+        offset = reader.read_zigzag()
+        if data[reader.pos] != PROPERTIES_HEADER:
             raise _OtherLayout
-        reader._pos += 1
-        if data[reader._pos] == 0:
-            reader._pos += 1
+        reader.pos += 1
+        if data[reader.pos] == 0:
+            reader.pos += 1
             properties: dict[str, str] = {}
         else:
-            properties = reader._read_map(STRING_MAP_SPEC)
-        if data[reader._pos] != PRODUCE_TIME_HEADER:
+            properties = reader.read_map(STRING_MAP_SPEC)
+        if data[reader.pos] != PRODUCE_TIME_HEADER:
             raise _OtherLayout
-        reader._pos += 1
-        produce_time = reader._zigzag()
-        if data[reader._pos] != CompactType.STOP:
+        reader.pos += 1
+        produce_time = reader.read_zigzag()
+        if data[reader.pos] != CompactType.STOP:
             raise _OtherLayout
-        reader._pos += 1
+        reader.pos += 1
     except (_OtherLayout, IndexError):
-        reader._pos = start
+        reader.pos = start
         message = Message()
         reader.read_struct(message)
         return message
@@ -90,13 +90,13 @@ def read_messages(reader: CompactReader, count: int) -> list[Message]:
     also reports what is wrong with it, and the loop goes on behind it.
     """
     messages: list[Message] = []
-    data = reader._data
-    pos = _read_run(data, reader._pos, count, messages)
+    data = reader.data
+    pos = _read_run(data, reader.pos, count, messages)
     while len(messages) < count:
-        reader._pos = pos
+        reader.pos = pos
         messages.append(read_message(reader))
-        pos = _read_run(data, reader._pos, count - len(messages), messages)
-    reader._pos = pos
+        pos = _read_run(data, reader.pos, count - len(messages), messages)
+    reader.pos = pos
     return messages
 
 

@@ -129,13 +129,17 @@ def new_struct(struct_class: Any) -> Any:
 
 
 class CompactReader:
-    """Reads one compact-protocol message from bytes, trusting no declared size."""
+    """Reads one compact-protocol message from bytes, trusting no declared size.
 
-    __slots__ = ("_data", "_depth", "_elements_left", "_pos")
+    ``data`` (the payload) and ``pos`` (where reading stands) are plain attributes, and :meth:`read_bytes`,
+    :meth:`read_zigzag` and :meth:`read_map` read one value at ``pos`` with every check, for the ``Message``
+    fast path (:mod:`~ddmq.protocol.wire.message_reader`), which reads the payload at ``pos`` and moves it on."""
+
+    __slots__ = ("_depth", "_elements_left", "data", "pos")
 
     def __init__(self, data: bytes, max_elements: int | None = None) -> None:
-        self._data = data
-        self._pos = 0
+        self.data = data
+        self.pos = 0
         self._depth = 0
         # Checked at each container header: a huge list is refused before its elements are read.
         self._elements_left = len(data) if max_elements is None else max_elements
@@ -143,33 +147,33 @@ class CompactReader:
     # -- primitives ----------------------------------------------------------------------------
 
     def _remaining(self) -> int:
-        return len(self._data) - self._pos
+        return len(self.data) - self.pos
 
     def _byte(self) -> int:
-        pos = self._pos
-        if pos >= len(self._data):
+        pos = self.pos
+        if pos >= len(self.data):
             raise FrameDecodeError(f"payload truncated at byte {pos}")
-        self._pos = pos + 1
-        return self._data[pos]
+        self.pos = pos + 1
+        return self.data[pos]
 
     def _take(self, size: int) -> bytes:
-        end = self._pos + size
-        if end > len(self._data):
-            raise FrameDecodeError(f"payload truncated: {size} bytes declared at byte {self._pos}")
-        chunk = self._data[self._pos : end]
-        self._pos = end
+        end = self.pos + size
+        if end > len(self.data):
+            raise FrameDecodeError(f"payload truncated: {size} bytes declared at byte {self.pos}")
+        chunk = self.data[self.pos : end]
+        self.pos = end
         return chunk
 
     def _varint(self) -> int:
         try:
-            value, self._pos = read_varint(self._data, self._pos)
+            value, self.pos = read_varint(self.data, self.pos)
         except IndexError:
-            raise FrameDecodeError(f"payload truncated at byte {len(self._data)}") from None
+            raise FrameDecodeError(f"payload truncated at byte {len(self.data)}") from None
         except VarintTooLongError as exc:
             raise FrameDecodeError(str(exc)) from None
         return value
 
-    def _zigzag(self) -> int:
+    def read_zigzag(self) -> int:
         value = self._varint()
         return (value >> 1) ^ -(value & 1)
 
@@ -220,30 +224,30 @@ class CompactReader:
         if ctype == CompactType.STOP:
             return ctype, 0
         delta = header >> 4
-        fid = last_fid + delta if delta else self._zigzag()
+        fid = last_fid + delta if delta else self.read_zigzag()
         return ctype, fid
 
     def read_struct(self, obj: TPayload) -> None:
         """Fill ``obj``'s fields from the payload; unknown or mistyped fields are skipped."""
         self._enter()
         fields = _fields_of(type(obj))
-        data = self._data
+        data = self.data
         size = len(data)
         last_fid = 0
         # Plain locals and globals below, not ``ThriftType.X``/``CompactType.X``: this loop runs for every
         # field of every request, and a class attribute costs more to read than a local.
         while True:
             # The field header, inline.
-            pos = self._pos
+            pos = self.pos
             if pos >= size:
                 raise FrameDecodeError(f"payload truncated at byte {pos}")
             header = data[pos]
-            self._pos = pos + 1
+            self.pos = pos + 1
             ctype = header & 0x0F
             if ctype == _C_STOP:
                 break
             delta = header >> 4
-            fid = last_fid + delta if delta else self._zigzag()
+            fid = last_fid + delta if delta else self.read_zigzag()
             last_fid = fid
             field = fields.get(fid)
             if field is None or field[0] != (_C_TRUE if ctype == _C_FALSE else ctype):
@@ -252,9 +256,9 @@ class CompactReader:
             ttype = field[1]
             value: Any
             if ttype == _T_STRING:
-                value = self._bytes().decode("utf-8")
+                value = self.read_bytes().decode("utf-8")
             elif ttype == _T_I64 or ttype == _T_I32 or ttype == _T_I16:
-                value = self._zigzag()
+                value = self.read_zigzag()
                 low, high = _INT_RANGES[ttype]
                 if not low <= value <= high:
                     raise _out_of_range(field[2], value, ttype)
@@ -266,7 +270,7 @@ class CompactReader:
                     value = new_struct(spec)
                     self.read_struct(value)
             elif ttype == _T_BINARY:
-                value = self._bytes()
+                value = self.read_bytes()
             elif ttype == _T_BOOL:
                 value = ctype == _C_TRUE  # a bool field lives in its header
             else:
@@ -274,29 +278,29 @@ class CompactReader:
             setattr(obj, field[2], value)
         self._leave()
 
-    def _bytes(self) -> bytes:
+    def read_bytes(self) -> bytes:
         """A length-prefixed string or binary (the common one-byte length inline)."""
-        data = self._data
-        pos = self._pos
+        data = self.data
+        pos = self.pos
         if pos < len(data) and data[pos] < 0x80:
             size = data[pos]
             pos += 1
         else:
             size = self._size(1)
-            pos = self._pos
+            pos = self.pos
         end = pos + size
         if end > len(data):
             raise FrameDecodeError(f"payload truncated: {size} bytes declared at byte {pos}")
-        self._pos = end
+        self.pos = end
         return data[pos:end]
 
     def _read_value(self, ttype: int, spec: Any) -> Any:
         if ttype == ThriftType.STRING:
-            return self._bytes().decode("utf-8")
+            return self.read_bytes().decode("utf-8")
         if ttype == ThriftType.BINARY:
-            return self._bytes()
+            return self.read_bytes()
         if ttype in (ThriftType.I16, ThriftType.I32, ThriftType.I64):
-            value = self._zigzag()
+            value = self.read_zigzag()
             low, high = _INT_RANGES[ttype]
             if not low <= value <= high:
                 raise _out_of_range("an element", value, ttype)
@@ -317,7 +321,7 @@ class CompactReader:
         if ttype in (ThriftType.LIST, ThriftType.SET):
             return self._read_list(spec)
         if ttype == ThriftType.MAP:
-            return self._read_map(spec)
+            return self.read_map(spec)
         raise FrameDecodeError(f"cannot read thrift type {ttype}")
 
     def _read_list(self, spec: Any) -> list[Any]:
@@ -341,17 +345,17 @@ class CompactReader:
         return items
 
     def _zigzag_list(self, size: int) -> list[int]:
-        data = self._data
+        data = self.data
         try:
-            items, pos = read_zigzag_varints(data, self._pos, size)
+            items, pos = read_zigzag_varints(data, self.pos, size)
         except IndexError:
             raise FrameDecodeError(f"payload truncated at byte {len(data)}") from None
         except VarintTooLongError as exc:
             raise FrameDecodeError(str(exc)) from None
-        self._pos = pos
+        self.pos = pos
         return items
 
-    def _read_map(self, spec: Any) -> dict[Any, Any]:
+    def read_map(self, spec: Any) -> dict[Any, Any]:
         key_ttype, key_spec = split_spec(spec[0])
         value_ttype, value_spec = split_spec(spec[1])
         size, key_ctype, value_ctype = self._map_header()
