@@ -52,7 +52,11 @@ COMPILED: Final = (
     "ddmq.proxy.store.broker",
     "ddmq.proxy.api.fetch",
     "ddmq.proxy.api.consume",
+    # a request's acks and fails, from the request to the buffers
+    "ddmq.proxy.api.results",
     "ddmq.proxy.groups.group",
+    # every job's owner: what finishing one does (an ack's last step in the engine), the flow control
+    "ddmq.proxy.engine.topic_jobs",
     # the job the chain runs on, and the engine's, which extends it (a native class extends only a native one)
     "ddmq.actions.job",
     "ddmq.proxy.engine.job",

@@ -29,7 +29,7 @@ from ddmq.protocol.redis.connection import (
 from ddmq.proxy.api.consume import ConsumeApi
 from ddmq.proxy.api.requests import RequestRules
 from ddmq.proxy.cluster.audit import ReadAudit
-from ddmq.proxy.cluster.commits import commit_periodically, flush_groups
+from ddmq.proxy.cluster.commits import commit_periodically
 from ddmq.proxy.cluster.lease_clock import LeaseClock
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.link_health import LinkHealth
@@ -155,7 +155,7 @@ class ProxyService(OverRegistry):
             self.metrics.instrument(self.groups.values())
         self._committer = asyncio.create_task(
             supervised("committer", lambda: commit_periodically(
-                config.commit_interval_ms, lambda: self._state in ("starting", "running"), lambda: self.groups.values(),
+                config.commit_interval_ms, lambda: self._state in ("starting", "running"), self.registry.commit_board,
             )),
             name="offset-committer",
         )
@@ -252,7 +252,7 @@ class ProxyService(OverRegistry):
                 if self._committer is not None:
                     self._committer.cancel()
                     await asyncio.gather(self._committer, return_exceptions=True)
-                await flush_groups(self.groups.values())
+                await self.registry.commit_board.flush()
                 await self.registry.release_leases()
         finally:
             await self._release()

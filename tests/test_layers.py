@@ -471,3 +471,119 @@ def test_the_size_check_sees_each_limit() -> None:
     assert oversize(long_function, "m.py") == ["m.py::f"]
     assert oversize("x = 1\n" * (MAX_MODULE_LINES + 1), "m.py") == ["m.py"]
     assert oversize("def f() -> None:\n    pass\n", "m.py") == []
+
+
+# constructors below the consumer ----------------------------------------------------------------------
+
+#: Below this layer no constructor is handed the consumer, the service, or a stand-in for either: a piece
+#: there gets the state it acts on, the stores and settings it uses and narrow callbacks, and the
+#: consumer (``ddmq.proxy.groups``) is where they are built and wired.
+WIRING_LAYER = "ddmq.proxy.groups"
+#: Parameter names that stand for a whole consumer, group or service (``host``, ``hub``: what a Protocol
+#: of all a piece needed of its consumer was called). A plain value under such a name (``group: str``,
+#: ``host: str``) is fine.
+HUB_NAMES = frozenset({"consumer", "group", "service", "host", "hub"})
+#: How the names of types that stand for a whole consumer, group, service or registry end:
+#: ``TopicConsumer``, ``ConsumerGroup``, ``ProxyService``, ``GroupRegistry``, ``ReaderHost``, a
+#: ``ReplayGroup`` Protocol, ... (``TopicGroupConfig`` is settings, and fine).
+HUB_WORDS = ("Consumer", "Group", "Service", "Host", "Registry")
+_PLAIN = frozenset({"str", "int", "float", "bytes", "bool", "None"})
+
+
+def _annotation_names(annotation: ast.expr | None) -> set[str]:
+    """The names an annotation mentions, those inside string annotations too."""
+    names: set[str] = set()
+    for node in ast.walk(annotation) if annotation is not None else ():
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            try:
+                names |= _annotation_names(ast.parse(node.value, mode="eval").body)
+            except SyntaxError:
+                pass
+    return names
+
+
+def _constructor_parameters(cls: ast.ClassDef) -> list[tuple[str, ast.expr | None, int]]:
+    """(name, annotation, line) of what constructs ``cls``: its ``__init__``'s parameters, or the fields
+    of a dataclass or NamedTuple (their constructor is generated from them)."""
+    found: list[tuple[str, ast.expr | None, int]] = []
+    decorators = {ast.unparse(d.func if isinstance(d, ast.Call) else d).rsplit(".", 1)[-1] for d in cls.decorator_list}
+    if "dataclass" in decorators or any(ast.unparse(base).endswith("NamedTuple") for base in cls.bases):
+        for node in cls.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                    and "ClassVar" not in _annotation_names(node.annotation):
+                found.append((node.target.id, node.annotation, node.lineno))
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "__init__":
+            args = node.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, (args.vararg, args.kwarg))]:
+                if arg.arg != "self":
+                    found.append((arg.arg, arg.annotation, arg.lineno))
+    return found
+
+
+def hub_parameters(source: str) -> list[str]:
+    """The constructor parameters in ``source`` that take a whole consumer or service (see ``HUB_NAMES``,
+    ``HUB_WORDS``)."""
+    found = []
+    for cls in (node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)):
+        for name, annotation, line in _constructor_parameters(cls):
+            names = _annotation_names(annotation)
+            hub_type = any(type_name.endswith(HUB_WORDS) or "Consumer" in type_name for type_name in names)
+            if hub_type or (name in HUB_NAMES and not (names and names <= _PLAIN)):
+                shown = ast.unparse(annotation) if annotation is not None else "(no annotation)"
+                found.append(f"line {line}: {cls.name}({name}: {shown})")
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    package = "ddmq." + ".".join(parts[:-1])
+    return package if parts[-1] == "__init__" else f"{package}.{parts[-1]}"
+
+
+def _below_the_wiring() -> list[Path]:
+    top = LAYERS.index(WIRING_LAYER)
+    return [path for _, path in _modules() if (layer := layer_of(_module_name(path))) is not None and layer < top]
+
+
+@pytest.mark.parametrize("path", _below_the_wiring(), ids=_module_id)
+def test_no_constructor_below_the_consumer_takes_the_consumer_or_the_service(path: Path) -> None:
+    found = hub_parameters(path.read_text())
+    assert not found, (
+        f"{path.relative_to(ROOT)}: a constructor below {WIRING_LAYER} takes a whole consumer or service; hand "
+        f"it the state, stores, settings and callbacks it uses instead: {found}"
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "class R:\n    def __init__(self, consumer: ReaderHost, qid: int) -> None: ...\n",
+        "class R:\n    def __init__(self, queues: 'TopicConsumer') -> None: ...\n",
+        "class R:\n    def __init__(self, *, owner: ddmq.proxy.service.ProxyService) -> None: ...\n",
+        "class R:\n    def __init__(self, group: ConsumerGroup | None = None) -> None: ...\n",
+        "class R:\n    def __init__(self, buffer: Buffer, replays: ReplayGroup) -> None: ...\n",
+        "class R:\n    def __init__(self, parts: ConsumerParts) -> None: ...\n",
+        "class R:\n    def __init__(self, host) -> None: ...\n",
+        "@dataclass(frozen=True)\nclass R:\n    service: Callable[[], ConsumeService]\n",
+        "class R(NamedTuple):\n    hub: Parts\n",
+    ],
+)
+def test_the_constructor_check_catches_a_consumer_handed_down(source: str) -> None:
+    assert hub_parameters(source)
+
+
+def test_the_constructor_check_lets_narrow_parts_through() -> None:
+    source = (
+        "class R:\n    def __init__(self, owner: JobOwner, host: str, group: str, config: TopicGroupConfig,\n"
+        "                 jobs: ReadJobs,\n"
+        "                 drop: Callable[[int], Awaitable[None]], owned: OwnedQueues) -> None:\n"
+        "        self.consumer = owner\n"
+        "@dataclass\nclass S:\n    group: str\n    accept: Callable[[QueueId], None]\n    limit: ClassVar[int] = 3\n"
+    )
+    assert hub_parameters(source) == []
+    assert _below_the_wiring() and all(layer_of(_module_name(p)) is not None for p in _below_the_wiring())

@@ -1,9 +1,10 @@
 """ConsumeApi: the one implementation of :class:`~ddmq.proxy.api.surface.ConsumeService`, over the
 running groups (:class:`~ddmq.proxy.groups.registry.GroupRegistry`).
 
-It applies the request rules (:mod:`ddmq.proxy.api.requests`) and the group and topic checks. Each
-server adapter holds its own :meth:`ConsumeApi.bound` view, with that server's linger bound; the
-views share everything else.
+It applies the request rules (:mod:`ddmq.proxy.api.requests`) and the group and topic checks; a
+request's results (acks, fails, the other verbs) go to :class:`~ddmq.proxy.api.results.Results`, once per
+request, and from there down to the buffers. Each server adapter holds its own :meth:`ConsumeApi.bound`
+view, with that server's linger bound; the views share everything else.
 
 >>> api = ConsumeApi(registry, RequestRules(config.thrift.max_linger_ms))
 >>> thrift_view = api.bound(RequestRules(config.thrift.max_linger_ms))
@@ -12,34 +13,26 @@ views share everything else.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import Counter
 from collections.abc import Callable
 from time import perf_counter
 
 from ddmq.proxy.api.fetch import LowLevelApi
-from ddmq.proxy.api.requests import RequestRules, batch_size, in_group, per_key, result_offsets
-from ddmq.proxy.core.errors import BadRequestError, UnavailableError, UnknownTopicError
+from ddmq.proxy.api.requests import RequestRules, batch_size, per_key
+from ddmq.proxy.api.results import Results
+from ddmq.proxy.core.errors import UnavailableError, UnknownTopicError
 from ddmq.proxy.core.types import (
     ConsumeStatsRow,
     FetchedQueue,
     PullBatch,
     PullLease,
-    QueueId,
     QueueResult,
     ReplySize,
 )
 from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY
-from ddmq.proxy.engine.verbs import apply_verbs, noted_fails_once
 from ddmq.proxy.groups.group import TopicConsumer
 from ddmq.proxy.groups.registry import GroupRegistry
 from ddmq.proxy.store.trim import expired_records
-
-log = logging.getLogger(__name__)
-
-#: Results with more offsets than this are applied in slices of it, letting other connections'
-#: requests run in between (a slice takes a few milliseconds; bench/edges.py measures the effect).
-APPLY_SLICE_OFFSETS = 4096
 
 PullObserver = Callable[[str, PullBatch, float], None]
 
@@ -62,6 +55,8 @@ class ConsumeApi:
         self.registry = registry
         self.rules = rules
         self.counters: Counter[str] = Counter() if counters is None else counters
+        #: Acks, fails and the other verbs, applied to the groups' buffers (the counters shared).
+        self._results = Results(registry, self.counters)
         self._waits = waits
         self._observe_pull = observe_pull
         self._low_level: LowLevelApi | None = None
@@ -98,7 +93,7 @@ class ConsumeApi:
         ``reply`` counts the reply's bytes against the topic's ``max_reply_bytes`` (None: as a Thrift
         frame); ``early`` is the buffer's (a lease's pulls do without it)."""
         if results:  # first: acks count even when the group was just removed
-            await self._apply(in_group(results, group))
+            await self._results.apply(results, group)
         consumer_group = self.registry.group(group)
         topic = topic or None
         if topic is not None:
@@ -142,8 +137,7 @@ class ConsumeApi:
     async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
         if group is not None:
             self.registry.group(group, draining=True)
-            results = in_group(results, group)
-        await self._apply(results)
+        await self._results.apply(results, group)
 
     def _linger(self, linger_ms: int | None) -> int:
         """The wait a request gets: as the rules bound it, none once shutdown began. A pull that
@@ -166,45 +160,6 @@ class ConsumeApi:
     async def ack(self, group: str, offsets: dict[str, dict[str, int]]) -> None:
         consumer_group = self.registry.group(group)
         await self._fetcher().ack(consumer_group, offsets)
-
-    async def _apply(self, results: list[QueueResult]) -> None:
-        """Apply acks and fails: all of them, or none when there are more than MAX_RESULT_OFFSETS."""
-        try:
-            total = result_offsets(results)
-        except BadRequestError:
-            self.counters["results_refused"] += 1
-            raise
-        results = [noted_fails_once(r) if r.fail_details else r for r in results]
-        if total <= APPLY_SLICE_OFFSETS:
-            self._apply_now(results)
-            return
-        since_yield = 0
-        for piece in _slices(results, APPLY_SLICE_OFFSETS):
-            self._apply_now([piece])
-            since_yield += piece.size
-            if since_yield >= APPLY_SLICE_OFFSETS:
-                since_yield = 0
-                await asyncio.sleep(0)
-
-    def _apply_now(self, results: list[QueueResult]) -> None:
-        for result in results:
-            consumer = self.registry.consumer(result.group, result.topic)
-            try:
-                qid = int(result.qid)
-            except ValueError:
-                qid = -1
-            if consumer is None or not 0 <= qid < max(consumer.queues, 1):
-                self.counters["unknown_results"] += result.size
-                log.debug("ignoring results for unknown %s/%s#%s", result.group, result.topic, result.qid)
-                continue
-            queue = QueueId(result.topic, qid)
-            buffer = self.registry.groups[result.group].buffer
-            if result.success:
-                buffer.ack(queue, result.success)
-            if result.fail:
-                buffer.fail(queue, result.fail)
-            if result.fail_details or result.release or result.extend:
-                apply_verbs(buffer, queue, result)
 
     async def consume_stats(self, group: str, topic: str | None) -> list[ConsumeStatsRow]:
         consumer_group = self.registry.group(group)
@@ -246,16 +201,3 @@ class ConsumeApi:
             expired={qid: record.entries for qid, record in lost},
             expired_last={qid: f"{record.first}..{record.last}" for qid, record in lost},
         )
-
-
-def _slices(results: list[QueueResult], size: int) -> list[QueueResult]:
-    """``results`` cut into pieces of at most ``size`` offsets each, in order (a result's acks before its fails)."""
-    pieces = []
-    for r in results:
-        pieces += [r._replace(success=r.success[i : i + size], fail=[], release=(), extend=(), fail_details=())
-                   for i in range(0, len(r.success), size)]
-        pieces += [r._replace(success=[], fail=r.fail[i : i + size], release=(), extend=(), fail_details=())
-                   for i in range(0, len(r.fail), size)]
-        if r.release or r.extend or r.fail_details:
-            pieces.append(r._replace(success=[], fail=[]))  # the verbs, at most MAX_RESULT_OFFSETS together
-    return pieces

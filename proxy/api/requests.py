@@ -9,7 +9,8 @@ leaves out is decided here, once, so that both protocols answer the same request
 - the batch size: unset or 0 means the topic's ``max_pull_batch_size``, which also bounds it;
 - ``maxPerKey``: unset, 0 or 1 means one message per key;
 - acks and fails: at most :data:`~ddmq.proxy.api.surface.MAX_RESULT_OFFSETS` offsets per request, else the
-  request is refused whole; a result that names no group belongs to the request's group.
+  request is refused whole (:func:`too_many_offsets`); a result that names no group belongs to the
+  request's group (both applied with the results, in :mod:`ddmq.proxy.api.results`).
 
 Each server adapter holds a view of :class:`~ddmq.proxy.api.consume.ConsumeApi` bound to that server's
 :class:`RequestRules`.
@@ -21,7 +22,6 @@ from typing import Final, NamedTuple
 
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.errors import BadRequestError
-from ddmq.proxy.core.types import QueueResult
 
 #: Long-poll wait when a client does not say.
 DEFAULT_LINGER_MS: Final = 1000
@@ -53,14 +53,6 @@ def per_key(asked: int | None) -> int:
     return asked or 1
 
 
-def result_offsets(results: list[QueueResult]) -> int:
-    """How many offsets ``results`` carry; raises BadRequestError over MAX_RESULT_OFFSETS."""
-    total = sum(r.size for r in results)
-    if total > MAX_RESULT_OFFSETS:
-        raise too_many_offsets(total)
-    return total
-
-
 def too_many_offsets(total: int | None = None) -> BadRequestError:
     """The refusal of a request over MAX_RESULT_OFFSETS (``total`` when it is known: the Thrift
     decoder stops counting at the limit)."""
@@ -69,10 +61,3 @@ def too_many_offsets(total: int | None = None) -> BadRequestError:
         f"a request may carry at most {MAX_RESULT_OFFSETS} offsets (acks and fails together){has}; "
         "split them over several"
     )
-
-
-def in_group(results: list[QueueResult], group: str | None) -> list[QueueResult]:
-    """``results`` with the request's ``group`` where a result names none."""
-    if not group:
-        return results
-    return [r if r.group else r._replace(group=group) for r in results]

@@ -8,103 +8,103 @@
   <ddmq.proxy.cluster.leases.LeaseStore.commit>`): a stale owner writes nothing, and a Redis that lost what
   was read (a rollback) is not written past either.
 - :func:`commit_periodically` runs in the service and writes, every ``commit_interval_ms``, every
-  queue whose tracker changed. Hand-offs, retirement and shutdown commit once more before they let go.
+  queue whose tracker changed, of every committer on the proxy's :class:`CommitBoard` (a topic's
+  committer joins it when its consumer starts). Hand-offs, retirement and shutdown commit once more
+  before they let go.
 - :meth:`OffsetCommitter.load` reads a queue's commit back when this proxy claims it: the tracker
   starts at the committed offset and skips what the previous owner finished past it.
+
+A committer acts on its topic's queues through their states (:class:`~ddmq.proxy.cluster.queue_state.OwnedQueues`),
+writes through the lease store and the broker, and lets a queue go through the ``drop_queue`` it is
+given (:class:`~ddmq.proxy.cluster.ownership.QueueDrops`): it knows nothing of who consumes the topic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 from ddmq.config.schema import LeaseConfig, StartFrom
 from ddmq.proxy.cluster.leases import CommitResult, LeaseStore
-from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.cluster.queue_state import OwnedQueues
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.engine.offsets import OffsetTracker, decode_ranges
-from ddmq.proxy.engine.reader import QueueConsumer
-from ddmq.proxy.store.broker import read_mark
+from ddmq.proxy.store.broker import Broker, read_mark
 
 log = logging.getLogger(__name__)
 
 
-class QueueDropper(Protocol):
-    async def drop_queue(self, qid: int, release: bool = False) -> None: ...
-
-
-class CommitHost(QueueConsumer, Protocol):
-    """What commits need of their consumer besides: the lease stores, its queues' states, and the
-    ownership that drops a queue."""
-
-    @property
-    def leases(self) -> LeaseStore: ...
-    @property
-    def lease_config(self) -> LeaseConfig: ...
-    @property
-    def membership(self) -> Membership: ...
-    @property
-    def owned(self) -> OwnedQueues: ...
-    @property
-    def ownership(self) -> QueueDropper: ...
-
-
-class Flushes(Protocol):
-    """A group, as the service's committer sees it."""
-
-    @property
-    def name(self) -> str: ...
-
-    async def flush_offsets(self) -> None: ...
-
-
 class OffsetCommitter:
-    """The offset commits of one consumer's queues (their trackers are in ``consumer.owned``)."""
+    """The offset commits of one group's topic: of the queues this proxy holds, in ``owned`` (their
+    trackers and leases). A commit fenced off drops its queue through ``drop_queue``; ``start_from`` is
+    where a group with no offset on a queue starts (a reload sets it in place)."""
 
-    def __init__(self, consumer: CommitHost) -> None:
-        self.consumer = consumer
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        owned: OwnedQueues,
+        *,
+        broker: Broker,
+        leases: LeaseStore,
+        settings: LeaseConfig,
+        instance_id: str,
+        start_from: StartFrom,
+        drop_queue: Callable[[int], Awaitable[None]],
+    ) -> None:
+        self.group = group
+        self.topic = topic
+        self._owned = owned
+        self._broker = broker
+        self._leases = leases
+        self._settings = settings
+        self._instance_id = instance_id
+        self.start_from = start_from
+        self._drop_queue = drop_queue
         #: Rollback recoveries under way (see :meth:`on_rollback`).
         self.recoveries: set[asyncio.Task[None]] = set()
         #: Queues whose start offset was just initialised (the group had none there): see ``fresh``.
         self._fresh: set[int] = set()
 
     def _name(self, qid: int) -> str:
-        return f"{self.consumer.group}/{self.consumer.topic}#{qid}"
+        return f"{self.group}/{self.topic}#{qid}"
 
     # writing -------------------------------------------------------------------------------------
 
     def moved(self) -> bool:
         """Whether a commit point moved since it was last written (else :meth:`flush` writes nothing)."""
-        return self.consumer.owned.moved()
+        return self._owned.moved()
 
     async def flush(self) -> None:
         """Write commit points that moved since the last flush, each fenced by the queue's lease."""
-        for qid in self.consumer.owned.trackers():
+        for qid in self._owned.trackers():
             await self.commit(qid)
 
     async def commit(self, qid: int) -> None:
         """Write ``qid``'s commit point if it moved. Raises DdmqError when Redis fails (retried by the
         next flush); a fenced-off commit drops the queue, a rolled-back Redis starts its recovery."""
-        consumer = self.consumer
-        tracker, lease = consumer.owned.tracker(qid), consumer.owned.lease(qid)
+        owned = self._owned
+        tracker, lease = owned.tracker(qid), owned.lease(qid)
         if tracker is None or lease is None or tracker.version == tracker.committed_version:
             return
         point, version = tracker.commit_point, tracker.version
-        finished = tracker.finished_beyond() if consumer.lease_config.persist_completions else ""
+        finished = tracker.finished_beyond() if self._settings.persist_completions else ""
         mark = read_mark(tracker.next_offset - 1, tracker.last_read)
-        result = await consumer.leases.commit(lease, point, finished, mark)
+        result = await self._leases.commit(lease, point, finished, mark)
         if result is CommitResult.WRITTEN:
             tracker.committed, tracker.committed_version = point, version
-            consumer.broker.note_commit(consumer.topic, qid)
+            self._broker.note_commit(self.topic, qid)
         elif result is CommitResult.ROLLED_BACK:
             await self.rolled_back(qid, tracker)
-        elif consumer.owned.holds(qid, lease):
+        elif owned.holds(qid, lease):
             log.warning("%s: commit fenced off (lease term %d taken over); dropping the queue", self._name(qid),
                         lease.term)
-            await consumer.ownership.drop_queue(qid)
+            await self._drop_queue(qid)
+
+    def tracker(self, qid: int) -> OffsetTracker | None:
+        """The offsets of ``qid`` while this proxy reads it, else None."""
+        return self._owned.tracker(qid)
 
     # reading back --------------------------------------------------------------------------------
 
@@ -118,12 +118,11 @@ class OffsetCommitter:
         return tracker
 
     async def _start_offset(self, qid: int) -> int:
-        consumer = self.consumer
-        broker, group, topic = consumer.broker, consumer.group, consumer.topic
+        broker, group, topic = self._broker, self.group, self.topic
         committed = await broker.committed_offset(group, topic, qid)
         if committed is not None:
             return committed
-        if consumer.config.start_from is StartFrom.LATEST:
+        if self.start_from is StartFrom.LATEST:
             start = await broker.next_produce_offset(topic, qid)
         else:
             # A new group starts where the queue starts now: what retention trimmed before the group
@@ -134,9 +133,8 @@ class OffsetCommitter:
         return await broker.init_offset(group, topic, qid, start)
 
     async def _finished_past(self, qid: int, start: int) -> set[int]:
-        consumer = self.consumer
         try:
-            text = await consumer.broker.finished_offsets(consumer.group, consumer.topic, qid)
+            text = await self._broker.finished_offsets(self.group, self.topic, qid)
             return {offset for offset in decode_ranges(text) if offset >= start}
         except DdmqError as exc:
             log.warning("%s: finished offsets unreadable (%s): redelivering them", self._name(qid), exc)
@@ -150,7 +148,7 @@ class OffsetCommitter:
             try:
                 return await call()
             except DdmqError as exc:
-                log.warning("%s/%s: %s failed (%s); retrying", self.consumer.group, self.consumer.topic, what, exc)
+                log.warning("%s/%s: %s failed (%s); retrying", self.group, self.topic, what, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -172,15 +170,15 @@ class OffsetCommitter:
         to what was read, so messages produced from now on never reuse an offset a client may still
         ack from before the rollback, and note the rollback where ``ddmq status`` shows it.
         """
-        consumer = self.consumer
-        if tracker.dropped or consumer.owned.tracker(qid) is not tracker:
+        owned = self._owned
+        if tracker.dropped or owned.tracker(qid) is not tracker:
             return  # already handled (the reader and a commit can both notice)
         tracker.dropped = True
-        consumer.owned.unconfirm(qid)  # hand out nothing more of it meanwhile
+        owned.unconfirm(qid)  # hand out nothing more of it meanwhile
         read_upto = tracker.next_offset - 1
-        consumer.owned.count_rollback(qid)
-        await consumer.ownership.drop_queue(qid)  # first: nothing more is read or handed out under the old state
-        broker, group, topic = consumer.broker, consumer.group, consumer.topic
+        owned.count_rollback(qid)
+        await self._drop_queue(qid)  # first: nothing more is read or handed out under the old state
+        broker, group, topic = self._broker, self.group, self.topic
         try:
             stream_end = await broker.next_produce_offset(topic, qid) - 1
         except DdmqError:
@@ -195,11 +193,11 @@ class OffsetCommitter:
         try:
             await broker.raise_sequence(topic, qid, read_upto)
             raised = True
-            await broker.record_rollback(group, topic, qid, consumer.membership.instance_id, read_upto, stream_end)
+            await broker.record_rollback(group, topic, qid, self._instance_id, read_upto, stream_end)
         except DdmqError as exc:
             log.warning("%s: after the rollback: %s", self._name(qid), exc)
         if raised:
-            consumer.owned.set_gap(qid, read_upto)
+            owned.set_gap(qid, read_upto)
 
 
 # the service's committer ---------------------------------------------------------------------------
@@ -210,27 +208,47 @@ class OffsetCommitter:
 _FAILING: set[str] = set()
 
 
-async def flush_groups(groups: Iterable[Flushes]) -> None:
-    """Commit every consumer of ``groups``; a group whose commit fails is retried by the next flush."""
-    for group in list(groups):  # a reload may add or remove groups meanwhile
-        try:
-            await group.flush_offsets()
-        except DdmqError as exc:
-            (log.debug if group.name in _FAILING else log.warning)(
-                "committing offsets of group %s failed: %s (retried every interval)", group.name, exc)
-            _FAILING.add(group.name)
-            continue
-        if group.name in _FAILING:
-            _FAILING.discard(group.name)
-            log.info("committing offsets of group %s again", group.name)
+class CommitBoard:
+    """The committers of every topic this proxy consumes, by group: what the service's committer
+    writes (:meth:`flush`). A topic's committer is on the board from its consumer's start until the
+    consumer is no longer its group's (removed, replaced, or its group gone), as the groups say."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, list[OffsetCommitter]] = {}
+
+    def join(self, committer: OffsetCommitter) -> None:
+        self._groups.setdefault(committer.group, []).append(committer)
+
+    def leave(self, committer: OffsetCommitter) -> None:
+        committers = self._groups.get(committer.group)
+        if committers is not None and committer in committers:
+            committers.remove(committer)
+            if not committers:
+                del self._groups[committer.group]
+
+    def committers(self) -> list[OffsetCommitter]:
+        """Every committer on the board, group by group."""
+        return [committer for committers in self._groups.values() for committer in committers]
+
+    async def flush(self) -> None:
+        """Commit every topic on the board; a group whose commit fails is retried by the next flush."""
+        for group, committers in list(self._groups.items()):  # a reload may add or remove groups meanwhile
+            try:
+                # Only committers with something to write: an idle group costs no task per topic and interval.
+                await asyncio.gather(*(c.flush() for c in list(committers) if c.moved()))
+            except DdmqError as exc:
+                (log.debug if group in _FAILING else log.warning)(
+                    "committing offsets of group %s failed: %s (retried every interval)", group, exc)
+                _FAILING.add(group)
+                continue
+            if group in _FAILING:
+                _FAILING.discard(group)
+                log.info("committing offsets of group %s again", group)
 
 
-async def commit_periodically(
-    interval_ms: int, running: Callable[[], bool], groups: Callable[[], Iterable[Flushes]]
-) -> None:
-    """The service's committer task: every ``interval_ms`` while ``running()``, flush the groups
-    ``groups()`` returns then (the service's current groups)."""
+async def commit_periodically(interval_ms: int, running: Callable[[], bool], board: CommitBoard) -> None:
+    """The service's committer task: every ``interval_ms`` while ``running()``, flush ``board``."""
     interval = interval_ms / 1000
     while running():
         await asyncio.sleep(interval)
-        await flush_groups(groups())
+        await board.flush()

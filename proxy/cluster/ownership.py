@@ -1,29 +1,34 @@
-"""Queue ownership of one TopicConsumer: which queues of its topic this proxy reads, under which lease.
+"""Queue ownership of one group's topic: which queues of it this proxy reads, under which lease.
 
 Each round of the proxy's upkeep (:mod:`ddmq.proxy.cluster.upkeep`, which heartbeats every group and
 renews every lease in batches) hands it the group's live members: it claims the queues assigned to
 this proxy and hands off those assigned elsewhere, and drops a queue whose renewal was refused.
-Opening a queue (its tracker, its reader) and dropping one (its reader, its unfinished jobs, its
-lease) live here too, so that a queue is read exactly while its lease is held. The fencing itself is
-in :mod:`ddmq.proxy.cluster.leases`; why it works this way is in DESIGN.md, "Leases and fencing".
+Opening a queue (its tracker, its reader) and dropping one (:class:`QueueDrops`: its reader, its
+unfinished jobs, its lease) live here too, so that a queue is read exactly while its lease is held.
+The fencing itself is in :mod:`ddmq.proxy.cluster.leases`; why it works this way is in DESIGN.md,
+"Leases and fencing".
+
+Both act on the topic's queue states (:class:`~ddmq.proxy.cluster.queue_state.OwnedQueues`) with the
+lease store, the broker and the lease settings they are given; what concerns the topic's jobs (its
+parked keys, its jobs in the buffer) they reach through the callbacks they are given, so neither knows
+who consumes the topic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
-from ddmq.proxy.cluster.commits import CommitHost, OffsetCommitter
-from ddmq.proxy.cluster.leases import Lease
-from ddmq.proxy.cluster.membership import assign
+from ddmq.config.schema import LeaseConfig
+from ddmq.proxy.cluster.commits import OffsetCommitter
+from ddmq.proxy.cluster.leases import Lease, LeaseStore
+from ddmq.proxy.cluster.membership import Membership, assign
+from ddmq.proxy.cluster.queue_state import OwnedQueues
 from ddmq.proxy.cluster.upkeep import Upkeep
 from ddmq.proxy.core.errors import DdmqError
-from ddmq.proxy.core.types import QueueId
-from ddmq.proxy.engine.job import UpstreamJob
-from ddmq.proxy.engine.parking import KeyParking
-from ddmq.proxy.engine.pull_buffer import PullBuffer
-from ddmq.proxy.engine.reader import QueueReader, ReaderHost
+from ddmq.proxy.engine.reader import QueueReader, TopicReads
+from ddmq.proxy.store.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -31,32 +36,71 @@ log = logging.getLogger(__name__)
 METADATA_POLL_S = 1.0
 
 
-class OwnershipHost(ReaderHost, CommitHost, Protocol):
-    """What ownership needs of its consumer: what its readers and its commits need, the buffer (to
-    forget a dropped queue's jobs), its committer, its parked keys (loaded before a queue is read), and
-    how to finish a job."""
+class QueueDrops:
+    """Letting one of the topic's queues go: its reader stopped, its state forgotten (``owned``), its
+    jobs dropped (``forget_jobs``: parked keys and the buffer's jobs, each finished as dropped) and,
+    when asked, its lease released for the next owner. Ownership and commits both drop through it."""
 
-    #: The topic's number of queues, set once its metadata is known.
-    queues: int
+    def __init__(self, group: str, topic: str, owned: OwnedQueues, leases: LeaseStore,
+                 forget_jobs: Callable[[int], None]) -> None:
+        self._name = f"{group}/{topic}#"
+        self._owned = owned
+        self._leases = leases
+        self._forget_jobs = forget_jobs
 
-    @property
-    def buffer(self) -> PullBuffer: ...
-    @property
-    def commits(self) -> OffsetCommitter: ...
-    @property
-    def parking(self) -> KeyParking: ...
-    @property
-    def upkeep(self) -> Upkeep: ...
-
-    def finish(self, job: UpstreamJob) -> None: ...
+    async def drop(self, qid: int, release: bool = False) -> None:
+        """Stop reading ``qid`` and forget its unfinished jobs (they stay uncommitted, so the queue's
+        next owner delivers them again). With ``release``, free the lease for the next owner."""
+        reader = self._owned.take_reader(qid)
+        if reader is not None:
+            await reader.stop()
+        lease = self._owned.drop(qid)
+        self._forget_jobs(qid)
+        if release and lease is not None:
+            try:
+                await self._leases.release(lease)
+            except DdmqError as exc:
+                log.warning("%s%d: releasing the lease failed (%s); it expires by itself", self._name, qid, exc)
 
 
 class QueueOwnership:
-    """The leases one consumer holds (in ``consumer.owned``): claims, hand-offs and drops, on the upkeep's rounds."""
+    """The leases one group's topic holds here (in ``owned``): claims, hand-offs and drops, on the
+    upkeep's rounds. A claimed queue is opened from its commit point (``commits``) with its parked keys
+    (``load_keys``) and read by a :class:`~ddmq.proxy.engine.reader.QueueReader` over ``reads``; a
+    retiring topic waits for its jobs in flight (``in_flight``)."""
 
-    def __init__(self, consumer: OwnershipHost) -> None:
-        self.consumer = consumer
-        self.owned = consumer.owned
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        owned: OwnedQueues,
+        *,
+        broker: Broker,
+        leases: LeaseStore,
+        membership: Membership,
+        upkeep: Upkeep,
+        settings: LeaseConfig,
+        commits: OffsetCommitter,
+        drops: QueueDrops,
+        reads: TopicReads,
+        load_keys: Callable[[int], Awaitable[None]],
+        in_flight: Callable[[], int],
+    ) -> None:
+        self.group = group
+        self.topic = topic
+        self.owned = owned
+        self._broker = broker
+        self._leases = leases
+        self._membership = membership
+        self._upkeep = upkeep
+        self._settings = settings
+        self._commits = commits
+        self._drops = drops
+        self._reads = reads
+        self._load_keys = load_keys
+        self._in_flight = in_flight
+        #: The topic's number of queues, once its metadata is known (0 until then).
+        self.queues = 0
         #: The queues this proxy should own, from the last heartbeat (none until the first one).
         self.assigned: range = range(0)
         #: The claims under way (one task at a time: claims of one consumer go one after another).
@@ -65,46 +109,38 @@ class QueueOwnership:
         #: ones (-1: it did not).
         self._settled_at = -1
 
-    @property
-    def group(self) -> str:
-        return self.consumer.group
-
-    @property
-    def topic(self) -> str:
-        return self.consumer.topic
-
     def _name(self, qid: int) -> str:
-        return f"{self.consumer.group}/{self.consumer.topic}#{qid}"
+        return f"{self.group}/{self.topic}#{qid}"
 
     # the upkeep's rounds ---------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Find the topic's queues (waiting for its metadata if need be), then take part in the upkeep
         until cancelled."""
-        consumer = self.consumer
+        broker = self._broker
         warned = False
         while True:
             try:
-                async with consumer.broker.opening:  # every consumer of the proxy starts at once (see Broker.opening)
-                    queues = await consumer.broker.topic_queues(consumer.topic)
+                async with broker.opening:  # every consumer of the proxy starts at once (see Broker.opening)
+                    queues = await broker.topic_queues(self.topic)
             except DdmqError as exc:
-                log.warning("%s/%s: %s", consumer.group, consumer.topic, exc)
+                log.warning("%s/%s: %s", self.group, self.topic, exc)
                 queues = None
             if queues:
                 break
             if not warned:
                 log.warning("topic %s has no metadata yet; group %s waits for its first producer",
-                            consumer.topic, consumer.group)
+                            self.topic, self.group)
                 warned = True
             await asyncio.sleep(METADATA_POLL_S)
-        consumer.queues = queues
+        self.queues = queues
         # The upkeep heartbeats, rebalances and renews for every consumer of the proxy at once.
-        consumer.upkeep.join(self)
+        self._upkeep.join(self)
         try:
             # Until cancelled. A bare future, not an Event: an Event's waiter deque costs ~0.7 KB, per consumer.
             await asyncio.get_running_loop().create_future()
         finally:
-            consumer.upkeep.leave(self)
+            self._upkeep.leave(self)
             claiming = self._claiming
             if claiming is not None:  # no claim may open a reader once the consumer stops
                 claiming.cancel()
@@ -114,11 +150,10 @@ class QueueOwnership:
         """A round of the upkeep: with the group's live ``members`` (None: its heartbeat failed, so the
         last assignment stands; leases keep it safe), hand off the held queues no longer assigned here
         and claim the assigned ones not held (in a task, one claim after another)."""
-        consumer = self.consumer
         owned = self.owned
         assigned = self.assigned
         if members is not None:
-            assigned = assign(members, consumer.queues, consumer.membership.instance_id)
+            assigned = assign(members, self.queues, self._membership.instance_id)
         # Held exactly what is assigned, and no lease taken or let go since: nothing to hand off or claim.
         # Most rounds of a settled proxy end here, for every consumer it serves.
         if assigned == self.assigned and owned.leases_version == self._settled_at:
@@ -133,7 +168,7 @@ class QueueOwnership:
         if self._claiming is None or self._claiming.done():
             missing = [qid for qid in assigned if owned.lease(qid) is None]
             if missing:
-                name = f"claims:{consumer.group}/{consumer.topic}"
+                name = f"claims:{self.group}/{self.topic}"
                 self._claiming = asyncio.create_task(self._claim_all(missing), name=name)
 
     async def _claim_all(self, qids: list[int]) -> None:
@@ -159,11 +194,10 @@ class QueueOwnership:
             await self.drop_queue(qid)
 
     async def _claim(self, qid: int) -> None:
-        consumer = self.consumer
-        async with consumer.broker.opening:  # a few queues of the proxy at a time (see Broker.opening)
+        async with self._broker.opening:  # a few queues of the proxy at a time (see Broker.opening)
             asked_at = asyncio.get_running_loop().time()
             try:
-                lease = await consumer.leases.acquire(consumer.group, consumer.topic, qid)
+                lease = await self._leases.acquire(self.group, self.topic, qid)
             except DdmqError as exc:
                 log.warning("%s: cannot claim: %s", self._name(qid), exc)
                 return
@@ -180,18 +214,17 @@ class QueueOwnership:
     async def _hand_off(self, qid: int) -> None:
         """The queue is assigned elsewhere: stop reading, let clients ack what they hold (bounded),
         commit, release. The lease keeps being renewed until then."""
-        consumer = self.consumer
         try:
             reader = self.owned.take_reader(qid)
             if reader is not None:
                 await reader.stop()
             tracker = self.owned.tracker(qid)
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + consumer.lease_config.handoff_drain_ms / 1000
+            deadline = loop.time() + self._settings.handoff_drain_ms / 1000
             while tracker is not None and tracker.unfinished and loop.time() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
             if self.owned.lease(qid) is not None:
-                await consumer.commits.commit(qid)
+                await self._commits.commit(qid)
                 await self.drop_queue(qid, release=True)
                 log.info("%s: handed off", self._name(qid))
         except DdmqError as exc:
@@ -204,35 +237,21 @@ class QueueOwnership:
 
     async def open_queue(self, qid: int, term: int) -> None:
         """Start reading ``qid`` (just claimed under ``term``) from its committed offset."""
-        consumer = self.consumer
         # the queue's parked keys before reading it (a parked key's message must not go out), in the
         # same round trip as its offsets (a task, not gather: gather's list is no tuple to compiled code)
-        parked = asyncio.ensure_future(consumer.parking.load(qid))
+        parked = asyncio.ensure_future(self._load_keys(qid))
         try:
-            tracker = await consumer.commits.load(qid)
+            tracker = await self._commits.load(qid)
         finally:
             await parked
-        reader = QueueReader(consumer, qid, tracker, term)
+        reader = QueueReader(self._reads, qid, tracker, term)
         self.owned.open(qid, tracker, reader)
         reader.start()
         log.info("%s: lease term %d, reading from offset %d", self._name(qid), term, tracker.committed)
 
     async def drop_queue(self, qid: int, release: bool = False) -> None:
-        """Stop reading ``qid`` and forget its unfinished jobs (they stay uncommitted, so the queue's
-        next owner delivers them again). With ``release``, free the lease for the next owner."""
-        consumer = self.consumer
-        reader = self.owned.take_reader(qid)
-        if reader is not None:
-            await reader.stop()
-        lease = self.owned.drop(qid)
-        consumer.parking.forget(qid)
-        for job in consumer.buffer.drop_queue(QueueId(consumer.topic, qid)):
-            consumer.finish(job)
-        if release and lease is not None:
-            try:
-                await consumer.leases.release(lease)
-            except DdmqError as exc:
-                log.warning("%s: releasing the lease failed (%s); it expires by itself", self._name(qid), exc)
+        """Let ``qid`` go (:meth:`QueueDrops.drop`); with ``release``, free the lease for the next owner."""
+        await self._drops.drop(qid, release)
 
     # giving every queue up -----------------------------------------------------------------------
 
@@ -240,19 +259,18 @@ class QueueOwnership:
         """Retire: with reading stopped, wait for running hand-offs, give clients up to ``drain_ms`` to
         ack or fail what they hold, commit and release every held queue. Returns how many jobs were
         left unfinished (they stay uncommitted: whoever reads the queue next delivers them again)."""
-        consumer = self.consumer
         await asyncio.gather(*self.owned.handoffs(), return_exceptions=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_ms / 1000
         log.info("%s/%s: retiring: reading stopped; clients have up to %d ms to ack %d jobs in flight",
-                 consumer.group, consumer.topic, drain_ms, consumer.buffer.in_flight_of(consumer.topic))
+                 self.group, self.topic, drain_ms, self._in_flight())
         # Once per reload, so polling is fine; the ack path stays free of retirement bookkeeping.
-        while consumer.buffer.in_flight_of(consumer.topic) and loop.time() < deadline:  # noqa: ASYNC110
+        while self._in_flight() and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         left = sum(tracker.unfinished for tracker in self.owned.trackers().values())
         for qid in self.owned.held():
             try:
-                await consumer.commits.commit(qid)
+                await self._commits.commit(qid)
             except DdmqError as exc:
                 log.warning("%s: final commit failed (%s); the unacked part is redelivered", self._name(qid), exc)
             await self.drop_queue(qid, release=True)
@@ -260,10 +278,9 @@ class QueueOwnership:
 
     async def release_all(self) -> None:
         """Leave the member set and give every held queue up (graceful shutdown, after the final flush)."""
-        consumer = self.consumer
         try:
-            await consumer.membership.leave(consumer.group)
+            await self._membership.leave(self.group)
         except DdmqError as exc:
-            log.warning("%s: leaving the member set failed: %s", consumer.group, exc)
+            log.warning("%s: leaving the member set failed: %s", self.group, exc)
         for qid in self.owned.held():
             await self.drop_queue(qid, release=True)

@@ -5,8 +5,10 @@ While the queue is held, its state has the lease and when it was last confirmed,
 the reader and a hand-off under way; across holds it keeps the rollbacks counted (for the metrics)
 and the gap to step over after a rollback (set after the queue was dropped, taken by the next reader).
 Ownership (:mod:`ddmq.proxy.cluster.ownership`) claims, confirms, hands off and drops; commits
-(:mod:`ddmq.proxy.cluster.commits`) read the tracker and the lease; the reader takes the gap: each
-through the methods here.
+(:mod:`ddmq.proxy.cluster.commits`) read the tracker and the lease; the topic's readers take the gap
+and its jobs (:class:`~ddmq.proxy.engine.topic_jobs.TopicJobs`) ask whether a lease is confirmed
+before every delivery: each through the methods here, which the consumer hands them when it wires
+the topic (:mod:`ddmq.proxy.groups.group`).
 """
 
 from __future__ import annotations

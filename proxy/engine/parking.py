@@ -51,7 +51,7 @@ KeyRow = dict[str, Any]
 
 
 class KeyChains(Protocol):
-    """The consumer's key gate (``UpstreamJobBlockingQueue``), as the views read it."""
+    """The topic's key gate (``UpstreamJobBlockingQueue``), as the views read it."""
 
     def heads(self) -> list[tuple[Hashable, UpstreamJob]]: ...
 

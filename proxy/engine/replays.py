@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -65,22 +65,16 @@ from ddmq.proxy.engine.pull_buffer import THRIFT_REPLY, PullBuffer
 from ddmq.proxy.store.broker import Broker
 
 
-class ReplayConsumer(Protocol):
-    """A topic's consumer, as acks of replay leases reach it: its commits and its queues' offsets."""
+class ReplayCommits(Protocol):
+    """A topic's commits, as acks of replay leases reach them: its queues' offsets, and their commit."""
 
     async def commit(self, qid: int) -> None: ...
     def tracker(self, qid: int) -> OffsetTracker | None: ...
 
 
-class ReplayGroup(Protocol):
-    """The group whose buffer the leases serve: Redis, and its consumers (those draining too)."""
-
-    @property
-    def broker(self) -> Broker: ...
-    @property
-    def consumers(self) -> Mapping[str, ReplayConsumer]: ...
-    @property
-    def retiring(self) -> Mapping[str, ReplayConsumer]: ...
+#: The commits of a topic the group consumes (``draining``: also while a reload drains the topic),
+#: None when it consumes no such topic.
+CommitsOf = Callable[[str, bool], ReplayCommits | None]
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +115,14 @@ class _Lease:
 
 
 class ReplayLeases:
-    """The replay leases of one consumer group, on top of its pull buffer."""
+    """The replay leases of one consumer group, on top of its pull buffer. Records go to Redis
+    through ``broker``, acks commit through ``commits_of`` (the group's lookup of its topics'
+    committers); without them leases are kept in memory only (no records, no commits)."""
 
-    def __init__(self, buffer: PullBuffer, group: ReplayGroup | None = None) -> None:
+    def __init__(self, buffer: PullBuffer, broker: Broker | None = None, commits_of: CommitsOf | None = None) -> None:
         self._buffer = buffer
-        #: The group whose queues the leases come from; None keeps leases in memory only (no records).
-        self._group = group
+        self._broker = broker
+        self._commits_of = commits_of
         self._leases: dict[str, _Lease] = {}
         self._next_sweep = 0.0
         self.replayed = 0
@@ -221,10 +217,10 @@ class ReplayLeases:
         """Write what the lease handed out of ``queue`` to its record, before the pull is answered: an ack
         that reaches another proxy after this one died finds it there. A Redis error costs only that:
         the lease's messages are then delivered again after a death (at least once), as without records."""
-        if self._group is None:
+        if self._broker is None:
             return
         key = keys.replay_lease(self._buffer.group, lease_id)
-        redis = self._group.broker.redis
+        redis = self._broker.redis
         try:
             await eval_script(redis, LEASE_RECORD_LUA, [key], [
                 f"{queue.qid} {queue.topic}", encode_ranges(sorted(offsets)), timeout_ms + RECORD_GRACE_MS,
@@ -258,17 +254,17 @@ class ReplayLeases:
             for queue, offsets in by_queue.items():
                 self._buffer.ack(queue, offsets)
         acked = self._buffer.stats.acked - before
-        if self._group is None:
+        if self._broker is None or self._commits_of is None:
             return acked
         if recorded:
             touched |= await self._ack_recorded(recorded)
         for queue in touched:
-            consumer = self._group.consumers.get(queue.topic) or self._group.retiring.get(queue.topic)
-            if consumer is not None:
-                await consumer.commit(queue.qid)
+            commits = self._commits_of(queue.topic, True)
+            if commits is not None:
+                await commits.commit(queue.qid)
         if held:
             try:
-                await self._group.broker.redis.delete(*(keys.replay_lease(self._buffer.group, i) for i in held))
+                await self._broker.redis.delete(*(keys.replay_lease(self._buffer.group, i) for i in held))
             except DdmqError as exc:  # they expire by themselves; a later ack of them finishes nothing new
                 log.debug("replay lease records of group %s not deleted: %s", self._buffer.group, exc)
         return acked
@@ -278,9 +274,8 @@ class ReplayLeases:
         their offsets are appended to each queue's finished offsets, which the queue's next owner skips
         when it loads them, and skipped here when this proxy reads the queue. Returns the queues held
         here whose trackers changed (to commit). Records marked abandoned, or gone, finish nothing."""
-        assert self._group is not None
-        group = self._group
-        redis = group.broker.redis
+        assert self._broker is not None and self._commits_of is not None
+        redis = self._broker.redis
         touched: set[QueueId] = set()
         for lease_id in lease_ids:
             record = await redis.hgetall(keys.replay_lease(self._buffer.group, lease_id))
@@ -289,18 +284,18 @@ class ReplayLeases:
                 continue
             for name, ranges in fields.items():
                 qid_text, _, topic = name.partition(" ")
-                consumer = group.consumers.get(topic)
+                commits = self._commits_of(topic, False)
                 try:
                     qid, offsets = int(qid_text), decode_ranges(ranges)
                 except ValueError:
                     log.warning("replay lease %r: unreadable record field %r; ignored", lease_id, name)
                     continue
-                if consumer is None or not offsets:
+                if commits is None or not offsets:
                     continue
                 # APPEND keeps the ranges valid (decode_ranges takes the union of comma-separated parts)
                 # and is one command on one key, so no owner's commit can interleave inside it.
                 await redis.append(keys.finished(self._buffer.group, topic, qid), "," + ranges)
-                tracker = consumer.tracker(qid)
+                tracker = commits.tracker(qid)
                 if tracker is not None:
                     # This proxy reads the queue (it took it from the dead proxy, or is that proxy
                     # restarted): its tracker and buffer must learn it, or its next commit drops the
@@ -317,9 +312,9 @@ class ReplayLeases:
 
     async def abandon(self, lease_ids: list[str]) -> None:
         """Mark the named leases given up by their reader: no later ack finishes anything of them."""
-        if self._group is None:
+        if self._broker is None:
             return
-        redis = self._group.broker.redis
+        redis = self._broker.redis
         for lease_id in lease_ids:
             _check(lease_id, 0, 1)
             key = keys.replay_lease(self._buffer.group, lease_id)

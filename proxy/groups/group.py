@@ -1,8 +1,28 @@
 """The runtime of a consumer group on this proxy: per topic, its chain, key gate, readers, offsets.
 
-A :class:`TopicConsumer` runs the chain and the key gate and keeps the flow control; which queues it
-reads is :mod:`ddmq.proxy.cluster.ownership`'s business, how their offsets are committed
-:mod:`ddmq.proxy.cluster.commits`'s.
+A :class:`TopicConsumer` is where one topic's pieces are built and wired, each handed the state it
+acts on, the stores it uses and narrow callbacks, as aiokafka's consumer builds its fetcher and its
+coordinator around one subscription state:
+
+- :class:`~ddmq.proxy.cluster.queue_state.OwnedQueues` (``owned``): the state of each queue held
+  (lease, tracker, reader, hand-off, gap, rollbacks); the one owner of it;
+- :class:`~ddmq.proxy.engine.topic_jobs.TopicJobs` (``jobs``): the owner of every job of the topic
+  (``job.consumer``): the key gate, the flow control, the live settings, the parked keys, and what
+  finishing a job does. It asks ``owned`` whether a lease is confirmed;
+- :class:`~ddmq.proxy.cluster.ownership.QueueDrops`: letting a queue go (over ``owned``, the lease store
+  and ``jobs.drop_queue``);
+- :class:`~ddmq.proxy.cluster.commits.OffsetCommitter` (``commits``): over ``owned``, the lease store
+  and the broker; a fenced-off commit drops through ``QueueDrops``. It joins the proxy's
+  :class:`~ddmq.proxy.cluster.commits.CommitBoard` when the consumer starts;
+- :class:`~ddmq.proxy.engine.reader.TopicReads`: what the topic's readers share (``jobs`` for room and
+  the lease check, :meth:`TopicConsumer.accept` for what they read, ``commits.on_rollback``,
+  ``owned.take_gap``);
+- :class:`~ddmq.proxy.cluster.ownership.QueueOwnership` (``ownership``): claims, hand-offs and drops on
+  the upkeep's rounds, opening a queue with ``commits.load`` and ``jobs.load_keys``.
+
+What stays here is the chain: :meth:`TopicConsumer.accept` makes each message read a job and runs it
+down the chain (:meth:`~TopicConsumer.run`), and the dispatcher runs those the key gate made runnable.
+An ack never comes back here: the buffer finishes a job through ``jobs``, in the engine.
 """
 
 from __future__ import annotations
@@ -15,25 +35,22 @@ from time import perf_counter
 from typing import Final
 
 from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
-from ddmq.config.schema import LeaseConfig, TopicGroupConfig
-from ddmq.proxy.cluster.audit import ReadAudit
+from ddmq.actions.pacing import TokenBucket
+from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.cluster.commits import OffsetCommitter
-from ddmq.proxy.cluster.leases import Lease, LeaseStore
-from ddmq.proxy.cluster.membership import Membership
-from ddmq.proxy.cluster.ownership import QueueOwnership
+from ddmq.proxy.cluster.leases import Lease
+from ddmq.proxy.cluster.ownership import QueueDrops, QueueOwnership
 from ddmq.proxy.cluster.queue_state import OwnedQueues
-from ddmq.proxy.cluster.upkeep import Upkeep
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.offsets import OffsetTracker
-from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
-from ddmq.proxy.engine.parking import KeyParking
 from ddmq.proxy.engine.pull_buffer import PullBuffer
-from ddmq.proxy.engine.reader import TokenBucket
+from ddmq.proxy.engine.reader import TopicReads
+from ddmq.proxy.engine.topic_jobs import TopicJobs
 from ddmq.proxy.groups.key_actions import command_handler
-from ddmq.proxy.store.broker import Broker, ForeignEntry
-from ddmq.proxy.store.key_commands import KeyCommandWatcher, ParkStore
+from ddmq.proxy.groups.parts import ProxyParts
+from ddmq.proxy.store.key_commands import ParkStore
 
 log = logging.getLogger(__name__)
 
@@ -44,71 +61,80 @@ _ASYNC: Final = Status.ASYNC
 
 
 class TopicConsumer:
-    """One group consuming one topic: the chain runs here, and finished jobs come back here."""
+    """One group consuming one topic: builds the topic's pieces and wires them (see the module's
+    docstring), runs the chain of what its readers read, and starts, retires and reconfigures them."""
 
     def __init__(
-        self,
-        group: str,
-        topic: str,
-        config: TopicGroupConfig,
-        broker: Broker,
-        buffer: PullBuffer,
-        leases: LeaseStore,
-        lease_config: LeaseConfig,
-        membership: Membership,
-        upkeep: Upkeep | None = None,
-        key_watcher: KeyCommandWatcher | None = None,
+        self, group: str, topic: str, config: TopicGroupConfig, buffer: PullBuffer, parts: ProxyParts
     ) -> None:
         self.group = group
         self.topic = topic
-        self.config = config
-        self.broker = broker
         self.buffer = buffer
         self.redelivery = buffer.redelivery
-        self.leases = leases
-        self.lease_config = lease_config
-        self.membership = membership
-        #: The proxy's heartbeats and renewals, and its key-command watcher (own ones outside a service).
-        self.upkeep = upkeep or Upkeep(leases, membership, lease_config)
-        self.key_watcher = key_watcher or KeyCommandWatcher(broker.redis)
-        self.blocking_queue = UpstreamJobBlockingQueue()
-        self.counters: Counter[str] = Counter()
-        self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
+        self.broker = parts.broker
+        self.leases = parts.leases
+        self.upkeep = parts.upkeep
+        self._parts = parts
+        #: One state per queue (lease, offsets, reader, hand-off, rollbacks): ownership, commits, the lease check.
+        self.owned = OwnedQueues(parts.membership.clock)
+        #: The owner of every job of the topic: key gate, flow control, live settings, parked keys.
+        self.jobs = TopicJobs(group, topic, config, parts.broker, buffer, ParkStore(parts.broker.redis, group, topic),
+                              self.owned.confirmed)
+        self.blocking_queue = self.jobs.blocking_queue
+        self.parking = self.jobs.parking
+        self.counters = self.jobs.counters
         self.chain: list[Action] = build_chain(config.actions, self)
         #: The chain's ``act`` methods, bound once (compiled, a lookup and a binding per job otherwise).
         self._acts: list[Callable[[UpstreamJob], Status]] = [action.act for action in self.chain]
-        self._last_action = len(self.chain) - 1  # a pull chain ends with PullServer: nothing left after it
         #: One duration observer per action of the chain (set by ProxyMetrics.instrument), or None.
         self.action_timers: list[Callable[[float], None]] | None = None
-        #: The topic's number of queues, once its metadata is known (0 until then).
-        self.queues = 0
-        #: One state per queue (lease, offsets, reader, hand-off, rollbacks): ownership, commits, readers.
-        self.owned = OwnedQueues(membership.clock)
-        self.unfinished = 0
-        self._tags = frozenset(config.tags)
-        self._room = asyncio.Event()
-        self._room.set()
-        #: True while a reader waits for room: finish() reads a plain attribute, not Event.is_set().
-        self._short_of_room = False
-        self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
-        self._tasks: list[asyncio.Task[None]] = []
-        self._started = False
-        #: False once the consumer is retiring (its topic left the config): nothing more is handed out.
-        self.serving = True
-        #: Set by the service when ``audit_log`` is configured.
-        self.read_audit: ReadAudit | None = None
         #: Per qid: offsets found trimmed before this group read them (:mod:`ddmq.proxy.engine.expiry`).
         self.expired: Counter[int] = Counter()
-        self.ownership = QueueOwnership(self)
-        self.commits = OffsetCommitter(self)
-        #: Parked and sequenced keys (on_exhausted, key actions; engine/parking.py). ``key_records`` is its
-        #: dict, an attribute the pull buffer reads for every job it gets.
-        self.parking = KeyParking(buffer, ParkStore(broker.redis, group, topic), self.blocking_queue,
-                                  pull_chain=config.actions[-1] == "PullServer")
-        self.key_records = self.parking.records
+        self._wire(config, parts)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+
+    def _wire(self, config: TopicGroupConfig, parts: ProxyParts) -> None:
+        """The queues' side: drops, commits, the readers' shared part and ownership, each handed what it uses."""
+        group, topic, owned, jobs = self.group, self.topic, self.owned, self.jobs
+        drops = QueueDrops(group, topic, owned, parts.leases, jobs.drop_queue)
+        self.commits = OffsetCommitter(
+            group, topic, owned, broker=parts.broker, leases=parts.leases, settings=parts.lease_config,
+            instance_id=parts.membership.instance_id, start_from=config.start_from, drop_queue=drops.drop,
+        )
+        reads = TopicReads(group, topic, parts.broker, jobs, self.accept, self.commits.on_rollback, owned.take_gap,
+                           self.expired, parts.read_audit)
+        self.ownership = QueueOwnership(
+            group, topic, owned, broker=parts.broker, leases=parts.leases, membership=parts.membership,
+            upkeep=parts.upkeep, settings=parts.lease_config, commits=self.commits, drops=drops, reads=reads,
+            load_keys=jobs.load_keys, in_flight=jobs.in_flight,
+        )
 
     def count(self, what: str, n: int = 1) -> None:
-        self.counters[what] += n
+        self.jobs.counters[what] += n
+
+    def finish(self, job: UpstreamJob) -> None:
+        """``job`` is done (a push action's): released and marked by its owner (``TopicJobs.finish``)."""
+        self.jobs.finish(job)
+
+    @property
+    def config(self) -> TopicGroupConfig:
+        """The topic's settings in force (a reload changes them in place: :meth:`reconfigure`)."""
+        return self.jobs.config
+
+    @property
+    def unfinished(self) -> int:
+        """Jobs read and not finished."""
+        return self.jobs.unfinished
+
+    @property
+    def limiter(self) -> TokenBucket | None:
+        return self.jobs.limiter
+
+    @property
+    def queues(self) -> int:
+        """The topic's number of queues, once its metadata is known (0 until then)."""
+        return self.ownership.queues
 
     @property
     def held(self) -> dict[int, Lease]:
@@ -130,18 +156,6 @@ class TopicConsumer:
         """The queues this proxy should own, from the last heartbeat."""
         return self.ownership.assigned
 
-    # the job's owner (JobOwner) ---------------------------------------------------------------
-
-    def may_serve(self, qid: int) -> bool:
-        """True while this proxy's lease on ``qid`` is surely valid (checked before every delivery)."""
-        return self.serving and self.owned.confirmed(qid)
-
-    def is_head(self, job: UpstreamJob) -> bool:
-        return self.blocking_queue.is_head(job)
-
-    def pull_only(self, job: UpstreamJob) -> bool:
-        return job.index == self._last_action
-
     # lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -149,9 +163,11 @@ class TopicConsumer:
             raise RuntimeError(f"consumer {self.group}/{self.topic} already started")
         self._started = True
         start_chain(self.chain)
+        self._parts.committers.join(self.commits)
         self._tasks.append(asyncio.create_task(self.ownership.run(), name=f"open:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
-        self._tasks.append(asyncio.create_task(self.key_watcher.serve(self.group, self.topic, command_handler(self)),
+        self._tasks.append(asyncio.create_task(self._parts.key_watcher.serve(self.group, self.topic,
+                                                                             command_handler(self)),
                                                name=f"keys:{self.group}/{self.topic}"))
         for task in self._tasks:
             task.add_done_callback(_report_crash)
@@ -182,7 +198,7 @@ class TopicConsumer:
         commit; release the leases. Jobs read but not finished stay uncommitted, so whoever reads the
         queue next delivers them again, each key in order. Membership is the group's business.
         """
-        self.serving = False
+        self.jobs.serving = False
         await self.stop_reading()
         left = await self.ownership.give_up(drain_ms)
         for task in self._tasks:
@@ -194,40 +210,10 @@ class TopicConsumer:
 
     def reconfigure(self, config: TopicGroupConfig) -> None:
         """Apply settings the engine reads as it goes (see ``ddmq.proxy.groups.changes.IN_PLACE_FIELDS``)."""
-        old, self.config = self.config, config
-        if config.max_tps != old.max_tps:
-            self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
-        self._tags = frozenset(config.tags)
-        self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
-        if self.unfinished < config.concurrency:
-            self._short_of_room = False
-            self._room.set()
+        self.jobs.reconfigure(config)
+        self.commits.start_from = config.start_from
 
-    # reading (the readers' ReaderHost) ------------------------------------------------------------
-
-    def on_rollback(self, qid: int, tracker: OffsetTracker) -> None:
-        self.commits.on_rollback(qid, tracker)
-
-    def take_gap(self, qid: int) -> int | None:
-        return self.owned.take_gap(qid)
-
-    def tracker(self, qid: int) -> OffsetTracker | None:
-        """The offsets of ``qid`` while this proxy reads it, else None."""
-        return self.owned.tracker(qid)
-
-    async def commit(self, qid: int) -> None:
-        """Write ``qid``'s commit point now if it moved (see OffsetCommitter.commit)."""
-        await self.commits.commit(qid)
-
-    async def wait_for_room(self) -> int:
-        """Wait until fewer than ``concurrency`` jobs are unfinished; returns the room left."""
-        while True:
-            room = self.config.concurrency - self.unfinished
-            if room > 0:
-                return room
-            self._short_of_room = True
-            self._room.clear()
-            await self._room.wait()
+    # reading (the readers' ``accept``) ---------------------------------------------------------------
 
     async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None:
         """Messages read from ``queue``, in order (one read's batch: one call, not one per message)."""
@@ -235,17 +221,18 @@ class TopicConsumer:
         if tracker is None:
             return  # dropped meanwhile: untracked, so the queue's next reader reads them again
         # tracker.track and self.run without local aliases: compiled, an alias is a call through Python
-        tags = self._tags
-        counters = self.counters
-        concurrency = self.config.concurrency
+        jobs = self.jobs
+        tags = jobs.tags
+        counters = jobs.counters
+        concurrency = jobs.config.concurrency
         read = 0
         try:
             for message in messages:
-                if self.unfinished >= concurrency:
+                if jobs.unfinished >= concurrency:
                     # Several readers size their reads before the others' land: hold the rest of this
                     # batch (untracked, so a stop here loses nothing) until there is room again.
-                    await self.wait_for_room()
-                    concurrency = self.config.concurrency  # a reload may have changed it meanwhile
+                    await jobs.wait_for_room()
+                    concurrency = jobs.config.concurrency  # a reload may have changed it meanwhile
                 if tracker.track(message.offset):
                     counters["skipped_finished"] += 1  # a previous owner finished it
                     continue
@@ -253,31 +240,12 @@ class TopicConsumer:
                     tracker.finish(message.offset)
                     counters["filtered"] += 1
                     continue
-                self.unfinished += 1
+                jobs.unfinished += 1
                 read += 1
-                self.run(UpstreamJob(self, queue, message, tracker))
+                self.run(UpstreamJob(jobs, queue, message, tracker))
         finally:
             counters["read"] += read
             self.buffer.answer_parked()
-
-    async def skip_foreign(self, qid: int, tracker: OffsetTracker, entry: ForeignEntry) -> None:
-        """The queue's next entry was not written by the ddmq producer. An entry with an id ``0-<n>``
-        is dead-lettered (its fields kept) and its offset finished, so reading goes on after it. One
-        with a time-based id cannot be stepped over in offset order: it is renumbered to the next
-        offset first (as a producer would on its next send) and read again. The sequence is raised to
-        at least the entry's offset, so producers append after it and committed never passes
-        produced. Raises BrokerError when Redis fails (the reader retries)."""
-        await self.broker.repair_queue(self.topic, qid)
-        if entry.offset is None:
-            self.count("foreign_renumbered")
-            log.error("%s/%s#%d: %s; renumbered to the next offset, to be dead-lettered when read",
-                      self.group, self.topic, qid, entry)
-            return
-        log.error("%s/%s#%d: %s; dead-lettering it and reading on", self.group, self.topic, qid, entry)
-        await self.broker.dead_letter(self.group, self.topic, qid, entry.as_message(), 0, str(entry))
-        self.count("foreign_entries")
-        tracker.track(entry.offset)
-        tracker.finish(entry.offset)
 
     # the chain ---------------------------------------------------------------------------------
 
@@ -307,59 +275,31 @@ class TopicConsumer:
                 return
             break
         job.state = JobState.FINISHED
-        self.finish(job)
+        self.jobs.finish(job)
 
     async def _dispatch(self) -> None:
         """Continue the chain of jobs the key gate made runnable (reactivated first)."""
         queue = self.blocking_queue
+        jobs = self.jobs
         while True:
             await queue.wait()
             while (job := queue.pop()) is not None:
                 if job.tracker.dropped:  # its queue moved away: let its key's successor go on
                     job.state = JobState.FINISHED
-                    self.finish(job)
+                    jobs.finish(job)
                     continue
                 self.run(job)
-
-    # finishing ---------------------------------------------------------------------------------
-
-    def finish(self, job: UpstreamJob) -> None:
-        """``job`` is done (acked, filtered, dead-lettered): release its key, mark its offset."""
-        self.blocking_queue.release(job)
-        job.tracker.finish(job.offset)
-        self.unfinished -= 1
-        if self._short_of_room and self.unfinished <= self.config.concurrency - self._refill:
-            self._short_of_room = False
-            self._room.set()
-
-    async def dead_letter(self, job: UpstreamJob) -> None:
-        await self.broker.dead_letter(self.group, self.topic, job.qid, job.message, job.attempts, job.last_error)
 
 
 class ConsumerGroup:
     """A group's consumers (one per topic) sharing one PullBuffer."""
 
-    def __init__(
-        self,
-        name: str,
-        topics: dict[str, TopicGroupConfig],
-        broker: Broker,
-        leases: LeaseStore,
-        lease_config: LeaseConfig,
-        membership: Membership,
-        upkeep: Upkeep | None = None,
-        key_watcher: KeyCommandWatcher | None = None,
-    ) -> None:
+    def __init__(self, name: str, topics: dict[str, TopicGroupConfig], parts: ProxyParts) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
-        self.broker = broker
-        self._leases = leases
-        self._lease_config = lease_config
-        self._membership = membership
-        self._upkeep = upkeep or Upkeep(leases, membership, lease_config)
-        self._key_watcher = key_watcher or KeyCommandWatcher(broker.redis)
-        #: Given to consumers added later by a config reload (the service sets it with ``audit_log``).
-        self.read_audit: ReadAudit | None = None
+        self.broker = parts.broker
+        self._parts = parts
+        self._lease_config = parts.lease_config
         self.consumers = {topic: self.make_consumer(topic, config) for topic, config in topics.items()}
         #: Consumers of topics removed by a config reload, until their drain is over (acks still count).
         self.retiring: dict[str, TopicConsumer] = {}
@@ -368,15 +308,19 @@ class ConsumerGroup:
 
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
-        consumer = TopicConsumer(self.name, topic, config, self.broker, self.buffer, self._leases,
-                                 self._lease_config, self._membership, self._upkeep, self._key_watcher)
-        consumer.read_audit = self.read_audit
-        return consumer
+        return TopicConsumer(self.name, topic, config, self.buffer, self._parts)
 
     def start(self) -> None:
         self.buffer.start()
         for consumer in self.consumers.values():
             consumer.start()
+
+    def commits_of(self, topic: str, draining: bool = False) -> OffsetCommitter | None:
+        """The committer of ``topic`` (with ``draining``, also while a reload drains it), if consumed."""
+        consumer = self.consumers.get(topic)
+        if consumer is None and draining:
+            consumer = self.retiring.get(topic)
+        return consumer.commits if consumer is not None else None
 
     # live configuration (see ddmq.proxy.groups.registry) ----------------------------------------------
 
@@ -389,6 +333,7 @@ class ConsumerGroup:
     async def remove_topic(self, topic: str) -> None:
         """Stop consuming ``topic``: pulls for it fail at once (unknown topic), acks count while it drains."""
         consumer = self.retiring[topic] = self.consumers.pop(topic)
+        self._parts.committers.leave(consumer.commits)  # it commits for itself as it retires
         try:
             await consumer.retire(self._lease_config.handoff_drain_ms)
         finally:
@@ -401,6 +346,7 @@ class ConsumerGroup:
         try:
             await old.retire(self._lease_config.handoff_drain_ms)
         finally:
+            self._parts.committers.leave(old.commits)
             self.consumers[consumer.topic] = consumer
             consumer.start()
 
@@ -413,10 +359,12 @@ class ConsumerGroup:
             if isinstance(outcome, Exception):
                 log.error("%s: stopping a consumer failed", self.name, exc_info=outcome)
         try:
-            await self._membership.leave(self.name)
+            await self._parts.membership.leave(self.name)
         except DdmqError as exc:
             log.warning("%s: leaving the member set failed: %s", self.name, exc)
         await self.close()
+        for consumer in self.consumers.values():
+            self._parts.committers.leave(consumer.commits)
 
     async def stop_reading(self) -> None:
         await asyncio.gather(*(c.stop_reading() for c in self.consumers.values()))

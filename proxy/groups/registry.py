@@ -34,14 +34,17 @@ from ddmq.config.schema import ProxyConfig, TopicGroupConfig
 from ddmq.protocol.redis.connection import AsyncRedis
 from ddmq.protocol.redis.queues import ProduceError, TopicMismatchError, ensure_topic
 from ddmq.proxy.cluster.audit import ReadAudit
+from ddmq.proxy.cluster.commits import CommitBoard
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.cluster.link_health import LinkHealth
 from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.cluster.upkeep import Upkeep
 from ddmq.proxy.core.errors import BrokerError, ConfigError, UnknownGroupError
+from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.replays import ReplayLeases
 from ddmq.proxy.groups.changes import ConfigChange, diff
 from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
+from ddmq.proxy.groups.parts import ProxyParts
 from ddmq.proxy.store.broker import Broker
 from ddmq.proxy.store.key_commands import KeyCommandWatcher
 
@@ -53,7 +56,8 @@ DEFAULT_ACK_TIMEOUT_MS = 5000
 
 class GroupRegistry:
     """The groups of ``config`` (its live sections change with :meth:`apply`); Redis and the lease
-    stores are given at :meth:`start`, and the read audit (``audit_log``) reaches every consumer."""
+    stores are given at :meth:`start`, and with them every group gets the parts all consumers share
+    (:class:`~ddmq.proxy.groups.parts.ProxyParts`: the read audit, ``audit_log``, among them)."""
 
     def __init__(self, config: ProxyConfig, read_audit: ReadAudit | None = None) -> None:
         #: The config in force: the process-level fields as started, the live sections (``groups``, ``topics``,
@@ -75,6 +79,10 @@ class GroupRegistry:
         self.health: LinkHealth | None = None
         #: The key commands of every consumer, from one blocking read.
         self.key_watcher: KeyCommandWatcher | None = None
+        #: Every topic's committer, by group: what the service's committer flushes.
+        self.commit_board = CommitBoard()
+        #: What every consumer shares (built with the first group, once Redis is there).
+        self._parts: ProxyParts | None = None
 
     # building --------------------------------------------------------------------------------
 
@@ -90,18 +98,16 @@ class GroupRegistry:
             self._adopt(self._build(name, topics))
 
     def _build(self, name: str, topics: dict[str, TopicGroupConfig]) -> ConsumerGroup:
-        assert self.broker is not None and self.leases is not None and self.membership is not None
-        if self.upkeep is None:
+        if self._parts is None:
+            assert self.broker is not None and self.leases is not None and self.membership is not None
             self.upkeep = Upkeep(self.leases, self.membership, self.config.leases, self.health)
             self.key_watcher = KeyCommandWatcher(self.broker.redis)
-        return ConsumerGroup(name, topics, self.broker, self.leases, self.config.leases, self.membership,
-                             self.upkeep, self.key_watcher)
+            self._parts = ProxyParts(self.broker, self.leases, self.config.leases, self.membership, self.upkeep,
+                                     self.key_watcher, self.commit_board, self.read_audit)
+        return ConsumerGroup(name, topics, self._parts)
 
     def _adopt(self, group: ConsumerGroup) -> None:
-        """Register and start a built group, its consumers recording into the read audit."""
-        group.read_audit = self.read_audit
-        for consumer in group.consumers.values():
-            consumer.read_audit = self.read_audit
+        """Register and start a built group."""
         self.groups[group.name] = group
         group.start()
 
@@ -166,17 +172,22 @@ class GroupRegistry:
             raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {serves}")
         return group
 
-    def consumer(self, group: str, topic: str) -> TopicConsumer | None:
-        """The consumer of ``topic`` in ``group``, also while a reload drains it (acks still count)."""
+    def results_buffer(self, group: str, topic: str, qid: int) -> PullBuffer | None:
+        """The pull buffer that takes results for queue ``qid`` of ``topic`` in ``group`` (also while a
+        reload drains the group or the topic: acks still count); None when this proxy serves no such
+        queue."""
         found = self.groups.get(group)
         if found is None:
             return None
-        return found.consumers.get(topic) or found.retiring.get(topic)
+        consumer = found.consumers.get(topic) or found.retiring.get(topic)
+        if consumer is None or not 0 <= qid < max(consumer.queues, 1):
+            return None
+        return found.buffer
 
     def replay_leases(self, group: ConsumerGroup) -> ReplayLeases:
         replays = self.replays.get(group.name)
         if replays is None:
-            replays = self.replays[group.name] = ReplayLeases(group.buffer, group)
+            replays = self.replays[group.name] = ReplayLeases(group.buffer, group.broker, group.commits_of)
         return replays
 
     def ack_timeout_ms(self, group: str, topic: str) -> int:

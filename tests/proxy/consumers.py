@@ -18,6 +18,7 @@ from ddmq.proxy.cluster.membership import Membership
 from ddmq.proxy.core.types import PullBatch
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.groups.group import TopicConsumer
+from ddmq.proxy.groups.parts import ProxyParts
 from ddmq.proxy.store.broker import Broker
 
 from ..support import OrderChecker, body
@@ -57,9 +58,9 @@ class Proxy:
         self.broker = Broker(redis)
         self.membership = StallableMembership(redis, instance, LEASES.ttl_ms)
         self.buffer = PullBuffer("g")
-        self.consumer = TopicConsumer("g", "t", config or TopicGroupConfig(), self.broker, self.buffer,
-                                      LeaseStore(redis, instance, LEASES.ttl_ms), LEASES, self.membership)
-        self.consumer.read_audit = audit
+        parts = ProxyParts.of(self.broker, LeaseStore(redis, instance, LEASES.ttl_ms), LEASES, self.membership,
+                              read_audit=audit)
+        self.consumer = TopicConsumer("g", "t", config or TopicGroupConfig(), self.buffer, parts)
 
     async def __aenter__(self) -> Proxy:
         self.buffer.start()

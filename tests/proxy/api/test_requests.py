@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddmq.proxy.api.requests import DEFAULT_LINGER_MS, RequestRules, batch_size, in_group, per_key, result_offsets
+from ddmq.proxy.api.requests import DEFAULT_LINGER_MS, RequestRules, batch_size, per_key
+from ddmq.proxy.api.results import in_group, result_offsets
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.errors import BadRequestError
 from ddmq.proxy.core.types import QueueResult

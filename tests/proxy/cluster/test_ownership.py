@@ -21,7 +21,7 @@ async def test_a_lone_proxy_claims_every_queue_and_opens_each(redis_url: str, re
     async with Proxy(redis_client, "p1") as proxy:
         await proxy.wait_held({0, 1, 2})
         consumer = proxy.consumer
-        assert all(consumer.may_serve(qid) for qid in range(3))
+        assert all(consumer.jobs.may_serve(qid) for qid in range(3))
         assert {lease.owner for lease in consumer.held.values()} == {"p1"}
         # A queue is held from its claim; its reader opens once its offset is read back.
         deadline = asyncio.get_running_loop().time() + 10
@@ -58,7 +58,7 @@ async def test_drop_with_release_frees_the_lease_and_forgets_the_jobs(
         proxy.membership.stall()  # the lease loop claims nothing back meanwhile
         batch = await proxy.pull()
         assert batch.messages  # handed out, not acked
-        tracker = proxy.consumer.tracker(0)
+        tracker = proxy.consumer.commits.tracker(0)
         await proxy.consumer.ownership.drop_queue(0, release=True)
         assert tracker is not None and tracker.dropped
         assert proxy.consumer.held == {} and proxy.consumer.owned.readers() == []
@@ -95,7 +95,7 @@ async def test_a_renewal_round_drops_the_queue_taken_over_and_renews_the_others(
         await proxy.wait_held({0, 1, 2, 3})
         consumer = proxy.consumer
         proxy.membership.stall()  # the upkeep's rounds wait: the test runs the renewal itself
-        tracker = consumer.tracker(2)
+        tracker = consumer.commits.tracker(2)
         # Another proxy took queue 2 over (say this one was paused past its lease).
         await redis_client.delete(keys.lease("g", "t", 2))
         other = await LeaseStore(redis_client, "p2", 60_000).acquire("g", "t", 2)
@@ -104,8 +104,8 @@ async def test_a_renewal_round_drops_the_queue_taken_over_and_renews_the_others(
             await redis_client.pexpire(keys.lease("g", "t", qid), 120_000)  # a renewal sets the TTL back
         await consumer.upkeep.renew()
         assert set(consumer.held) == {0, 1, 3} and set(consumer.trackers) == {0, 1, 3}
-        assert tracker is not None and tracker.dropped and not consumer.may_serve(2)
-        assert all(consumer.may_serve(qid) for qid in (0, 1, 3))
+        assert tracker is not None and tracker.dropped and not consumer.jobs.may_serve(2)
+        assert all(consumer.jobs.may_serve(qid) for qid in (0, 1, 3))
         assert await redis_client.get(keys.lease("g", "t", 2)) == other.token.encode()
         for qid in (0, 1, 3):
             assert 0 < await redis_client.pttl(keys.lease("g", "t", qid)) <= LEASES.ttl_ms

@@ -8,29 +8,26 @@ import random
 import pytest
 import redis.asyncio as aioredis
 
-from ddmq.config.schema import LeaseConfig, TopicGroupConfig
-from ddmq.proxy.cluster.leases import LeaseStore
-from ddmq.proxy.cluster.membership import Membership
+from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.engine.pull_buffer import PullBuffer
-from ddmq.proxy.groups.group import TopicConsumer
+from ddmq.proxy.engine.topic_jobs import TopicJobs
 from ddmq.proxy.store.broker import Broker
+from ddmq.proxy.store.key_commands import ParkStore
 
 
-def make_consumer() -> TopicConsumer:
-    # Built but never started: the queue only needs jobs that know their consumer.
+def make_owner() -> TopicJobs:
+    # Never started: the queue only needs jobs that know their owner.
     redis = aioredis.Redis()
-    return TopicConsumer(
-        "g", "t", TopicGroupConfig(), Broker(redis), PullBuffer("g"), LeaseStore(redis, "p", 1000), LeaseConfig(),
-        Membership(redis, "p", 1000),
-    )
+    return TopicJobs("g", "t", TopicGroupConfig(), Broker(redis), PullBuffer("g"), ParkStore(redis, "g", "t"),
+                     lambda qid: True)
 
 
-def make_job(consumer: TopicConsumer, offset: int, key: object) -> UpstreamJob:
-    job = UpstreamJob(consumer, QueueId("t", 0), StoredMessage(offset, b"", "", "", {}, 0), OffsetTracker(1))
+def make_job(owner: TopicJobs, offset: int, key: object) -> UpstreamJob:
+    job = UpstreamJob(owner, QueueId("t", 0), StoredMessage(offset, b"", "", "", {}, 0), OffsetTracker(1))
     job.order_key = key  # type: ignore[assignment]
     return job
 
@@ -43,7 +40,7 @@ def drain(queue: UpstreamJobBlockingQueue) -> list[UpstreamJob]:
 
 
 async def test_only_the_head_of_a_key_is_runnable() -> None:
-    consumer = make_consumer()
+    consumer = make_owner()
     queue = UpstreamJobBlockingQueue()
     jobs = [make_job(consumer, i, "k") for i in range(1, 4)]
     assert [queue.put(j) for j in jobs] == [True, False, False]
@@ -59,7 +56,7 @@ async def test_only_the_head_of_a_key_is_runnable() -> None:
 
 
 async def test_reactivated_jobs_are_served_before_the_main_queue() -> None:
-    consumer = make_consumer()
+    consumer = make_owner()
     queue = UpstreamJobBlockingQueue()
     a1, a2 = make_job(consumer, 1, "a"), make_job(consumer, 2, "a")
     queue.put(a1)
@@ -73,7 +70,7 @@ async def test_reactivated_jobs_are_served_before_the_main_queue() -> None:
 
 
 async def test_a_stalled_key_does_not_hold_back_other_keys() -> None:
-    consumer = make_consumer()
+    consumer = make_owner()
     queue = UpstreamJobBlockingQueue()
     jobs = [make_job(consumer, i, "stuck" if i % 10 == 0 else f"k{i % 7}") for i in range(1, 1001)]
     for job in jobs:
@@ -94,7 +91,7 @@ async def test_a_stalled_key_does_not_hold_back_other_keys() -> None:
 
 
 async def test_keys_are_exact_not_hashed() -> None:
-    consumer = make_consumer()
+    consumer = make_owner()
     queue = UpstreamJobBlockingQueue()
     assert hash(-1) == hash(-2)  # CPython: a real collision
     first, second = make_job(consumer, 1, -1), make_job(consumer, 2, -2)
@@ -103,7 +100,7 @@ async def test_keys_are_exact_not_hashed() -> None:
 
 
 async def test_jobs_without_a_key_are_always_runnable() -> None:
-    consumer = make_consumer()
+    consumer = make_owner()
     queue = UpstreamJobBlockingQueue()
     jobs = [make_job(consumer, i, None) for i in range(5)]
     assert all(queue.put(j) for j in jobs)
@@ -117,7 +114,7 @@ async def test_random_interleaving_keeps_per_key_order_and_one_running_job_per_k
     head runs at once, as the Order action runs it): either way each key's jobs run one at a time, in
     offset order, each once, and an admitted job never overtakes one waiting to run."""
     rng = random.Random(7)
-    consumer = make_consumer()
+    consumer = make_owner()
     queue = UpstreamJobBlockingQueue()
     keys = [f"k{i}" for i in range(20)] + [None]
     produced: dict[object, list[int]] = {}
@@ -178,7 +175,7 @@ async def test_random_interleaving_keeps_per_key_order_and_one_running_job_per_k
 
 
 async def test_admit_runs_a_lone_head_at_once_and_queues_behind_anything_waiting_to_run() -> None:
-    consumer = make_consumer()
+    consumer = make_owner()
     queue = UpstreamJobBlockingQueue()
     a1, a2, b1, c1 = (make_job(consumer, n, key) for n, key in ((1, "a"), (2, "a"), (3, "b"), (4, "c")))
     assert queue.admit(a1) and a1.state is JobState.RUNNABLE and queue.runnable == 0
@@ -191,7 +188,7 @@ async def test_admit_runs_a_lone_head_at_once_and_queues_behind_anything_waiting
 
 
 async def test_wait_returns_once_a_job_may_run_and_blocks_while_none_can() -> None:
-    consumer = make_consumer()
+    consumer = make_owner()
     queue = UpstreamJobBlockingQueue()
     waiters = [asyncio.create_task(queue.wait()) for _ in range(2)]
     await asyncio.sleep(0)

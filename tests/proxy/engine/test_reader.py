@@ -81,7 +81,7 @@ async def test_a_reader_reads_nothing_after_its_lease_lapses(
         # Its lease loop stalls: no renewal, so the lease lapses while the reader and the clients go on.
         old.membership.stall()
         async with asyncio.timeout(20):
-            while old.consumer.may_serve(0):  # noqa: ASYNC110
+            while old.consumer.jobs.may_serve(0):  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
         read_at_lapse = old.consumer.counters["read"]
         assert (await old.pull()).messages == []  # what it read but did not hand out stays with it

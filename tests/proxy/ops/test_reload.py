@@ -207,6 +207,13 @@ def test_diff_sorts_changes_by_what_they_need(redis_url: str) -> None:
     assert diff(old, per_queue) == ConfigChange(metrics=True) and diff(old, per_queue).describe() == "metrics"
 
 
+def assert_committers_of_the_consumers(service: ProxyService) -> None:
+    """The service's committer writes for exactly the consumers the groups have now."""
+    serving = [c.commits for group in service.groups.values() for c in group.consumers.values()]
+    on_board = service.registry.commit_board.committers()
+    assert len(on_board) == len(serving) and set(on_board) == set(serving)
+
+
 async def test_groups_and_topics_added_and_removed_under_load_lose_nothing(
     redis_url: str, redis_client: aioredis.Redis
 ) -> None:
@@ -226,6 +233,7 @@ async def test_groups_and_topics_added_and_removed_under_load_lose_nothing(
         change = await service.reload(config(redis_url, {"g1": {"t1": ORDERED}}))
         assert change.removed == (("g1", "t2"), ("g2", "t1"))
         assert "g2" not in service.groups and set(service.groups["g1"].consumers) == {"t1"}
+        assert_committers_of_the_consumers(service)
         with pytest.raises(UnknownGroupError):
             await service.api.pull("g2", None, 10, 0, [])
         with pytest.raises(UnknownTopicError):
@@ -241,6 +249,7 @@ async def test_groups_and_topics_added_and_removed_under_load_lose_nothing(
         await service.reload(config(redis_url, {"g1": {"t1": ORDERED, "t2": ORDERED}, "g2": {"t1": ORDERED}}))
         await load.finish([("g1", "t1"), ("g1", "t2"), ("g2", "t1")])
         assert len(load.consumers_seen[("g2", "t1")]) == 2 and len(load.consumers_seen[("g1", "t2")]) == 2
+        assert_committers_of_the_consumers(service)
     finally:
         await load.stop()
         await service.close()
@@ -321,6 +330,7 @@ async def test_changed_settings_take_effect_without_loss(redis_url: str) -> None
         assert service.groups["g1"].consumers["t2"] is t2_consumer  # in place
         assert t2_consumer.limiter is not None and t2_consumer.limiter.rate == 5000
         assert service.groups["g1"].consumers["t1"].config.order_key == "$.k"
+        assert_committers_of_the_consumers(service)  # the replaced consumer's committer left the board
         # QID let one message of a queue out at a time; per-key order lets several; 200 > 2 in flight.
         await until(lambda: load.largest_batch[("g1", "t1")] > 1 and load.largest_batch[("g1", "t2")] > 2)
         await load.finish([("g1", "t1"), ("g1", "t2")])
