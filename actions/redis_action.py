@@ -16,6 +16,10 @@ makes the message unpushable: it is dead-lettered at once. Hash fields that are 
 A pipeline that cannot run (connection refused, timeout) or a command Redis refuses (say WRONGTYPE)
 is a failed attempt of the messages concerned, retried and finally dead-lettered like a pull client's
 fail (see :mod:`ddmq.actions.push`). Messages of one pipeline are heads of distinct order keys.
+
+The Redis written to is the user's, not the broker: its client is this action's own, and its errors are
+the push's outcomes, so this module catches redis-py's errors itself, an edge of its own beside the
+proxy's store (``tests/test_layers.py``, ``REDIS_EDGES``).
 """
 
 from __future__ import annotations
