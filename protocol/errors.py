@@ -25,6 +25,8 @@ keeps the internal error's code. Where callers catch a builtin kind, the error i
     │                                                   redis-py's NoScriptError (its EVAL fallback)
     ├── EmbeddedRedisError                  no          the embedded redis-server (proxy/store/embedded.py)
     ├── ConfigError                         no          a config file is invalid (config/errors.py)
+    ├── ExpressionError                     no          also a ValueError: an expression's text (a Filter,
+    │                                                   a Redis command's ``when``; config/expression.py)
     ├── ProduceError                        retriable   a producer's Redis failed (protocol/redis/queues.py);
     │   │                                               not retriable when Redis holds data it cannot use
     │   ├── TopicMismatchError              no          a topic with another number of queues
@@ -39,7 +41,13 @@ keeps the internal error's code. Where callers catch a builtin kind, the error i
     │   │   └── WrongPortError              no          an HTTP server answered
     │   └── RemoteApplicationError    its code          a TApplicationException (retriable without a
     │                                                   code when it was an internal error)
-    └── CliError                            no          a ``ddmq`` command failed (protocol/clitools.py)
+    ├── CliError                            no          a ``ddmq`` command failed (protocol/clitools.py)
+    ├── GroupHeld                           retriable   ``ddmq groups delete`` of a group being consumed
+    │                                                   (client/cli/group_registry.py)
+    ├── ProxyProcessError                   no          also a RuntimeError: a proxy child exited or did
+    │                                                   not listen (client/cli/proxy_process.py)
+    └── DataLossError                       no          also a RuntimeError: the Spark source found offsets
+                                                        trimmed (client/spark/queue_mode.py)
 
 A subclass that sets ``code`` takes ``retriable`` from :data:`ERROR_CODES` unless it sets its own; one
 that sets neither keeps its parent's; errors whose retriability depends on the case set it per instance.
