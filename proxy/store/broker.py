@@ -69,10 +69,16 @@ def map_redis_errors(what: str) -> Iterator[None]:
     try:
         yield
     except REDIS_FAILURES as exc:
-        raise BrokerError(f"redis failed while {what}: {exc}") from exc
+        raise _failed_while(what, exc) from exc
     except BrokerError as exc:
         cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
-        raise BrokerError(f"redis failed while {what}: {cause}") from cause
+        raise _failed_while(what, cause) from cause
+
+
+def _failed_while(what: str, cause: Exception) -> BrokerError:
+    error = BrokerError(f"redis failed while {what}: {cause}")
+    error.__cause__ = cause  # set here too: compiled, ``raise ... from`` in a generator leaves it unset
+    return error
 
 
 class ForeignEntry(Exception):
