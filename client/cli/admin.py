@@ -121,7 +121,8 @@ def _letters_list(args: argparse.Namespace) -> int:
     rows = [[e["id"], e["qid"], e["offset"], e["key"], e["attempts"], _short(e["error"], 40),
              _short(e["value_text"] if e["value_text"] is not None else "(binary)", 40)] for e in answer["entries"]]
     table = _table(["id", "qid", "offset", "key", "attempts", "error", "value"], rows)
-    # A page stops early when its answer would pass the proxy's cap: `more` says so (older proxies lack it).
+    # A page stops early when its answer would pass the proxy's cap: `more` says so; an answer without
+    # `more` is paged by its count.
     paged = answer.get("more", answer["total"] > len(rows)) and answer["next_after"]
     more = f"; next page: --after {answer['next_after']}" if paged else ""
     _print(args, answer, f"{table}\n{len(rows)} of {answer['total']} dead letters of "

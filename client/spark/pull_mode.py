@@ -28,8 +28,8 @@ connections (the lease died with it; its messages come back through the survivor
 lease abandoned at another proxy, so that the batch's ack finishes none of it. Acks go to every proxy
 that answers: the one holding the lease finishes it, the others finish what the lease's record in
 Redis says it handed out, so the ack of a lease whose proxy died after Spark committed still keeps its
-messages from coming again. DESIGN.md, "A proxy's death under a Spark query", says why nothing weaker
-is safe.
+messages from coming again. docs/design/spark.md, "A proxy's death under a Spark query", says why nothing
+weaker is safe.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def read_leased(options: SourceOptions, partition: PullPartition) -> Iterator[An
 def abandon(options: SourceOptions, partition: PullPartition) -> None:
     """Mark the partition's lease abandoned at every other proxy that answers: an earlier read of it (a
     failed task attempt) may have been recorded, and the batch's ack must not finish rows this read
-    does not yield. Raises when no proxy took it (the task fails and is retried, as before)."""
+    does not yield. Raises when no proxy took it (the task fails and Spark retries it)."""
     errors = []
     for host, port in options.servers:
         if (host, port) == (partition.host, partition.port):

@@ -3,7 +3,7 @@
 Per-queue keys carry the Redis Cluster hash tag ``{<topic>:<qid>}`` so that a queue's stream, its
 sequence counter, and each group's committed offset and lease live in one slot: the Lua scripts that
 touch them together (produce, fenced commit) stay single-slot, and queues spread across a cluster
-(DESIGN.md, "Redis Cluster", says why each group-level key is placed as it is).
+(docs/design/redis.md, "Redis Cluster", says why each group-level key is placed as it is).
 
 ================================  ========  ===================================================
 key                               type      holds
@@ -14,7 +14,7 @@ key                               type      holds
 ``ddmq:{<t>:<q>}:seq``            string    last offset assigned by the producer script
 ``ddmq:{<t>:<q>}:pid:<p>``        hash      producer p's applied calls on the queue: ``s`` (its last
                                             sequence number) and ``<seq>`` → the offsets it was given;
-                                            PX expiry (DESIGN.md, "Idempotent produce")
+                                            PX expiry (docs/design/redis.md, "Idempotent produce")
 ``ddmq:{<t>:<q>}:dd:<id>``        string    the offset of the message produced with dedup id ``id``;
                                             PX expiry (the producer's dedup window)
 ``ddmq:{<t>:<q>}:off:<g>``        string    group g's committed offset (next offset to consume)

@@ -1,4 +1,4 @@
-"""The low-level API (DESIGN.md, "Low-level fetch/ack"): ``fetch`` from offsets the client names,
+"""The low-level API (docs/design/servers.md, "Low-level fetch and ack"): ``fetch`` from offsets the client names,
 ``ack`` the client's positions.
 
 Unlike ``pull``, nothing here is ordered by key, leased, retried or timed out: the client owns its

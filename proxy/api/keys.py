@@ -22,7 +22,7 @@ from ddmq.proxy.store.key_commands import KeyCommand, KeyCommandLog, ParkRecord,
 __all__ = ["ANSWER_WAIT_S", "key_action", "list_keys"]
 
 #: How long a call waits for the other proxies' answers (they hear of the command as soon as it is
-#: posted; proxies of earlier versions poll every 0.1 s).
+#: posted; a proxy that only polls its (group, topic)'s stream hears of it within 0.1 s).
 ANSWER_WAIT_S: Final = 2.0
 #: Rows in one page of the keys view.
 PAGE: Final = 100

@@ -76,7 +76,7 @@ class KeyParking:
         self._store = store
         self._heads = keys.heads
         self._chain_length = keys.chain_length
-        #: A push chain has no pull buffer to park in: its exhausted messages are dead-lettered as before.
+        #: A push chain has no pull buffer to park in: its exhausted messages are dead-lettered.
         self._pull_chain = pull_chain
         #: qid -> key -> record, for the queues this proxy reads. Empty dicts are dropped, so the pull
         #: buffer's check on every job is one truth test while nothing is parked.

@@ -27,8 +27,8 @@ by their slot apart from the heads, so clients without runs pay nothing for them
 by its own ack once it is its key's head; an ack before that is ignored (counted unknown: what is
 ahead of it may still fail). When a message fails or times out, the later members of its run return
 to waiting, their attempt uncounted, and go out again once it is finished. A replayable lease's later
-pulls may continue the runs of the keys it holds (see :mod:`ddmq.proxy.engine.replays`). DESIGN.md
-("Engine", ordered runs) has the whole story.
+pulls may continue the runs of the keys it holds (see :mod:`ddmq.proxy.engine.replays`). docs/design/engine.md
+("Ordered runs") has the whole story.
 
 Client verbs (:mod:`ddmq.proxy.engine.verbs`): a message given back (release) or still being worked on
 (extend). Parking (:mod:`ddmq.proxy.engine.parking`): a key's head taken out of delivery and put back

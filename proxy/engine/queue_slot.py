@@ -7,8 +7,8 @@ here behind their keys. The group's :class:`~ddmq.proxy.engine.pull_buffer.PullB
 per queue in one dict, so a queue that moves away is forgotten by dropping its slot.
 
 The slot's own steps are the ones that need nothing but the queue: looking jobs up, moving a run member
-to the heads once it is its key's head, putting a run back in its keys' chains (DESIGN.md, "Engine",
-ordered runs), finishing a job. Its counters are not here: they outlive the slot (see
+to the heads once it is its key's head, putting a run back in its keys' chains (docs/design/engine.md,
+"Ordered runs"), finishing a job. Its counters are not here: they outlive the slot (see
 :attr:`PullBuffer.queue_stats <ddmq.proxy.engine.pull_buffer.PullBuffer.queue_stats>`).
 """
 

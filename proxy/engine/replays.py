@@ -41,8 +41,8 @@ restarted) reads the record and marks those offsets finished for whoever reads t
 skips them here if this proxy reads the queue). An ack of a lease held here finishes its messages and
 commits their queues before it answers, so an answered ack is durable. A lease *abandoned* by its
 reader (its proxy refused connections, so the micro-batch goes on without its rows) is marked so in
-its record, and no later ack finishes anything of it. DESIGN.md, "A proxy's death under a Spark
-query", walks through the races.
+its record, and no later ack finishes anything of it. docs/design/spark.md, "A proxy's death
+under a Spark query", walks through the races.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ key's chain (:func:`_walk`), within the reply's count and bytes. They become *ru
 but still in their key's chain, kept by their queue's :class:`~ddmq.proxy.engine.queue_slot.QueueSlot`
 apart from the heads until each is its key's head; the slot also puts a run back when a message of it
 fails or times out. How a reply is filled is :class:`~ddmq.proxy.engine.delivery.Delivery`'s, how
-acks and fails reach members :class:`~ddmq.proxy.engine.pull_buffer.PullBuffer`'s; DESIGN.md
-("Engine", ordered runs) has the whole story.
+acks and fails reach members :class:`~ddmq.proxy.engine.pull_buffer.PullBuffer`'s; docs/design/engine.md
+("Ordered runs") has the whole story.
 """
 
 from __future__ import annotations

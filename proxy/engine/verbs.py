@@ -2,8 +2,8 @@
 80-82, the HTTP results' ``fail_details``, ``release`` and ``extend``).
 
 They follow the rule of acks: only messages in flight to the group count; anything else is ignored and
-counted (``ddmq_fails_unknown``, ``ddmq_verbs_ignored``). A result that never carries them takes the
-same path as before, untouched.
+counted (``ddmq_fails_unknown``, ``ddmq_verbs_ignored``). A result that carries none of them takes
+the plain ack/fail path and pays nothing for them.
 """
 
 from __future__ import annotations

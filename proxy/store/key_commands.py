@@ -5,10 +5,11 @@
   (after a kill -9 or a lease hand-off) loads it before reading, so the key stays parked.
 - ``key_command_bell()`` (one stream, capped) and ``key_commands(g, t)`` (stream, capped): operator
   actions (:class:`KeyCommand`), posted on both. Every proxy watches the bell (:class:`KeyCommandWatcher`,
-  one blocking read for all its groups and topics); the per-(group, topic) stream is what proxies of
-  earlier versions poll during a rolling upgrade. The holder of the key's queue applies the action and answers on
-  ``key_command_replies(g, t, id)`` (a list with a short expiry), which the proxy that took the admin
-  call waits on. Queries (``list``) use the same path, so the keys view covers every proxy.
+  one blocking read for all its groups and topics); the per-(group, topic) stream is what a proxy
+  that does not watch the bell polls, so a rolling upgrade between the two loses no command. The
+  holder of the key's queue applies the action and answers on ``key_command_replies(g, t, id)`` (a
+  list with a short expiry), which the proxy that took the admin call waits on. Queries (``list``) use
+  the same path, so the keys view covers every proxy.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class KeyCommandLog:
 
     async def post(self, command: KeyCommand) -> None:
         """Post ``command`` on the bell (what proxies watch) and on the (group, topic)'s own stream
-        (what proxies of earlier versions poll, during a rolling upgrade)."""
+        (what a proxy that does not watch the bell polls, during a rolling upgrade)."""
         fields = _fields(command)
         with map_redis_errors("posting a key command"):
             async with self._redis.pipeline(transaction=False) as pipe:

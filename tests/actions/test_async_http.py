@@ -139,7 +139,7 @@ async def test_slow_upstream_backpressure(
         await finishing
     assert upstream.checker.violations == []
     assert upstream.checker.missing({key: 6 for key in all_keys}) == {}
-    # However the readers' reads land, unfinished jobs never pass concurrency (DESIGN.md, Actions).
+    # However the readers' reads land, unfinished jobs never pass concurrency (docs/design/engine.md, "Push actions").
     assert most_unfinished <= 40, "readers stop at concurrency"
     assert most_waiting <= most_unfinished
     assert upstream.max_in_flight <= 3

@@ -274,7 +274,7 @@ def test_consume_timeout_gives_up_when_no_proxy_answers() -> None:
     assert run.returncode == 1, run
     assert "no proxy answered within 1.5 s" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
-    assert time.monotonic() - started < 30  # the issue: it used to retry for ever
+    assert time.monotonic() - started < 30  # it gives up, rather than retrying for ever
 
 
 def test_consume_rejects_a_server_with_a_scheme_as_a_usage_error() -> None:

@@ -1,4 +1,4 @@
-"""The wire contract: the IDL matches DESIGN.md §4 field for field, structs round-trip, and the decoder
+"""The wire contract: the IDL matches DDMQ's consumerProxy.thrift field for field, structs round-trip, and the decoder
 refuses malformed or hostile payloads with FrameDecodeError (quickly, without huge allocations)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ddmq.protocol.wire.reader import new_struct
 STRING, BINARY, I32, I64, BOOL = TType.STRING, TType.BINARY, TType.I32, TType.I64, TType.BOOL
 STRUCT, LIST, MAP = TType.STRUCT, TType.LIST, TType.MAP
 
-# DESIGN.md §4, written out: id -> (type, name, requiredness, element/struct spec).
+# DDMQ's consumerProxy.thrift, written out: id -> (type, name, requiredness, element/struct spec).
 EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
     "Message": {
         1: (STRING, "key", "", None),

@@ -57,7 +57,8 @@ def test_each_fault_struck_mid_stream_and_delivery_resumed(soak: SoakResult) -> 
 
 
 def test_one_reader_per_queue_and_term_besides_a_continued_proxys_reads(soak: SoakResult) -> None:
-    """Every second reader the audit shows is one of the reads below (known, issue 11)."""
+    """Every second reader the audit shows is one of a continued proxy's reads, which the audit records
+    apart and the next test holds to nothing read."""
     assert soak.figures["single_reader_besides_stale_reads"] == "ok"
 
 
