@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import redis
 import yaml
@@ -42,6 +43,26 @@ def _container() -> dict[str, Any]:
 
 def _raw_config() -> Any:
     return yaml.safe_load(_documents()["ConfigMap"]["data"]["proxy.yaml"])
+
+
+#: The oldest Kubernetes still in common support and the newest the validator knows: the manifests use
+#: nothing that either lacks (policy/v1 PodDisruptionBudget needs 1.21).
+KUBERNETES_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_is_valid_for_the_kubernetes_api(version: str) -> None:
+    documents = [doc for doc in yaml.safe_load_all(MANIFESTS.read_text()) if doc]
+    for document in documents:
+        # strict: a misspelt field (terminationGracePeriod, readinesProbe) is an error, not ignored
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_the_validator_refuses_a_misspelt_field() -> None:
+    sts = _documents()["StatefulSet"]
+    sts["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/readyz", "port": "http"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(sts, KUBERNETES_VERSIONS[-1], strict=True)
 
 
 def test_the_manifests_agree_with_each_other_and_with_the_config() -> None:
