@@ -25,10 +25,11 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ddmq.client.cli.group_registry import GroupHeld, delete_group, group_names, group_summary
+from ddmq.client.cli import patience
+from ddmq.client.cli.group_registry import GroupHeld, GroupSummary, delete_group, group_names, group_summary
 from ddmq.protocol import clitools
 from ddmq.protocol.redis.connection import REDIS_ERRORS, SyncRedis, redact_url, sync_redis
-from ddmq.protocol.redis.status import DEFAULT_MEMBER_TTL_MS, group_status
+from ddmq.protocol.redis.status import DEFAULT_MEMBER_TTL_MS, GroupStatus, group_status
 
 __all__ = ["add_cli"]
 
@@ -56,6 +57,8 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      f"(default {DEFAULT_MEMBER_TTL_MS})",
             )
         action.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        if action is not delete:  # reads are retried through a failover; a delete is not repeated
+            patience.add_timeout(action)
         action.set_defaults(func=func)
 
 
@@ -71,11 +74,8 @@ def _failed(args: argparse.Namespace, exc: Exception) -> clitools.CliError:
 
 
 def _list(args: argparse.Namespace) -> int:
-    try:
-        with _connect(args) as client:
-            summaries = [group_summary(client, name, args.member_ttl_ms) for name in group_names(client)]
-    except _ERRORS as exc:
-        raise _failed(args, exc) from exc
+    summaries = patience.read_redis(
+        args, lambda client: [group_summary(client, name, args.member_ttl_ms) for name in group_names(client)])
     if args.json:
         print(json.dumps([{**asdict(s), "last_seen_ms": s.last_seen_ms} for s in summaries], indent=2))
         return 0
@@ -87,13 +87,12 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    try:
-        with _connect(args) as client:
-            summary = group_summary(client, args.group, args.member_ttl_ms)
-            topics = args.topic or list(summary.topics) or None
-            status = group_status(client, args.group, topics, args.member_ttl_ms)
-    except _ERRORS as exc:
-        raise _failed(args, exc) from exc
+    def read(client: SyncRedis) -> tuple[GroupSummary, GroupStatus]:
+        summary = group_summary(client, args.group, args.member_ttl_ms)
+        topics = args.topic or list(summary.topics) or None
+        return summary, group_status(client, args.group, topics, args.member_ttl_ms)
+
+    summary, status = patience.read_redis(args, read)
     if status.missing_topics:
         raise clitools.CliError(f"no topic {', '.join(map(repr, status.missing_topics))} in {redact_url(args.redis)}")
     if not status.known and not summary.topics:

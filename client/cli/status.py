@@ -21,14 +21,13 @@ import json
 import time
 from dataclasses import asdict
 
+from ddmq.client.cli import patience
 from ddmq.protocol import clitools
-from ddmq.protocol.redis.connection import REDIS_ERRORS, redact_url, sync_redis
+from ddmq.protocol.redis.connection import redact_url
 from ddmq.protocol.redis.status import DEFAULT_MEMBER_TTL_MS, GroupStatus, QueueStatus, group_status
 
 __all__ = ["DEFAULT_MEMBER_TTL_MS", "GroupStatus", "QueueStatus", "add_cli", "format_status", "group_status"]
 
-#: What ``ddmq status`` reports as a failure: Redis errors, and a malformed URL (a ValueError).
-_STATUS_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
 
 
 def format_status(status: GroupStatus) -> str:
@@ -112,15 +111,13 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"a member silent for longer is expired: the proxies' leases.ttl_ms (default {DEFAULT_MEMBER_TTL_MS})",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    patience.add_timeout(parser)
     parser.set_defaults(func=_status_command)
 
 
 def _status_command(args: argparse.Namespace) -> int:
-    try:
-        with sync_redis(args.redis) as client:
-            status = group_status(client, args.group, args.topic, args.member_ttl_ms)
-    except _STATUS_ERRORS as exc:
-        raise clitools.CliError(f"{redact_url(args.redis)}: {exc}") from exc
+    status = patience.read_redis(args, lambda client: group_status(client, args.group, args.topic,
+                                                                   args.member_ttl_ms))
     if status.missing_topics:
         raise clitools.CliError(
             f"no topic {', '.join(map(repr, status.missing_topics))} in {redact_url(args.redis)}"

@@ -14,14 +14,13 @@ import argparse
 import json
 from dataclasses import asdict, dataclass
 
+from ddmq.client.cli import patience
 from ddmq.protocol import clitools
 from ddmq.protocol.redis import keys
-from ddmq.protocol.redis.connection import REDIS_ERRORS, SyncRedis, redact_url, sync_redis
+from ddmq.protocol.redis.connection import SyncRedis, redact_url
 
 __all__ = ["QueueInfo", "TopicInfo", "add_cli", "topic_info"]
 
-#: What the command reports as a failure: Redis errors, and a malformed URL (a ValueError).
-_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
 
 
 @dataclass(frozen=True)
@@ -97,15 +96,15 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for action, func in ((listing, _list), (describe, _describe)):
         clitools.env_option(action, "--redis", clitools.ENV_REDIS, "the broker's URL, e.g. redis://127.0.0.1:6379/0")
         action.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        patience.add_timeout(action)
         action.set_defaults(func=func)
 
 
 def _read(args: argparse.Namespace, names: list[str] | None) -> list[TopicInfo]:
-    try:
-        with sync_redis(args.redis) as client:
-            found = [topic_info(client, name) for name in (names if names is not None else topic_names(client))]
-    except _ERRORS as exc:
-        raise clitools.CliError(f"{redact_url(args.redis)}: {exc}") from exc
+    def read(client: SyncRedis) -> list[TopicInfo | None]:
+        return [topic_info(client, name) for name in (names if names is not None else topic_names(client))]
+
+    found = patience.read_redis(args, read)
     if names is not None and None in found:
         raise clitools.CliError(f"no topic {names[0]!r} in {redact_url(args.redis)}")
     return [info for info in found if info is not None]
