@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterable
 from typing import IO
 
 from ddmq.protocol import clitools
+from ddmq.protocol.produce import calls
 from ddmq.protocol.produce.delivery import DEFAULT_DELIVERY_TIMEOUT_MS
 from ddmq.protocol.produce.producer import (
     DEFAULT_DEDUP_WINDOW_S,
@@ -76,6 +78,12 @@ def _produce_command(args: argparse.Namespace) -> int:
         raise clitools.CliError("--max-message-bytes must be at least 1", clitools.USAGE_ERROR)
     if not args.dedup_window_s > 0:
         raise clitools.CliError("--dedup-window-s must be positive", clitools.USAGE_ERROR)
+    waiting = _SayWaiting(args.delivery_timeout_ms)
+    retries = logging.getLogger(calls.__name__)
+    retries.addHandler(waiting)
+    if not retries.isEnabledFor(logging.DEBUG):  # not -v: the retries reach this handler and no other
+        retries.setLevel(logging.DEBUG)
+        retries.propagate = False
     try:
         with Producer(
             args.redis, delivery_timeout_ms=args.delivery_timeout_ms, max_message_bytes=args.max_message_bytes,
@@ -88,6 +96,25 @@ def _produce_command(args: argparse.Namespace) -> int:
             return produce_lines(producer, args.topic, sys.stdin.buffer, batch=args.batch, err=sys.stderr)
     except (ProduceError, ValueError) as exc:
         raise clitools.CliError(str(exc)) from exc
+    finally:
+        retries.removeHandler(waiting)
+
+
+class _SayWaiting(logging.Handler):
+    """Says on stderr, once, that Redis failed and the command keeps retrying (the producer logs each
+    retry at DEBUG): a command that waits through a failover says why it waits."""
+
+    def __init__(self, timeout_ms: int) -> None:
+        super().__init__(logging.DEBUG)
+        self.timeout_ms, self.said = timeout_ms, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.said or not record.msg.startswith("producing to %r: retry"):
+            return
+        self.said = True
+        error = record.args[-1] if isinstance(record.args, tuple) and record.args else "?"
+        print(f"ddmq produce: redis failed ({error}); retrying for up to {self.timeout_ms / 1000:g}s "
+              "(--delivery-timeout-ms)", file=sys.stderr, flush=True)
 
 
 def _check_topic_exists(producer: Producer, url: str, topic: str) -> None:

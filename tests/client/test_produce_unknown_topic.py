@@ -95,6 +95,9 @@ def test_produce_started_while_redis_refuses_waits_for_it_then_checks_and_sends(
                     if pipe is not None:
                         pipe.close()
         assert known.returncode == 0, known_err
+        for err in (known_err, typo_err):  # each said once why it waited
+            waited = [line for line in err.splitlines() if "retrying for up to 120s" in line]
+            assert len(waited) == 1 and waited[0].startswith("ddmq produce: redis failed ("), err
         assert client.xlen(keys.stream("rides", 0)) == 1
         assert typo.returncode == 1, typo_err
         assert "no topic 'ridez'" in typo_err and "existing topics: rides" in typo_err, typo_err
@@ -111,4 +114,6 @@ def test_produce_gives_up_on_a_redis_that_never_answers_at_its_delivery_timeout(
     assert result.returncode == 1, result
     assert result.stderr.startswith("ddmq produce: "), result.stderr
     assert "delivery_timeout_ms (1500) passed" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and "retrying for up to 1.5s" in lines[0], result.stderr
     assert time.monotonic() - started >= 1.5
