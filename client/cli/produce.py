@@ -81,6 +81,7 @@ def _produce_command(args: argparse.Namespace) -> int:
     waiting = _SayWaiting(args.delivery_timeout_ms)
     retries = logging.getLogger(calls.__name__)
     retries.addHandler(waiting)
+    level, propagate = retries.level, retries.propagate
     if not retries.isEnabledFor(logging.DEBUG):  # not -v: the retries reach this handler and no other
         retries.setLevel(logging.DEBUG)
         retries.propagate = False
@@ -98,6 +99,8 @@ def _produce_command(args: argparse.Namespace) -> int:
         raise clitools.CliError(str(exc)) from exc
     finally:
         retries.removeHandler(waiting)
+        retries.setLevel(level)
+        retries.propagate = propagate
 
 
 class _SayWaiting(logging.Handler):
