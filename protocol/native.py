@@ -57,6 +57,7 @@ COMPILED: Final = (
     "ddmq.proxy.groups.group",
     # every job's owner: what finishing one does (an ack's last step in the engine), the flow control
     "ddmq.proxy.engine.topic_jobs",
+    "ddmq.proxy.engine.chain_run",
     # the job the chain runs on, and the engine's, which extends it (a native class extends only a native one)
     "ddmq.actions.job",
     "ddmq.proxy.engine.job",

@@ -14,15 +14,16 @@ coordinator around one subscription state:
 - :class:`~ddmq.proxy.cluster.commits.OffsetCommitter` (``commits``): over ``owned``, the lease store
   and the broker; a fenced-off commit drops through ``QueueDrops``. It joins the proxy's
   :class:`~ddmq.proxy.cluster.commits.CommitBoard` when the consumer starts;
+- :class:`~ddmq.proxy.engine.chain_run.ChainRun` (``chain_run``): the chain, the chain's context, and
+  what runs jobs down it: the readers' ``accept`` and the dispatcher of the key gate's runnable jobs;
 - :class:`~ddmq.proxy.engine.reader.TopicReads`: what the topic's readers share (``jobs`` for room and
-  the lease check, :meth:`TopicConsumer.accept` for what they read, ``commits.on_rollback``,
-  ``owned.take_gap``);
+  the lease check, ``chain_run.accept`` for what they read, ``commits.on_rollback``, ``owned.take_gap``);
 - :class:`~ddmq.proxy.cluster.ownership.QueueOwnership` (``ownership``): claims, hand-offs and drops on
   the upkeep's rounds, opening a queue with ``commits.load`` and ``jobs.load_keys``.
 
-What stays here is the chain: :meth:`TopicConsumer.accept` makes each message read a job and runs it
-down the chain (:meth:`~TopicConsumer.run`), and the dispatcher runs those the key gate made runnable.
-An ack never comes back here: the buffer finishes a job through ``jobs``, in the engine.
+What stays here is the lifecycle (start, retire, close, reconfigure) and the views ops and the API
+read. Nothing on a message's way passes through: a read goes reader → chain → buffer in the engine,
+and an ack goes from the buffer to the offsets there too.
 """
 
 from __future__ import annotations
@@ -31,10 +32,8 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
-from time import perf_counter
-from typing import Final
 
-from ddmq.actions import Action, Status, build_chain, close_chain, start_chain
+from ddmq.actions import Action, close_chain, start_chain
 from ddmq.actions.pacing import TokenBucket
 from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.cluster.commits import OffsetCommitter
@@ -42,8 +41,7 @@ from ddmq.proxy.cluster.leases import Lease
 from ddmq.proxy.cluster.ownership import QueueDrops, QueueOwnership
 from ddmq.proxy.cluster.queue_state import OwnedQueues
 from ddmq.proxy.core.errors import DdmqError
-from ddmq.proxy.core.types import QueueId, StoredMessage
-from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.chain_run import ChainRun
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.reader import TopicReads
@@ -54,10 +52,6 @@ from ddmq.proxy.store.key_commands import ParkStore
 
 log = logging.getLogger(__name__)
 
-# Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
-# Final: the compiled build keeps them in C statics, where a plain global is a dict lookup per use.
-_CONTINUE: Final = Status.CONTINUE
-_ASYNC: Final = Status.ASYNC
 
 
 class TopicConsumer:
@@ -83,11 +77,9 @@ class TopicConsumer:
         self.blocking_queue = self.jobs.blocking_queue
         self.parking = self.jobs.parking
         self.counters = self.jobs.counters
-        self.chain: list[Action] = build_chain(config.actions, self)
-        #: The chain's ``act`` methods, bound once (compiled, a lookup and a binding per job otherwise).
-        self._acts: list[Callable[[UpstreamJob], Status]] = [action.act for action in self.chain]
-        #: One duration observer per action of the chain (set by ProxyMetrics.instrument), or None.
-        self.action_timers: list[Callable[[float], None]] | None = None
+        #: The chain and what runs jobs down it: the readers' ``accept``, the key gate's dispatcher.
+        self.chain_run = ChainRun(self.jobs, buffer, config.actions, self.owned.tracker)
+        self.chain: list[Action] = self.chain_run.chain
         #: Per qid: offsets found trimmed before this group read them (:mod:`ddmq.proxy.engine.expiry`).
         self.expired: Counter[int] = Counter()
         self._wire(config, parts)
@@ -102,8 +94,8 @@ class TopicConsumer:
             group, topic, owned, broker=parts.broker, leases=parts.leases, settings=parts.lease_config,
             instance_id=parts.membership.instance_id, start_from=config.start_from, drop_queue=drops.drop,
         )
-        reads = TopicReads(group, topic, parts.broker, jobs, self.accept, self.commits.on_rollback, owned.take_gap,
-                           self.expired, parts.read_audit)
+        reads = TopicReads(group, topic, parts.broker, jobs, self.chain_run.accept, self.commits.on_rollback,
+                           owned.take_gap, self.expired, parts.read_audit)
         self.ownership = QueueOwnership(
             group, topic, owned, broker=parts.broker, leases=parts.leases, membership=parts.membership,
             upkeep=parts.upkeep, settings=parts.lease_config, commits=self.commits, drops=drops, reads=reads,
@@ -113,9 +105,14 @@ class TopicConsumer:
     def count(self, what: str, n: int = 1) -> None:
         self.jobs.counters[what] += n
 
-    def finish(self, job: UpstreamJob) -> None:
-        """``job`` is done (a push action's): released and marked by its owner (``TopicJobs.finish``)."""
-        self.jobs.finish(job)
+    @property
+    def action_timers(self) -> list[Callable[[float], None]] | None:
+        """One duration observer per action of the chain (set by ProxyMetrics.instrument), or None."""
+        return self.chain_run.action_timers
+
+    @action_timers.setter
+    def action_timers(self, timers: list[Callable[[float], None]] | None) -> None:
+        self.chain_run.action_timers = timers
 
     @property
     def config(self) -> TopicGroupConfig:
@@ -165,7 +162,7 @@ class TopicConsumer:
         start_chain(self.chain)
         self._parts.committers.join(self.commits)
         self._tasks.append(asyncio.create_task(self.ownership.run(), name=f"open:{self.group}/{self.topic}"))
-        self._tasks.append(asyncio.create_task(self._dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
+        self._tasks.append(asyncio.create_task(self.chain_run.dispatch(), name=f"dispatch:{self.group}/{self.topic}"))
         self._tasks.append(asyncio.create_task(self._parts.key_watcher.serve(self.group, self.topic,
                                                                              command_handler(self)),
                                                name=f"keys:{self.group}/{self.topic}"))
@@ -212,83 +209,6 @@ class TopicConsumer:
         """Apply settings the engine reads as it goes (see ``ddmq.proxy.groups.changes.IN_PLACE_FIELDS``)."""
         self.jobs.reconfigure(config)
         self.commits.start_from = config.start_from
-
-    # reading (the readers' ``accept``) ---------------------------------------------------------------
-
-    async def accept(self, queue: QueueId, messages: list[StoredMessage]) -> None:
-        """Messages read from ``queue``, in order (one read's batch: one call, not one per message)."""
-        tracker = self.owned.tracker(queue.qid)
-        if tracker is None:
-            return  # dropped meanwhile: untracked, so the queue's next reader reads them again
-        # tracker.track and self.run without local aliases: compiled, an alias is a call through Python
-        jobs = self.jobs
-        tags = jobs.tags
-        counters = jobs.counters
-        concurrency = jobs.config.concurrency
-        read = 0
-        try:
-            for message in messages:
-                if jobs.unfinished >= concurrency:
-                    # Several readers size their reads before the others' land: hold the rest of this
-                    # batch (untracked, so a stop here loses nothing) until there is room again.
-                    await jobs.wait_for_room()
-                    concurrency = jobs.config.concurrency  # a reload may have changed it meanwhile
-                if tracker.track(message.offset):
-                    counters["skipped_finished"] += 1  # a previous owner finished it
-                    continue
-                if tags and message.tag not in tags:
-                    tracker.finish(message.offset)
-                    counters["filtered"] += 1
-                    continue
-                jobs.unfinished += 1
-                read += 1
-                self.run(UpstreamJob(jobs, queue, message, tracker))
-        finally:
-            counters["read"] += read
-            self.buffer.answer_parked()
-
-    # the chain ---------------------------------------------------------------------------------
-
-    def run(self, job: UpstreamJob) -> None:
-        """Run ``job`` from its current position in the chain until an action takes it over."""
-        acts = self._acts
-        timers = self.action_timers
-        while job.index < len(acts):
-            index = job.index
-            job.index = index + 1
-            started = perf_counter() if timers is not None else 0.0
-            try:
-                status = acts[index](job)
-            except Exception as exc:
-                name = type(self.chain[index]).__name__
-                log.exception("action %s failed on %r", name, job)
-                job.last_error = f"{name} raised {exc!r}"
-                status = Status.FAIL
-            if timers is not None:
-                timers[index](perf_counter() - started)
-            if status is _CONTINUE:
-                continue
-            if status is _ASYNC:
-                return
-            if status is Status.FAIL:
-                self.redelivery.dead_letter(job, job.last_error or "action failed")
-                return
-            break
-        job.state = JobState.FINISHED
-        self.jobs.finish(job)
-
-    async def _dispatch(self) -> None:
-        """Continue the chain of jobs the key gate made runnable (reactivated first)."""
-        queue = self.blocking_queue
-        jobs = self.jobs
-        while True:
-            await queue.wait()
-            while (job := queue.pop()) is not None:
-                if job.tracker.dropped:  # its queue moved away: let its key's successor go on
-                    job.state = JobState.FINISHED
-                    jobs.finish(job)
-                    continue
-                self.run(job)
 
 
 class ConsumerGroup:
