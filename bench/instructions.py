@@ -177,7 +177,7 @@ def reply_messages() -> list[Any]:
 def _traced_decode(messages: int) -> None:
     """The body of a ``--client-decode`` run: one reply encoded, then decoded ``messages / 64`` times."""
     from ddmq.protocol.wire import ConsumerService, decode
-    from ddmq.protocol.wire.pull_codec import encode_pull_reply
+    from ddmq.proxy.core.pull_codec import encode_pull_reply
 
     payload = encode_pull_reply(7, "g", "t", "3", reply_messages())[4:]
     for _ in range(messages // BATCH):

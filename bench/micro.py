@@ -4,7 +4,7 @@
 
 - ``codec``: encoding a 64-message pull reply with thriftpy2's own writer (the baseline: what a plain
   thriftpy2 server spends), with ``wire.encode`` from thriftpy2 structs, and with
-  :mod:`ddmq.protocol.wire.pull_codec`; the client's decoding of that reply; a pull request carrying 64 acks,
+  :mod:`ddmq.proxy.core.pull_codec`; the client's decoding of that reply; a pull request carrying 64 acks,
   encoded and decoded; one carrying a single ack, decoded (QID ordering's request: its whole cost
   falls on one message); a stream entry as XREAD returns it, decoded into the engine's message;
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
@@ -35,7 +35,7 @@ from thriftpy2.transport import TMemoryBuffer
 
 from bench.instructions import drain_engine, engine_config, produce_engine_backlog, reply_messages
 from ddmq.protocol.wire import ConsumeResult, ConsumerService, Context, PullRequest, TMessageType, decode, encode
-from ddmq.protocol.wire.pull_codec import encode_pull_reply
+from ddmq.proxy.core.pull_codec import encode_pull_reply
 from ddmq.proxy.core.types import PullBatch, QueueId
 from ddmq.proxy.servers.thrift.handler import pull_response
 from ddmq.proxy.service import ProxyService

@@ -29,7 +29,7 @@ from bench.dataset import body, draw
 from ddmq.protocol import wire
 from ddmq.protocol.redis.hashing import queue_for_key
 from ddmq.protocol.wire import ConsumeResult, ConsumerService, TMessageType
-from ddmq.protocol.wire.pull_codec import encode_pull_reply
+from ddmq.proxy.core.pull_codec import encode_pull_reply
 from ddmq.proxy.core.types import StoredMessage
 from tests.harness.clientproc import Ready
 

@@ -1,7 +1,7 @@
 """What the proxy and its clients share, by concern:
 
-- ``wire/``: the Thrift contract (the IDL in ``idl/``, its structs, the framed compact codec, the
-  proxy's pull-reply encoder);
+- ``wire/``: the Thrift contract (the IDL in ``idl/``, its structs, the framed compact codec; the
+  proxy's own hand-written pull-reply encoder is ``ddmq.proxy.core.pull_codec``);
 - ``redis/``: the Redis layout (key names, connections, stream entries, topic metadata, the queue hash,
   the Lua scripts, a group's status);
 - ``produce/``: the producers and their retries;

@@ -75,7 +75,7 @@ COMPILED: Final = (
     "ddmq.actions.json_action",
     "ddmq.config.jsonpath",
     "ddmq.actions.pull_server",
-    "ddmq.protocol.wire.pull_codec",
+    "ddmq.proxy.core.pull_codec",
     # which client holds which message (the console's view): two dict operations per message delivered
     "ddmq.proxy.servers.clients",
     # a Thrift call from its decoded struct to its reply frame; its coroutines are awaited by the

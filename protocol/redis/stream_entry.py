@@ -43,7 +43,7 @@ PRODUCE_TIME: Final = b"ts"
 
 class StoredMessage(NamedTuple):
     """A message as read from a queue's stream; pull replies carry it as the wire's ``Message``
-    (:mod:`ddmq.protocol.wire.pull_codec`)."""
+    (:mod:`ddmq.proxy.core.pull_codec`)."""
 
     offset: int
     value: bytes

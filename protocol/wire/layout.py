@@ -1,6 +1,6 @@
 """The compact protocol's numbers, its varint, and the ``Message`` layout, each written down once.
 
-The reader, the writer and the hand-written pull reply encoder (:mod:`ddmq.protocol.wire.pull_codec`) all
+The reader, the writer and the hand-written pull reply encoder (:mod:`ddmq.proxy.core.pull_codec`) all
 take their type ids, field headers and varints from here, so they cannot disagree about a byte.
 
 ``Message`` is the one struct with fast paths on both sides (the proxy writes it without the generic

@@ -8,7 +8,7 @@ from typing import NamedTuple, Protocol
 from ddmq.protocol.redis.stream_entry import (
     StoredMessage as StoredMessage,  # re-exported: the engine names it from here
 )
-from ddmq.protocol.wire.pull_codec import REPLY_OVERHEAD_BYTES, message_bytes_bound
+from ddmq.proxy.core.pull_codec import REPLY_OVERHEAD_BYTES, message_bytes_bound
 
 
 class QueueId(NamedTuple):
@@ -76,7 +76,7 @@ class ReplySize(Protocol):
 
 
 class _ThriftReply:
-    """A pull reply's size as a Thrift frame (:mod:`ddmq.protocol.wire.pull_codec`'s bound)."""
+    """A pull reply's size as a Thrift frame (:mod:`ddmq.proxy.core.pull_codec`'s bound)."""
 
     overhead = REPLY_OVERHEAD_BYTES
 

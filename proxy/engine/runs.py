@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from ddmq.protocol.wire.pull_codec import MESSAGE_OVERHEAD_BYTES, UTF8_MAX_BYTES
+from ddmq.proxy.core.pull_codec import MESSAGE_OVERHEAD_BYTES, UTF8_MAX_BYTES
 from ddmq.proxy.core.types import THRIFT_REPLY, QueueId, ReplySize, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.queue_slot import QueueSlot

@@ -15,10 +15,11 @@ from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.transport import TMemoryBuffer
 
 from ddmq.protocol import wire
-from ddmq.protocol.wire import ConsumerService, Message, PullResponse, TMessageType, layout, pull_codec
+from ddmq.protocol.wire import ConsumerService, Message, PullResponse, TMessageType, layout
 from ddmq.protocol.wire.message_reader import read_messages
-from ddmq.protocol.wire.pull_codec import encode_pull_reply
 from ddmq.protocol.wire.reader import CompactReader
+from ddmq.proxy.core import pull_codec
+from ddmq.proxy.core.pull_codec import encode_pull_reply
 from ddmq.proxy.core.types import PullBatch, QueueId, StoredMessage
 from ddmq.proxy.servers.thrift.handler import pull_response
 

@@ -26,8 +26,8 @@ from ddmq.client.thrift_client import AsyncProxyClient, PullError
 from ddmq.protocol import wire
 from ddmq.protocol.produce.producer import Producer
 from ddmq.protocol.wire import writer as thrift_writer
-from ddmq.protocol.wire.pull_codec import encode_pull_reply
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
+from ddmq.proxy.core.pull_codec import encode_pull_reply
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.service import ProxyService
 

@@ -30,11 +30,11 @@ from ddmq.protocol.wire import (
     TMessageType,
     encode,
 )
-from ddmq.protocol.wire.pull_codec import FAST_PULL_REPLY, encode_pull_reply
 from ddmq.protocol.wire.reader import new_struct
 from ddmq.proxy.api.requests import too_many_offsets
 from ddmq.proxy.api.surface import ConsumeService
 from ddmq.proxy.core.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
+from ddmq.proxy.core.pull_codec import FAST_PULL_REPLY, encode_pull_reply
 from ddmq.proxy.core.types import FailNote, PullBatch, PullLease, QueueResult, StoredMessage
 from ddmq.proxy.servers.clients import ClientTracker
 
@@ -280,7 +280,7 @@ def _message(m: StoredMessage) -> Message:
 
 
 def _encode_pull_reply(seqid: int, group: str, topic: str | None, batch: PullBatch, peer: str) -> bytes:
-    """The reply frame by the hand-written encoder (:mod:`ddmq.protocol.wire.pull_codec`)."""
+    """The reply frame by the hand-written encoder (:mod:`ddmq.proxy.core.pull_codec`)."""
     queue = batch.queue
     try:
         if queue is None:

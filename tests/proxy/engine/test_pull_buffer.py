@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from ddmq.protocol.wire.pull_codec import encode_pull_reply
+from ddmq.proxy.core.pull_codec import encode_pull_reply
 from ddmq.proxy.core.types import PullBatch, QueueId
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.pull_buffer import PullBuffer

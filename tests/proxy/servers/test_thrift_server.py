@@ -36,14 +36,7 @@ from ddmq.client.thrift_client import (
 )
 from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
-from ddmq.protocol.wire import (
-    ConsumeResult,
-    ConsumerService,
-    ConsumeStatsRequest,
-    Context,
-    PullRequest,
-    TMessageType,
-)
+from ddmq.protocol.wire import ConsumeResult, ConsumerService, ConsumeStatsRequest, Context, PullRequest, TMessageType
 from ddmq.proxy.core.errors import BrokerError, UnknownGroupError, UnknownTopicError
 from ddmq.proxy.core.types import (
     ConsumeStatsRow,
