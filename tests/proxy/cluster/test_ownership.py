@@ -56,7 +56,7 @@ async def test_drop_with_release_frees_the_lease_and_forgets_the_jobs(
     async with Proxy(redis_client, "p1") as proxy:
         await proxy.wait_held({0})
         proxy.membership.stall()  # the lease loop claims nothing back meanwhile
-        batch = await proxy.buffer.pull("t", 100, 5000)  # waits for the reader's first read
+        batch = await proxy.buffer.pull("t", 100, 20_000)  # answered at the reader's first read
         assert batch.messages  # handed out, not acked
         tracker = proxy.consumer.commits.tracker(0)
         await proxy.consumer.ownership.drop_queue(0, release=True)
