@@ -169,7 +169,14 @@ class ConnectionCounter:
 
     async def on_connect(self, connection: AbstractConnection) -> None:
         self.count += 1
-        await connection.on_connect()
+        # Without the health check redis-py's own handshake skips: ``on_connect()`` pings before the first
+        # handshake command, and a connection lost during that ping is made again inside it, handshake
+        # and ping included, so a link that resets every new connection recursed until the stack ran out.
+        handshake = getattr(connection, "on_connect_check_health", None)
+        if handshake is None:  # an older redis-py, whose handshake has no health check
+            await connection.on_connect()
+        else:
+            await handshake(check_health=False)
 
 
 def _xread_callback(parse: Callable[..., Any]) -> Callable[..., Any]:

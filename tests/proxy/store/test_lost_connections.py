@@ -5,13 +5,16 @@ transport raises RuntimeError, which the project's connection classes turn into 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 
 import pytest
 import redis
 
-from ddmq.protocol.redis.connection import async_redis
+from ddmq.protocol.redis.connection import Deadlines, async_redis
 from ddmq.proxy.core.errors import BrokerError
-from ddmq.proxy.store.broker import Broker
+from ddmq.proxy.store.broker import Broker, ConnectionCounter
+from ddmq.proxy.store.client import broker_client
 
 
 @pytest.mark.both_loops
@@ -50,3 +53,48 @@ async def test_a_queue_read_on_a_reset_link_fails_as_a_broker_error_and_the_next
     finally:
         await broker.close()
         await client.aclose()
+
+
+class _ResettingServer:
+    """Accepts every connection, reads the client's first bytes (its handshake) and resets it (RST):
+    a middlebox that drops connections as soon as they carry anything."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._reset, "127.0.0.1", 0)
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _reset(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        await reader.read(1)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+
+@pytest.mark.both_loops
+@pytest.mark.parametrize("kind", ["proxy", "plain"])
+async def test_connections_reset_during_their_handshake_fail_the_call_and_do_not_recurse(kind: str) -> None:
+    # redis-py pings a new connection's first command when health checks are on; a reconnect inside that
+    # ping ran the handshake again, so a link that reset every new connection recursed until the stack ran out.
+    server = _ResettingServer()
+    async with server as url:
+        deadlines = Deadlines(health_check_interval_ms=10_000)
+        client = (broker_client(url, deadlines, ConnectionCounter()) if kind == "proxy"
+                  else async_redis(url, deadlines))  # the producers' and the CLI's
+        try:
+            for calls in range(1, 4):
+                with pytest.raises((BrokerError, redis.ConnectionError)):
+                    await client.ping()
+                # a call costs its connection and the one retry on a new one, not a connection per stack frame
+                assert server.connections <= 3 * calls
+        finally:
+            await client.aclose()
