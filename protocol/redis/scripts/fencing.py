@@ -75,9 +75,13 @@ return renewed
 """
 
 # KEYS: lease, term.  ARGV: token.  1 = released, 0 = it was not ours any more.
+# The term moves on with the release: a released lease is given up for good, so a renewal or a commit
+# of the old token that reaches Redis after it (one in flight as the lease was released) is refused
+# instead of writing the lease back, which would hold the queue for a TTL with nobody reading it.
 LEASE_RELEASE_LUA: Final = OOM_PASS_LUA + _HOLDS + """
 if not holds() then return 0 end
 redis.call('DEL', KEYS[1])
+redis.call('INCR', KEYS[2])
 return 1
 """
 

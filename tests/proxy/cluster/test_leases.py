@@ -127,3 +127,19 @@ async def test_a_held_lease_costs_one_redis_command_per_renewal(redis_client: ai
     assert ran.pop("getex") == 40 and ran.pop("del") == 1  # the OOM pass of the one script call
     assert set(ran) <= {"evalsha", "eval", "script", "info", "config"}, ran
     assert 59_000 < await redis_client.pttl(leases[0].keys()[0]) <= 60_000
+
+
+async def test_a_renewal_or_commit_arriving_after_the_release_does_not_take_the_lease_back(
+    redis_client: aioredis.Redis,
+) -> None:
+    """A renewal batch sent before a hand-off released its lease may reach Redis after the release: it
+    must not write the lease back (the queue would wait out a TTL with nobody reading it)."""
+    a, b = LeaseStore(redis_client, "proxy-a", 30_000), LeaseStore(redis_client, "proxy-b", 30_000)
+    lease = await a.acquire("g", "t", 0)
+    assert lease is not None and await a.release(lease)
+    assert await a.renew_many([lease]) == [False]
+    assert not await a.renew(lease)
+    assert not await a.commit(lease, 4)
+    assert await redis_client.get(keys.lease("g", "t", 0)) is None
+    successor = await b.acquire("g", "t", 0)
+    assert successor is not None and successor.term > lease.term
