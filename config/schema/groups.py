@@ -34,6 +34,10 @@ class TopicGroupConfig(Model):
     tags: list[str] = []
     #: Most unfinished jobs (read but not acked/dead-lettered) per group and topic on this proxy.
     concurrency: Annotated[int, Field(ge=1)] = 1000
+    #: Most messages of one order key held in memory (its head and the successors queued behind it). A
+    #: key's later messages stay in Redis, their offsets remembered, and are read again in order as the
+    #: key drains, so a burst of one key never fills ``concurrency`` and the other keys keep flowing.
+    key_buffer: Annotated[int, Field(ge=1, le=100_000)] = 100
     #: Messages read per second from all queues of the topic; None = unlimited.
     max_tps: Annotated[float, Field(gt=0)] | None = None
     #: A pulled message not acked within this is redelivered as a failed attempt.

@@ -13,14 +13,17 @@ engine; so a message goes reader → chain → buffer without leaving the engine
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from time import perf_counter
 from typing import Final
 
 from ddmq.actions import Action, Status, build_chain
 from ddmq.config.schema import TopicGroupConfig
+from ddmq.proxy.core.errors import BrokerError
+from ddmq.proxy.core.supervise import Backoff, supervised
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.offsets import OffsetTracker
@@ -28,6 +31,7 @@ from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.redelivery import Redelivery
 from ddmq.proxy.engine.topic_jobs import TopicJobs
+from ddmq.proxy.store.offset_reads import read_offsets
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +137,16 @@ class ChainRun:
         self.jobs.finish(job)
 
     async def dispatch(self) -> None:
-        """Continue the chain of jobs the key gate made runnable (reactivated first); runs until cancelled."""
+        """Continue the chain of jobs the key gate made runnable (reactivated first), and run the held
+        messages of keys that drained (:meth:`resume_held`); runs until cancelled."""
+        resumer = asyncio.create_task(supervised("resumer", self.resume_held, f"resumer {self.group}/{self.topic}"))
+        try:
+            await self._dispatch_runnable()
+        finally:
+            resumer.cancel()
+            await asyncio.gather(resumer, return_exceptions=True)
+
+    async def _dispatch_runnable(self) -> None:
         queue = self.blocking_queue
         jobs = self.jobs
         while True:
@@ -144,3 +157,61 @@ class ChainRun:
                     jobs.finish(job)
                     continue
                 self.run(job)
+
+    # held keys ----------------------------------------------------------------------------------
+
+    async def resume_held(self) -> None:
+        """Read the held messages of each key the gate wants again, oldest want first (see
+        :mod:`ddmq.proxy.engine.held_keys`); Redis failing is retried with backoff. Runs until cancelled."""
+        held = self.jobs.held
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            key = await held.next_wanted()
+            try:
+                await self._resume(key)
+            except BrokerError as exc:
+                log.warning("%s/%s: %s; retrying", self.group, self.topic, exc)
+                held.want(key)
+                await asyncio.sleep(backoff.take())
+            else:
+                backoff.reset()
+
+    async def _resume(self, key: Hashable) -> None:
+        """Run up to the room under ``key``'s cap of its oldest held messages down the chain, in order."""
+        jobs, gate, held = self.jobs, self.blocking_queue, self.jobs.held
+        cap = gate.key_cap
+        room = cap - gate.chain_length(key)
+        if room <= 0:
+            return  # the key drains first; releasing its jobs wants it again
+        # Held keys come before new reads, up to one key's cap past the window, so they never starve.
+        while jobs.unfinished >= jobs.config.concurrency + cap:
+            await jobs.wait_for_room()
+        oldest = held.oldest(key, room)
+        if oldest is None:
+            return
+        qid, offsets = oldest
+        tracker = self._tracker_of(qid)
+        if tracker is None:
+            return  # the queue was dropped: its held offsets went with it
+        messages = await read_offsets(jobs.broker, self.topic, qid, offsets)
+        if self._tracker_of(qid) is not tracker or tracker.dropped or not held.taken(key, qid, offsets):
+            return  # dropped while the read was out: the queue's next owner reads them
+        queue = QueueId(self.topic, qid)
+        gate.resuming = key
+        try:
+            for offset in offsets:
+                message = messages.get(offset)
+                if message is None:  # trimmed meanwhile (retention by age or length): nothing to deliver
+                    log.warning("%s/%s#%d: held offset %d is gone from the stream", self.group, self.topic,
+                                qid, offset)
+                    jobs.count("held_gone")
+                    tracker.finish(offset)
+                    continue
+                jobs.unfinished += 1
+                self.run(UpstreamJob(jobs, queue, message, tracker))
+        finally:
+            gate.resuming = None
+            self.buffer.answer_parked()
+        jobs.count("resumed", len(offsets))
+        if key in held.keys and gate.chain_length(key) <= cap // 2:
+            held.want(key)

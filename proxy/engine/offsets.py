@@ -20,7 +20,7 @@ from ddmq.proxy.core.types import StoredMessage
 class OffsetTracker:
     __slots__ = (
         "_done", "_next", "_pending", "_skip", "committed", "committed_version", "dropped", "fresh", "last_read",
-        "version",
+        "records_cut", "version",
     )
 
     def __init__(self, start: int, skip: set[int] | None = None) -> None:
@@ -47,6 +47,8 @@ class OffsetTracker:
         #: The group had no offset on the queue before this tracker's start: entries trimmed below its
         #: first read were never the group's (a trim racing the group's start), not a loss.
         self.fresh = False
+        #: Commits whose record of finished offsets was cut to its bound (see :meth:`finished_beyond`).
+        self.records_cut = 0
 
     def track(self, offset: int) -> bool:
         """Record a read offset. True when an earlier owner already finished it (skip the message)."""
@@ -117,21 +119,47 @@ class OffsetTracker:
 
     def finished_beyond(self) -> str:
         """The offsets finished past the commit point, encoded for storage: with those a previous owner
-        (or an ack elsewhere) finished and this proxy has not read yet, which a commit must not drop."""
-        return encode_ranges(sorted({*(self._done or ()), *(self._skip or ())}))
+        (or an ack elsewhere) finished and this proxy has not read yet, which a commit must not drop.
+
+        Bounded (:data:`FINISHED_RECORD_BYTES`, :data:`FINISHED_RECORD_OFFSETS`): a key held back long
+        (a slow head while the rest of the queue flows) leaves many holes; past the bound the highest
+        records are left out, counted in :attr:`records_cut`, and a next owner delivers those again."""
+        text, cut = bounded_ranges(sorted({*(self._done or ()), *(self._skip or ())}), FINISHED_RECORD_BYTES,
+                                   FINISHED_RECORD_OFFSETS)
+        if cut:
+            self.records_cut += 1
+        return text
+
+
+#: Most bytes of a queue's stored record of offsets finished past its commit point.
+FINISHED_RECORD_BYTES = 1 << 20
+#: Most offsets that record covers (what a next owner reads back: see :func:`decode_ranges`).
+FINISHED_RECORD_OFFSETS = 1_000_000
 
 
 def encode_ranges(offsets: list[int]) -> str:
     """Sorted offsets as ``"3-7,9,12-13"``; dense offsets make this short."""
-    parts = []
+    return bounded_ranges(offsets, 0, 0)[0]
+
+
+def bounded_ranges(offsets: list[int], max_bytes: int, max_offsets: int) -> tuple[str, bool]:
+    """:func:`encode_ranges`, cut to at most ``max_bytes`` of text covering ``max_offsets`` offsets (0:
+    no bound), the lowest ranges kept; and whether it was cut."""
+    parts: list[str] = []
+    size = covered = 0
     i = 0
     while i < len(offsets):
         j = i
         while j + 1 < len(offsets) and offsets[j + 1] == offsets[j] + 1:
             j += 1
-        parts.append(str(offsets[i]) if i == j else f"{offsets[i]}-{offsets[j]}")
+        part = str(offsets[i]) if i == j else f"{offsets[i]}-{offsets[j]}"
+        size += len(part) + 1
+        covered += j - i + 1
+        if (max_bytes and size - 1 > max_bytes) or (max_offsets and covered > max_offsets):
+            return ",".join(parts), True
+        parts.append(part)
         i = j + 1
-    return ",".join(parts)
+    return ",".join(parts), False
 
 
 def decode_ranges(text: str, limit: int = 1_000_000) -> set[int]:

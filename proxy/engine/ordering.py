@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Final
 
+from ddmq.proxy.engine.held_keys import HeldKeys
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 
 # Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
@@ -56,9 +57,20 @@ class _Signal:
 
 
 class UpstreamJobBlockingQueue:
-    def __init__(self) -> None:
+    """The key gate of one group's topic (see the module's docstring). With ``held`` (the topic's
+    :class:`~ddmq.proxy.engine.held_keys.HeldKeys`), a key holds at most ``key_cap`` jobs: a job past
+    it, or of a key with held messages, is held (left in Redis) instead of linked."""
+
+    def __init__(self, held: HeldKeys | None = None, key_cap: int = 0) -> None:
         self._heads: dict[Hashable, UpstreamJob] = {}
         self._tails: dict[Hashable, UpstreamJob] = {}
+        #: Unfinished jobs linked per key (heads and successors).
+        self._lengths: dict[Hashable, int] = {}
+        self.held = held
+        #: Most jobs linked per key while ``held`` is set (a reload changes it in place).
+        self.key_cap = key_cap
+        #: The key whose held messages the chain's resumer runs now: linked whatever its length.
+        self.resuming: Hashable | None = None
         self._main: deque[UpstreamJob] = deque()
         self._reactivated: deque[UpstreamJob] = deque()
         self._nonempty = _Signal()
@@ -87,9 +99,19 @@ class UpstreamJobBlockingQueue:
         return self._link(job)
 
     def _link(self, job: UpstreamJob) -> bool:
-        """Link ``job`` at its key's tail: True (RUNNABLE) when it is the key's head, else WAITING."""
+        """Link ``job`` at its key's tail: True (RUNNABLE) when it is the key's head, else WAITING; or
+        hold it (False, and the job is gone from the engine) when its key is at its cap or has held
+        messages: those go first, so nothing read later may overtake them."""
         key = job.order_key
         if key is not None:
+            held = self.held
+            length = self._lengths.get(key, 0)
+            if held is not None and (length >= self.key_cap or (held.keys and key in held.keys)) and (
+                key != self.resuming
+            ):
+                held.hold(job)
+                return False
+            self._lengths[key] = length + 1
             tail = self._tails.get(key)
             self._tails[key] = job
             if tail is not None:
@@ -106,13 +128,21 @@ class UpstreamJobBlockingQueue:
         if key is None:
             return None
         successor = job.next
+        held = self.held
         if successor is None:
             if self._tails.get(key) is job:
                 del self._tails[key]
                 del self._heads[key]
+                del self._lengths[key]
+                if held is not None and held.keys:
+                    held.want(key)
             return None
         job.next = None
         self._heads[key] = successor
+        length = self._lengths[key] - 1
+        self._lengths[key] = length
+        if held is not None and held.keys and length <= self.key_cap // 2:
+            held.want(key)
         if successor.state is _WAITING:
             successor.state = _RUNNABLE
             self._reactivated.append(successor)
@@ -156,10 +186,5 @@ class UpstreamJobBlockingQueue:
         return list(self._heads.items())
 
     def chain_length(self, key: Hashable) -> int:
-        """Unfinished jobs of ``key`` (walks the chain: for admin views, not the hot path)."""
-        count = 0
-        job = self._heads.get(key)
-        while job is not None:
-            count += 1
-            job = job.next
-        return count
+        """Unfinished jobs of ``key`` linked here (its held messages not counted)."""
+        return self._lengths.get(key, 0)

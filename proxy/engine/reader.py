@@ -30,6 +30,7 @@ from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.supervise import Backoff, supervised
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.expiry import count_expired
+from ddmq.proxy.engine.held_keys import HeldKeys
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.store.broker import Broker, ForeignEntry
 from ddmq.proxy.store.read_link import ReadLink
@@ -63,6 +64,10 @@ class ReadJobs(Protocol):
         """Jobs read and not finished; readers read while it is under ``config.concurrency``."""
     @property
     def limiter(self) -> TokenBucket | None: ...
+
+    @property
+    def held(self) -> HeldKeys:
+        """The messages of keys at their cap, left in Redis: a queue holding too many waits."""
 
     async def wait_for_room(self) -> int: ...
     def may_serve(self, qid: int) -> bool: ...
@@ -184,6 +189,11 @@ class QueueReader:
     async def _wanted(self) -> int:
         """How many messages the next read may ask for: the topic's room and its rate limit."""
         jobs = self.reads.jobs
+        if jobs.held.full(self.qid):
+            # This queue left the most it may in Redis behind keys at their cap: it waits for them to
+            # drain (the topic's other queues read on).
+            with self._link_kept_for_a_block():
+                await jobs.held.wait_below(self.qid)
         if jobs.unfinished < jobs.config.concurrency:
             room = await jobs.wait_for_room()
         else:

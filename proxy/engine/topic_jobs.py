@@ -23,8 +23,9 @@ from collections import Counter
 from collections.abc import Callable
 
 from ddmq.actions.pacing import TokenBucket
-from ddmq.config.schema import TopicGroupConfig
+from ddmq.config.schema import ORDER_KEY_QID, TopicGroupConfig
 from ddmq.proxy.core.types import QueueId
+from ddmq.proxy.engine.held_keys import HELD_PER_QUEUE, HeldKeys
 from ddmq.proxy.engine.job import UpstreamJob
 from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.engine.parking import KeyParking
@@ -56,7 +57,9 @@ class TopicJobs:
         self._buffer = buffer
         #: Bound once: asked before every delivery.
         self._confirmed = confirmed
-        self.blocking_queue = UpstreamJobBlockingQueue()
+        #: Messages of keys at their cap, left in Redis by offset (docs/design/engine.md, "Held keys").
+        self.held = HeldKeys(self._set_aside, _held_per_queue(config))
+        self.blocking_queue = UpstreamJobBlockingQueue(self.held, config.key_buffer)
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         #: Only these tags are read into the chain (empty: all).
@@ -76,6 +79,10 @@ class TopicJobs:
         #: False once the consumer is retiring (its topic left the config): nothing more is handed out.
         self.serving = True
 
+    @property
+    def broker(self) -> Broker:
+        return self._broker
+
     def count(self, what: str, n: int = 1) -> None:
         self.counters[what] += n
 
@@ -86,6 +93,8 @@ class TopicJobs:
             self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         self.tags = frozenset(config.tags)
         self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
+        self.blocking_queue.key_cap = config.key_buffer
+        self.held.per_queue_limit = _held_per_queue(config)
         if self.unfinished < config.concurrency:
             self._short_of_room = False
             self._room.set()
@@ -114,6 +123,13 @@ class TopicJobs:
             self._short_of_room = False
             self._room.set()
 
+    def _set_aside(self, job: UpstreamJob) -> None:
+        """``job`` is held (left in Redis, its offset unfinished): it stops counting against ``concurrency``."""
+        self.unfinished -= 1
+        if self._short_of_room and self.unfinished <= self.config.concurrency - self._refill:
+            self._short_of_room = False
+            self._room.set()
+
     # flow control (the readers') ----------------------------------------------------------------
 
     async def wait_for_room(self) -> int:
@@ -136,9 +152,17 @@ class TopicJobs:
         """The queue moved away: forget its parked keys and its jobs in the buffer, each finished as
         dropped (its offsets stay uncommitted: the queue's next owner delivers them again)."""
         self.parking.forget(qid)
+        self.held.forget(qid)
         for job in self._buffer.drop_queue(QueueId(self.topic, qid)):
             self.finish(job)
 
     def in_flight(self) -> int:
         """Jobs of the topic handed to clients and not acked or failed yet."""
         return self._buffer.in_flight_of(self.topic)
+
+
+def _held_per_queue(config: TopicGroupConfig) -> int:
+    """Most offsets a queue leaves in Redis behind keys at their cap. Ordered by queue (``QID``), a
+    queue is one key: holding its whole backlog would only read it twice, so its reader waits after a
+    read's worth."""
+    return config.read_batch_size if config.order_key == ORDER_KEY_QID else HELD_PER_QUEUE

@@ -13,6 +13,7 @@ from ddmq.config.schema import ProxyConfig, TopicGroupConfig
 IN_PLACE_FIELDS: frozenset[str] = frozenset(
     {
         "concurrency",
+        "key_buffer",
         "max_tps",
         "timeout_ms",
         "max_retry",

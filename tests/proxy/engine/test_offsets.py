@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from ddmq.proxy.engine.offsets import OffsetTracker, decode_ranges, encode_ranges
+from ddmq.proxy.engine.offsets import (
+    FINISHED_RECORD_BYTES,
+    OffsetTracker,
+    bounded_ranges,
+    decode_ranges,
+    encode_ranges,
+)
 
 
 def test_commit_point_stops_at_first_unfinished() -> None:
@@ -97,3 +103,26 @@ def test_a_tracker_that_read_nothing_yet_reports_and_skips_like_any_other() -> N
     assert tracker.commit_point == 10 and tracker.finished_beyond() == "11-16"
     tracker.finish(10)
     assert (tracker.commit_point, tracker.unfinished, tracker.finished_beyond()) == (17, 0, "")
+
+
+def test_the_record_of_finished_offsets_is_cut_to_its_bounds_keeping_the_lowest() -> None:
+    holes = list(range(1, 2001, 2))  # every other offset finished: one range per offset
+    assert bounded_ranges(holes, 0, 0) == (encode_ranges(holes), False)
+    text, cut = bounded_ranges(holes, 100, 0)
+    assert cut and len(text) <= 100 and decode_ranges(text) == set(holes[: len(decode_ranges(text))])
+    text, cut = bounded_ranges([*range(1, 5001), 6000], 0, 5000)
+    assert (text, cut) == ("1-5000", True)
+
+
+def test_a_tracker_held_back_by_one_offset_commits_a_bounded_record_that_reads_back() -> None:
+    tracker = OffsetTracker(1)
+    for offset in range(1, 400_001):
+        tracker.track(offset)
+    for offset in range(2, 400_001, 2):  # the odd offsets (a key held back) stay unfinished
+        tracker.finish(offset)
+    text = tracker.finished_beyond()
+    assert tracker.commit_point == 1 and tracker.records_cut == 1
+    assert len(text) <= FINISHED_RECORD_BYTES
+    finished = decode_ranges(text)  # what a next owner reads back: no more than it can
+    assert finished and all(offset % 2 == 0 for offset in finished)
+    assert sorted(finished) == list(range(2, 2 * len(finished) + 1, 2))
