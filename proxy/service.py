@@ -236,8 +236,9 @@ class ProxyService(OverRegistry):
         return topics
 
     async def close(self) -> None:
-        """Graceful stop: stop reading, answer parked pulls, let clients ack for ``shutdown_grace_ms``,
-        flush offsets, stop the servers, and stop Redis if it is embedded."""
+        """Graceful stop: stop reading, answer parked pulls, leave the member sets, hand each queue over
+        once clients acked what they hold of it (within ``shutdown_grace_ms``), flush offsets, stop the
+        servers, and stop Redis if it is embedded."""
         if self._state in ("closing", "closed"):
             await self._closed.wait()
             return
@@ -247,8 +248,12 @@ class ProxyService(OverRegistry):
             pass
         try:
             if was_running:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + self.config.shutdown_grace_ms / 1000
                 await self.registry.stop_reading()
-                await self._grace()
+                # Each queue goes to its next owner as soon as its own messages in flight are settled.
+                await self.registry.hand_off_all(self.config.shutdown_grace_ms)
+                await self._grace(deadline)
                 if self._committer is not None:
                     self._committer.cancel()
                     await asyncio.gather(self._committer, return_exceptions=True)
@@ -259,9 +264,9 @@ class ProxyService(OverRegistry):
             self._state = "closed"
             self._closed.set()
 
-    async def _grace(self) -> None:
+    async def _grace(self, deadline: float) -> None:
+        """What is still in flight outside the queues handed over (a retiring topic's) until ``deadline``."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.shutdown_grace_ms / 1000
         # Polling keeps the hot ack path free of shutdown bookkeeping; this runs once per process.
         while loop.time() < deadline and self.registry.in_flight():  # noqa: ASYNC110
             await asyncio.sleep(0.05)

@@ -17,6 +17,7 @@ who consumes the topic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -34,6 +35,12 @@ log = logging.getLogger(__name__)
 
 #: How often a consumer whose topic has no metadata yet looks again.
 METADATA_POLL_S = 1.0
+#: While a rebalance's hand-offs run, how often a queue assigned here but still held by its previous
+#: owner is claimed again: that owner releases it as soon as its clients acked what they hold, and
+#: the next heartbeat round (a second away) would leave the queue unserved meanwhile.
+CLAIM_RETRY_S = 0.05
+#: How often a queue being let go looks whether its clients acked what they hold.
+DRAIN_POLL_S = 0.02
 
 
 class QueueDrops:
@@ -67,7 +74,8 @@ class QueueOwnership:
     """The leases one group's topic holds here (in ``owned``): claims, hand-offs and drops, on the
     upkeep's rounds. A claimed queue is opened from its commit point (``commits``) with its parked keys
     (``load_keys``) and read by a :class:`~ddmq.proxy.engine.reader.QueueReader` over ``reads``; a
-    retiring topic waits for its jobs in flight (``in_flight``)."""
+    retiring topic waits for its jobs in flight (``in_flight``), a queue let go for those of the queue
+    (``in_flight_of``)."""
 
     def __init__(
         self,
@@ -85,6 +93,7 @@ class QueueOwnership:
         reads: TopicReads,
         load_keys: Callable[[int], Awaitable[None]],
         in_flight: Callable[[], int],
+        in_flight_of: Callable[[int], int],
     ) -> None:
         self.group = group
         self.topic = topic
@@ -99,6 +108,7 @@ class QueueOwnership:
         self._reads = reads
         self._load_keys = load_keys
         self._in_flight = in_flight
+        self._in_flight_of = in_flight_of
         #: The topic's number of queues, once its metadata is known (0 until then).
         self.queues = 0
         #: The queues this proxy should own, from the last heartbeat (none until the first one).
@@ -108,6 +118,9 @@ class QueueOwnership:
         #: ``owned.leases_version`` when a rebalance last found the held queues equal to the assigned
         #: ones (-1: it did not).
         self._settled_at = -1
+        #: Loop time until which claims refused are tried again every :data:`CLAIM_RETRY_S` (the
+        #: hand-offs of the last change of assignment are under way until then).
+        self._claim_until = 0.0
 
     def _name(self, qid: int) -> str:
         return f"{self.group}/{self.topic}#{qid}"
@@ -158,6 +171,10 @@ class QueueOwnership:
         # Most rounds of a settled proxy end here, for every consumer it serves.
         if assigned == self.assigned and owned.leases_version == self._settled_at:
             return
+        if assigned != self.assigned:
+            settings = self._settings
+            window_ms = settings.handoff_drain_ms + 2 * settings.claim_interval_ms
+            self._claim_until = asyncio.get_running_loop().time() + window_ms / 1000
         self.assigned = assigned
         held = owned.held()
         self._settled_at = owned.leases_version if held.keys() == set(assigned) else -1
@@ -166,18 +183,27 @@ class QueueOwnership:
                 task = asyncio.create_task(self._hand_off(qid), name=f"handoff:{self._name(qid)}")
                 owned.set_handoff(qid, task)
         if self._claiming is None or self._claiming.done():
-            missing = [qid for qid in assigned if owned.lease(qid) is None]
-            if missing:
+            if any(owned.lease(qid) is None for qid in assigned):
                 name = f"claims:{self.group}/{self.topic}"
-                self._claiming = asyncio.create_task(self._claim_all(missing), name=name)
+                self._claiming = asyncio.create_task(self._claim_all(), name=name)
 
-    async def _claim_all(self, qids: list[int]) -> None:
-        for qid in qids:
-            if qid in self.assigned and self.owned.lease(qid) is None:
+    async def _claim_all(self) -> None:
+        """Claim the assigned queues not held, one after another. Those another proxy still holds are
+        tried again every :data:`CLAIM_RETRY_S` while the hand-off window lasts (their owner hands
+        them over); after it, at the upkeep's rounds (a crashed owner's lease runs out by itself)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            refused = 0
+            for qid in self.assigned:
+                if self.owned.lease(qid) is not None:
+                    continue
                 try:
-                    await self._claim(qid)
+                    refused += not await self._claim(qid)
                 except Exception:  # the next round claims again; the upkeep must not stop for it
                     log.exception("%s: claiming failed", self._name(qid))
+            if not refused or loop.time() >= self._claim_until:
+                return
+            await asyncio.sleep(CLAIM_RETRY_S)
 
     def leases(self) -> dict[int, Lease]:
         return self.owned.held()
@@ -193,16 +219,17 @@ class QueueOwnership:
             log.warning("%s: lease term %d was taken over; dropping the queue", self._name(qid), lease.term)
             await self.drop_queue(qid)
 
-    async def _claim(self, qid: int) -> None:
+    async def _claim(self, qid: int) -> bool:
+        """Claim and open ``qid``; False when another proxy holds its lease."""
         async with self._broker.opening:  # a few queues of the proxy at a time (see Broker.opening)
             asked_at = asyncio.get_running_loop().time()
             try:
-                lease = await self._leases.acquire(self.group, self.topic, qid)
+                lease = await self._acquire(qid)
             except DdmqError as exc:
                 log.warning("%s: cannot claim: %s", self._name(qid), exc)
-                return
+                return True
             if lease is None:
-                return
+                return False
             self.owned.claim(qid, lease, asked_at)
             try:
                 await self.open_queue(qid, lease.term)
@@ -210,28 +237,56 @@ class QueueOwnership:
                 # Nothing read yet: free the lease so that the next round (here or elsewhere) opens it again.
                 log.warning("%s: cannot open the queue (%s); claiming it again later", self._name(qid), exc)
                 await self.drop_queue(qid, release=True)
+            return True
+
+    async def _acquire(self, qid: int) -> Lease | None:
+        """The lease on ``qid``, if free. A claim cancelled (the consumer stops) while its script runs
+        still learns whether it took the lease, and releases it: a lease taken and forgotten would
+        keep the queue from every proxy for a TTL."""
+        acquiring = asyncio.ensure_future(self._leases.acquire(self.group, self.topic, qid))
+        try:
+            return await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            with contextlib.suppress(DdmqError, asyncio.CancelledError):
+                lease = await acquiring
+                if lease is not None:
+                    await self._leases.release(lease)
+            raise
 
     async def _hand_off(self, qid: int) -> None:
-        """The queue is assigned elsewhere: stop reading, let clients ack what they hold (bounded),
-        commit, release. The lease keeps being renewed until then."""
+        """The queue is assigned elsewhere: let it go (:meth:`let_go`) within ``handoff_drain_ms``.
+        The lease keeps being renewed until then."""
         try:
-            reader = self.owned.take_reader(qid)
+            await self.let_go(qid, self._settings.handoff_drain_ms)
+        finally:
+            self.owned.set_handoff(qid, None)
+
+    async def let_go(self, qid: int, drain_ms: int) -> int:
+        """Hand ``qid`` over: hand out nothing more of it and stop reading it, give clients up to
+        ``drain_ms`` to ack or fail what they hold, commit, release. What was read and not handed out
+        is not waited for: the next owner reads it again from the commit point, so the queue is served
+        again as soon as its messages in flight are settled, with each key in order. Returns how many
+        were still in flight (delivered again by the next owner)."""
+        owned = self.owned
+        owned.stop_serving(qid)
+        left = 0
+        try:
+            reader = owned.take_reader(qid)
             if reader is not None:
                 await reader.stop()
-            tracker = self.owned.tracker(qid)
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + self._settings.handoff_drain_ms / 1000
-            while tracker is not None and tracker.unfinished and loop.time() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-            if self.owned.lease(qid) is not None:
+            deadline = loop.time() + drain_ms / 1000
+            while self._in_flight_of(qid) and loop.time() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(DRAIN_POLL_S)
+            left = self._in_flight_of(qid)
+            if owned.lease(qid) is not None:
                 await self._commits.commit(qid)
                 await self.drop_queue(qid, release=True)
-                log.info("%s: handed off", self._name(qid))
+                log.info("%s: handed off%s", self._name(qid), f" ({left} in flight left)" if left else "")
         except DdmqError as exc:
             log.warning("%s: hand-off failed (%s); the lease expires by itself", self._name(qid), exc)
             await self.drop_queue(qid)
-        finally:
-            self.owned.set_handoff(qid, None)
+        return left
 
     # the state of one queue ----------------------------------------------------------------------
 
@@ -275,6 +330,23 @@ class QueueOwnership:
                 log.warning("%s: final commit failed (%s); the unacked part is redelivered", self._name(qid), exc)
             await self.drop_queue(qid, release=True)
         return left
+
+    async def hand_off_all(self, drain_ms: int) -> None:
+        """Stopping (after the upkeep let go of this consumer): leave the member set, so the other
+        proxies take the group's queues at their next round, and let every held queue go at once
+        (:meth:`let_go`), each as soon as its own messages in flight are settled, within ``drain_ms``."""
+        try:
+            await self._membership.leave(self.group)
+        except DdmqError as exc:
+            log.warning("%s: leaving the member set failed: %s", self.group, exc)
+        owned = self.owned
+        running = owned.handoffs()
+        for qid in owned.held():  # a hand-off under way hands out nothing more either
+            owned.stop_serving(qid)
+        letting = [self.let_go(qid, drain_ms) for qid in owned.held() if not owned.handing_off(qid)]
+        await asyncio.gather(*letting)
+        if running:
+            await asyncio.wait(running, timeout=drain_ms / 1000)
 
     async def release_all(self) -> None:
         """Leave the member set and give every held queue up (graceful shutdown, after the final flush)."""

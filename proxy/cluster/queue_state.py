@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 class QueueState:
-    __slots__ = ("confirmed_at", "gap_until", "handoff", "lease", "qid", "reader", "rollbacks", "tracker")
+    __slots__ = ("confirmed_at", "gap_until", "handoff", "lease", "leaving", "qid", "reader", "rollbacks", "tracker")
 
     def __init__(self, qid: int) -> None:
         self.qid = qid
@@ -39,6 +39,8 @@ class QueueState:
         self.reader: QueueReader | None = None
         #: The hand-off under way (the queue is assigned elsewhere), if any.
         self.handoff: asyncio.Task[None] | None = None
+        #: Being let go (a hand-off, a stop): nothing more of it is handed out, acks still count.
+        self.leaving = False
         #: The sequence raised after a rollback: the next reader steps over the unused offsets up to it.
         self.gap_until: int | None = None
         #: Rollbacks of Redis detected on the queue (monotonic).
@@ -86,12 +88,19 @@ class OwnedQueues:
             state.confirmed_at = None
 
     def confirmed(self, qid: int) -> bool:
-        """True while the lease on ``qid`` is surely valid: its last confirmation is younger than the
-        TTL by Redis's clock, with the margins, and no stall of the process came after it."""
+        """True while the lease on ``qid`` is surely valid (its last confirmation is younger than the
+        TTL by Redis's clock, with the margins, and no stall of the process came after it) and the
+        queue is not being let go."""
         state = self._states.get(qid)
-        if state is None or state.confirmed_at is None:
+        if state is None or state.confirmed_at is None or state.leaving:
             return False
         return self._clock.valid(state.confirmed_at)
+
+    def stop_serving(self, qid: int) -> None:
+        """Hand out nothing more of ``qid`` (what clients hold may still be acked): it is being let go."""
+        state = self._states.get(qid)
+        if state is not None and state.lease is not None:
+            state.leaving = True
 
     def take_reader(self, qid: int) -> QueueReader | None:
         """The queue's reader, no longer the queue's (the caller stops it)."""
@@ -110,6 +119,7 @@ class OwnedQueues:
             state.tracker.dropped = True
         lease = state.lease
         state.lease = state.confirmed_at = state.tracker = state.reader = state.gap_until = None
+        state.leaving = False
         self.leases_version += 1
         return lease
 

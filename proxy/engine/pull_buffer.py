@@ -341,6 +341,11 @@ class PullBuffer:
         """Jobs of ``topic`` handed to clients and not acked or failed yet."""
         return sum(1 for job in self.jobs() if job.queue.topic == topic and job.state is _IN_FLIGHT)
 
+    def in_flight_of_queue(self, queue: QueueId) -> int:
+        """Jobs of ``queue`` handed to clients and not acked or failed yet (what a hand-off waits for)."""
+        slot = self._queues.get(queue)
+        return sum(1 for job in slot.jobs() if job.state is _IN_FLIGHT) if slot is not None else 0
+
     @property
     def held(self) -> int:
         """Unfinished jobs in the buffer (ready, in flight, or waiting for a retry)."""

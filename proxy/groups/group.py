@@ -35,12 +35,14 @@ from collections.abc import Callable
 
 from ddmq.actions import Action, close_chain, start_chain
 from ddmq.actions.pacing import TokenBucket
+from ddmq.actions.pull_server import PullServerAction
 from ddmq.config.schema import TopicGroupConfig
 from ddmq.proxy.cluster.commits import OffsetCommitter
 from ddmq.proxy.cluster.leases import Lease
 from ddmq.proxy.cluster.ownership import QueueDrops, QueueOwnership
 from ddmq.proxy.cluster.queue_state import OwnedQueues
 from ddmq.proxy.core.errors import DdmqError
+from ddmq.proxy.core.types import QueueId
 from ddmq.proxy.engine.chain_run import ChainRun
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.pull_buffer import PullBuffer
@@ -100,7 +102,17 @@ class TopicConsumer:
             group, topic, owned, broker=parts.broker, leases=parts.leases, membership=parts.membership,
             upkeep=parts.upkeep, settings=parts.lease_config, commits=self.commits, drops=drops, reads=reads,
             load_keys=jobs.load_keys, in_flight=jobs.in_flight,
+            in_flight_of=self._unsettled,
         )
+
+    def _unsettled(self, qid: int) -> int:
+        """What a queue being let go waits for. Pulled: the jobs clients hold (what was read and not
+        handed out is read again by the next owner). Pushed: every job read, as a push sink does not
+        ask for the lease before it pushes (its pushes go on until done)."""
+        if self.chain and isinstance(self.chain[-1], PullServerAction):
+            return self.buffer.in_flight_of_queue(QueueId(self.topic, qid))
+        tracker = self.owned.tracker(qid)
+        return tracker.unfinished if tracker is not None else 0
 
     def count(self, what: str, n: int = 1) -> None:
         self.jobs.counters[what] += n
@@ -297,6 +309,10 @@ class ConsumerGroup:
     async def flush_offsets(self) -> None:
         # Only consumers with something to write: an idle group costs no task per consumer and interval.
         await asyncio.gather(*(c.commits.flush() for c in self.consumers.values() if c.commits.moved()))
+
+    async def hand_off_all(self, drain_ms: int) -> None:
+        """Stopping: leave the member set and hand every queue over (see QueueOwnership.hand_off_all)."""
+        await asyncio.gather(*(c.ownership.hand_off_all(drain_ms) for c in self.consumers.values()))
 
     async def release_leases(self) -> None:
         await asyncio.gather(*(c.ownership.release_all() for c in self.consumers.values()))

@@ -202,6 +202,12 @@ class GroupRegistry:
     async def stop_reading(self) -> None:
         await asyncio.gather(*(g.stop_reading() for g in self.groups.values()))
 
+    async def hand_off_all(self, drain_ms: int) -> None:
+        """Stopping, reads stopped: every group leaves its member set and hands each queue over as soon
+        as that queue's messages in flight are settled (within ``drain_ms``), so the other proxies take
+        them within a heartbeat instead of after the whole grace period."""
+        await asyncio.gather(*(g.hand_off_all(drain_ms) for g in self.groups.values()), return_exceptions=True)
+
     async def release_leases(self) -> None:
         """Free the queues now rather than letting the leases expire: a successor starts at once."""
         await asyncio.gather(*(g.release_leases() for g in self.groups.values()), return_exceptions=True)
