@@ -155,7 +155,8 @@ class EngineCollector(Collector):
                                                        topics.key_states))
         rows = TopicRows([retarget(family) for family in (
             queues.in_flight, queues.ready, queues.retry_wait, queues.unfinished, queues.owned, queues.rollbacks,
-            topics.keys, topics.waiting, topics.longest, topics.unfinished, topics.concurrency)])
+            topics.keys, topics.waiting, topics.longest, topics.held_keys, topics.held, topics.unfinished,
+            topics.concurrency)])
         buckets, total, now = [0] * len(CHAIN_LES), 0, now_ms()
         for name, group in groups.items():
             # Jobs by topic and state: one pass over what the buffer holds.
@@ -168,7 +169,8 @@ class EngineCollector(Collector):
                 rows.add(name, topic, (
                     figures.in_flight, figures.ready, figures.retry_wait, figures.unfinished, figures.owned,
                     sum(consumer.rollbacks.values()), len(lengths), sum(lengths) - len(lengths),
-                    max(lengths, default=0), consumer.unfinished, consumer.config.concurrency,
+                    max(lengths, default=0), len(consumer.jobs.held), sum(consumer.jobs.held.per_queue.values()),
+                    consumer.unfinished, consumer.config.concurrency,
                 ))  # rollbacks from the consumer's start (0 until one), so increase() sees the first
                 if figures.produced is not None:
                     lag.add_metric((name, topic), figures.lag)

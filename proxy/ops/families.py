@@ -111,6 +111,12 @@ class TopicFamilies:
             "ddmq_order_waiting_messages", GAUGE, "Messages waiting behind an unfinished one of the same key.", labels
         )
         self.longest = Family("ddmq_order_chain_length_max", GAUGE, "Unfinished messages of the busiest key.", labels)
+        self.held_keys = Family(
+            "ddmq_held_keys", GAUGE, "Order keys at their key_buffer cap with messages left in Redis.", labels
+        )
+        self.held = Family(
+            "ddmq_held_messages", GAUGE, "Messages left in Redis behind keys at their cap, to be read again.", labels
+        )
         self.chains = Family(
             "ddmq_order_chain_length", GAUGE_HISTOGRAM, "Order keys by their number of unfinished messages.", labels
         )
@@ -139,6 +145,9 @@ class TopicFamilies:
         self.keys.add_metric(labels, len(lengths))
         self.waiting.add_metric(labels, total - len(lengths))
         self.longest.add_metric(labels, max(lengths, default=0))
+        held = consumer.jobs.held
+        self.held_keys.add_metric(labels, len(held))
+        self.held.add_metric(labels, sum(held.per_queue.values()))
         self.chains.add_histogram(labels, list(zip(CHAIN_LES, accumulate(counts), strict=True)), total)
         self.unfinished.add_metric(labels, consumer.unfinished)
         for state, count in consumer.parking.counts().items():
@@ -148,8 +157,8 @@ class TopicFamilies:
             self.events.add_metric((group, topic, event), count)
 
     def families(self) -> list[Family]:
-        return [self.keys, self.waiting, self.longest, self.chains, self.unfinished, self.concurrency, self.events,
-                self.key_states]
+        return [self.keys, self.waiting, self.longest, self.held_keys, self.held, self.chains, self.unfinished,
+                self.concurrency, self.events, self.key_states]
 
 
 def chain_lengths(consumer: TopicConsumer) -> tuple[list[int], list[int]]:
