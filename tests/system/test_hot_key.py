@@ -1,0 +1,95 @@
+"""A burst of one key four times the default read-ahead window, through a real proxy process and a
+Thrift client, with the default ``concurrency`` and ``key_buffer``: the other keys (in the burst's queue
+and in the topic's other queue) are all done within the first 10 % of the burst's drain; then the proxy
+is killed with -9 mid-burst and restarted, and every message arrives, each key in order, with the
+committed offsets at the end of every queue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from ddmq.client import Producer
+from ddmq.client.thrift_client import AsyncProxyClient
+from ddmq.protocol import wire
+from ddmq.protocol.redis import keys
+
+from ..support import OrderChecker, ProxyProcess, body, check_and_ack
+
+HOT = "hot"
+BURST = 4_000  # four times the default concurrency (1,000), forty times the default key_buffer (100)
+OTHERS = 1_000
+LEASES = {"ttl_ms": 1000, "renew_ms": 300, "claim_interval_ms": 100}
+
+
+def produce(redis_url: str, produced: dict[str, int]) -> list[int]:
+    """The burst in queue 0, then the other keys, half in queue 0 and half in queue 1; returns the
+    last offset of each queue."""
+    def message(key: str, qid: int) -> dict[str, object]:
+        seq = produced.get(key, 0)
+        produced[key] = seq + 1
+        return {"key": key, "value": body(key, seq), "qid": qid}
+
+    with Producer(redis_url) as producer:
+        producer.ensure_topic("t", 2)
+        for start in range(0, BURST, 500):
+            producer.send_batch("t", [message(HOT, 0) for _ in range(min(500, BURST - start))])
+        producer.send_batch("t", [message(f"k{i}", i % 2) for i in range(OTHERS)])
+    return [BURST + OTHERS // 2, OTHERS // 2]
+
+
+async def pull_until(client: AsyncProxyClient, checker: OrderChecker, epoch: int, produced: dict[str, int],
+                     done: Callable[[], bool], timeout_s: float) -> None:
+    """Pull and ack (piggy-backed) until ``done()`` or everything produced is acked; the last acks go
+    in a submit."""
+    pending: list[wire.ConsumeResult] = []
+    deadline = time.monotonic() + timeout_s
+    while checker.missing(produced) and not done():
+        assert time.monotonic() < deadline, f"not drained: {list(checker.missing(produced).items())[:5]}"
+        response = await client.pull(wire.PullRequest(
+            groupId="g", topic="t", maxBatchSize=64, maxLingerTime=200, result=wire.link_results(pending)))
+        pending = check_and_ack(response, checker, epoch)
+    if pending:
+        await client.submit(wire.link_results(pending))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("order_key", ["KEY", "$.k"])
+async def test_a_burst_of_one_key_through_a_kill_9_holds_back_no_other_key_and_loses_nothing(
+    redis_url: str, redis_client: aioredis.Redis, tmp_path: Path, order_key: str
+) -> None:
+    produced: dict[str, int] = {}
+    ends = produce(redis_url, produced)
+    others = {key: n for key, n in produced.items() if key != HOT}
+    checker = OrderChecker()
+    config = {"actions": ["Json", "Order", "PullServer"], "order_key": order_key}
+    proxy = ProxyProcess(tmp_path, redis_url, {"g": {"t": config}}, {"t": {"queues": 2}}, leases=LEASES).start()
+    try:
+        async with AsyncProxyClient("127.0.0.1", proxy.port) as client:
+            await pull_until(client, checker, 1, produced, lambda: not checker.missing(others), 120)
+        hot_done = checker.acked_upto.get(HOT, 0)
+        assert hot_done <= BURST // 10, f"the other keys were done after {hot_done} of the burst"
+        async with AsyncProxyClient("127.0.0.1", proxy.port) as client:
+            await pull_until(client, checker, 1, produced, lambda: checker.acked_upto.get(HOT, 0) >= BURST // 4, 120)
+        proxy.kill()  # mid-burst: most of it held in Redis, the commit point at the hot key's head
+        proxy.start()
+        async with AsyncProxyClient("127.0.0.1", proxy.port) as client:
+            await pull_until(client, checker, 2, produced, lambda: False, 180)
+        assert checker.violations == [], checker.violations[:5]
+        assert checker.missing(produced) == {}
+
+        async def committed() -> list[int]:
+            return [int(raw or 0) for raw in await redis_client.mget([keys.committed("g", "t", q) for q in (0, 1)])]
+
+        deadline = time.monotonic() + 30
+        while await committed() != [end + 1 for end in ends]:
+            assert time.monotonic() < deadline, f"committed {await committed()}, produced up to {ends}"
+            await asyncio.sleep(0.05)
+        assert proxy.stop() == 0
+    finally:
+        proxy.stop()
