@@ -136,7 +136,7 @@ def delete_group(client: SyncRedis, group: str, *, force: bool = False,
     report.dead_letters_deleted = 0 if keep_dead_letters else sum(pipe.execute())
     doomed = [key for topic, queues in topics.items()
               for key in group_keys(topic, queues, group, not keep_dead_letters, with_terms=not holders)]
-    doomed += [keys.members(group), keys.group_topics(group)]
+    doomed += [keys.members(group), keys.group_topics(group), keys.member_events(group)]
     for start in range(0, len(doomed), 1000):
         pipe = client.pipeline(transaction=False)
         for key in doomed[start:start + 1000]:

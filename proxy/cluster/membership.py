@@ -41,6 +41,10 @@ SWEEP_EVERY = 10
 #: what a timeout of 30 s does not need. The retention trimmer adds this much slack to
 #: ``group_idle_after_s``, so a stamp written late never makes a live group look idle.
 STAMP_EVERY_MS = 5_000
+#: How many joins and leaves a group's event stream keeps: a proxy only needs to see that one came.
+EVENTS_KEPT = 32
+#: Longest wait for a member change (no command of the proxy blocks longer than a second).
+EVENTS_BLOCK_MS = 1000
 
 
 def assign(members: list[str], queues: int, me: str) -> range:
@@ -69,6 +73,8 @@ class Membership:
         self._stamped: dict[str, tuple[float, tuple[str, ...]]] = {}
         #: The error of the last :meth:`heartbeat_many` whose call failed as a whole (None: it went through).
         self.failure: Exception | None = None
+        #: group -> the id of the last member event :meth:`wait_for_change` saw in it.
+        self._event_ids: dict[str, str] = {}
 
     async def heartbeat(self, group: str, topic: str | None = None) -> list[str]:
         """Record that we are alive (and, given ``topic``, that the group consumes it: the group
@@ -93,21 +99,8 @@ class Membership:
         stale = now - self.clock.local_s(min(STAMP_EVERY_MS, self.timeout_ms // 4))
         stamp = {group for group, topics in groups.items()
                  if self._stamped.get(group, (stale, ()))[0] <= stale or self._stamped[group][1] != tuple(topics)}
-        names = sorted(groups)
-        size = 1 if isinstance(self.redis, RedisCluster) else HEARTBEAT_BATCH
-        batches = [names[i:i + size] for i in range(0, len(names), size)]
-        calls: list[tuple[str, list[str], list[Any]]] = []
-        for batch in batches:
-            keys_: list[str] = []
-            args: list[Any] = [self.instance_id, self.timeout_ms, sweep]
-            for group in batch:
-                keys_ += [keys.members(group), keys.group_topics(group)]
-                topics = groups[group] if group in stamp else ()
-                args += ["1" if group in stamp else "0", len(topics), *topics]
-            calls.append((HEARTBEAT_MANY_LUA, keys_, args))
-        registered = [group for group in names if groups[group] and group in stamp]
-        if registered:
-            calls.append((REGISTER_GROUP_LUA, [keys.groups()], registered))
+        joining = [group for group in stamp if group not in self._stamped]
+        batches, calls, registered = self._heartbeat_calls(groups, stamp, sweep)
         sent_at = loop.time()
         try:
             replies = await eval_scripts(self.redis, calls)
@@ -138,9 +131,65 @@ class Membership:
                     self._stamped[group] = (now, tuple(groups[group]))
         if registered and isinstance(replies[-1], Exception):
             log.warning("registering groups failed: %s", replies[-1])
+        joined = [group for group in joining if group in live]
+        if joined:
+            await self.announce(joined)
         return live
 
+    def _heartbeat_calls(self, groups: Mapping[str, Sequence[str]], stamp: set[str], sweep: str,
+                         ) -> tuple[list[list[str]], list[tuple[str, list[str], list[Any]]], list[str]]:
+        """The script calls of :meth:`heartbeat_many`: the groups of each heartbeat call, the calls
+        (the registry's last, when a group is stamped), the groups registered."""
+        names = sorted(groups)
+        size = 1 if isinstance(self.redis, RedisCluster) else HEARTBEAT_BATCH
+        batches = [names[i:i + size] for i in range(0, len(names), size)]
+        calls: list[tuple[str, list[str], list[Any]]] = []
+        for batch in batches:
+            keys_: list[str] = []
+            args: list[Any] = [self.instance_id, self.timeout_ms, sweep]
+            for group in batch:
+                keys_ += [keys.members(group), keys.group_topics(group)]
+                topics = groups[group] if group in stamp else ()
+                args += ["1" if group in stamp else "0", len(topics), *topics]
+            calls.append((HEARTBEAT_MANY_LUA, keys_, args))
+        registered = [group for group in names if groups[group] and group in stamp]
+        if registered:
+            calls.append((REGISTER_GROUP_LUA, [keys.groups()], registered))
+        return batches, calls, registered
+
+    async def announce(self, groups: Sequence[str]) -> None:
+        """Tell the other proxies of ``groups`` that this one joined or leaves: waiting in
+        :meth:`wait_for_change`, they rebalance at once rather than at their next round. Best effort:
+        without it they see the change at that round."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for group in groups:
+                    pipe.xadd(keys.member_events(group), {"m": self.instance_id}, maxlen=EVENTS_KEPT, approximate=True)
+                await pipe.execute()
+        except BrokerError as exc:
+            log.debug("announcing a member change of %s failed: %s", ", ".join(groups), exc)
+
+    async def wait_for_change(self, groups: Sequence[str], block_ms: int = EVENTS_BLOCK_MS) -> bool:
+        """Block until a proxy joins or leaves one of ``groups`` (True; this one's own changes count
+        too) or ``block_ms`` passes (False). One multi-stream read, so a single Redis only: on a Cluster
+        each group's stream is in a slot of its own. Raises BrokerError when Redis fails."""
+        # Stream ids are Redis's milliseconds: a group seen for the first time is read from a second
+        # back, so a change made just before never goes unseen (one seen twice costs a round).
+        start = f"{max(0, self.clock.redis_now_ms() - 1000)}-0"
+        ids = self._event_ids = {group: self._event_ids.get(group, start) for group in groups}
+        streams = {keys.member_events(group): ids[group] for group in groups}
+        by_stream = {name: group for group, name in zip(groups, streams, strict=True)}
+        reply = await self.redis.xread(streams, block=block_ms)
+        entries = reply.items() if isinstance(reply, dict) else (reply or [])
+        for name, messages in entries:
+            stream = name.decode() if isinstance(name, bytes) else name
+            if messages and stream in by_stream:
+                last = messages[-1][0]
+                ids[by_stream[stream]] = last.decode() if isinstance(last, bytes) else last
+        return bool(entries)
+
     async def leave(self, group: str) -> None:
-        """Graceful exit: the others rebalance at their next heartbeat instead of after the timeout."""
+        """Graceful exit: the others rebalance at once (:meth:`announce`) instead of after the timeout."""
         self._stamped.pop(group, None)
         await self.redis.zrem(keys.members(group), self.instance_id)
+        await self.announce([group])

@@ -113,7 +113,7 @@ class QueueOwnership:
         self.queues = 0
         #: The queues this proxy should own, from the last heartbeat (none until the first one).
         self.assigned: range = range(0)
-        #: The claims under way (one task at a time: claims of one consumer go one after another).
+        #: The claims under way (one task at a time, claiming every missing queue at once).
         self._claiming: asyncio.Task[None] | None = None
         #: ``owned.leases_version`` when a rebalance last found the held queues equal to the assigned
         #: ones (-1: it did not).
@@ -188,22 +188,26 @@ class QueueOwnership:
                 self._claiming = asyncio.create_task(self._claim_all(), name=name)
 
     async def _claim_all(self) -> None:
-        """Claim the assigned queues not held, one after another. Those another proxy still holds are
-        tried again every :data:`CLAIM_RETRY_S` while the hand-off window lasts (their owner hands
-        them over); after it, at the upkeep's rounds (a crashed owner's lease runs out by itself)."""
+        """Claim the assigned queues not held, all at once (bounded by ``Broker.opening``): queues
+        opened together share the topic's read-ahead room from their first reads, where one opened
+        after the others would wait for room they filled. Those another proxy still holds are tried
+        again every :data:`CLAIM_RETRY_S` while the hand-off window lasts (their owner hands them
+        over); after it, at the upkeep's rounds (a crashed owner's lease runs out by itself)."""
         loop = asyncio.get_running_loop()
         while True:
-            refused = 0
-            for qid in self.assigned:
-                if self.owned.lease(qid) is not None:
-                    continue
-                try:
-                    refused += not await self._claim(qid)
-                except Exception:  # the next round claims again; the upkeep must not stop for it
-                    log.exception("%s: claiming failed", self._name(qid))
-            if not refused or loop.time() >= self._claim_until:
+            missing = [qid for qid in self.assigned if self.owned.lease(qid) is None]
+            claimed = await asyncio.gather(*(self._try_claim(qid) for qid in missing))
+            if all(claimed) or loop.time() >= self._claim_until:
                 return
             await asyncio.sleep(CLAIM_RETRY_S)
+
+    async def _try_claim(self, qid: int) -> bool:
+        """:meth:`_claim`, False only when another proxy holds the lease."""
+        try:
+            return await self._claim(qid)
+        except Exception:  # the next round claims again; the upkeep must not stop for it
+            log.exception("%s: claiming failed", self._name(qid))
+            return True
 
     def leases(self) -> dict[int, Lease]:
         return self.owned.held()

@@ -15,6 +15,11 @@ idle proxy costs about the same whatever the number of groups, topics and queues
   lease whose term was taken over is reported lost, and its queue dropped, while the others of the
   batch are renewed.
 
+Between rounds the upkeep also waits for a proxy to join or leave one of its groups
+(:meth:`Membership.wait_for_change <ddmq.proxy.cluster.membership.Membership.wait_for_change>`), and
+runs the next round at once when one does, so queues change hands within milliseconds of a start or a
+stop rather than up to a round later (single Redis; on a Cluster at the next round).
+
 Rounds are timed on Redis's clock as the proxy's :class:`~ddmq.proxy.cluster.lease_clock.LeaseClock`
 knows it (a host whose clock runs at half speed still heartbeats every ``claim_interval_ms`` of real
 time), every call has the client's deadline, and the state of the link is said once each way
@@ -33,10 +38,13 @@ import asyncio
 import logging
 from typing import Protocol
 
+from redis.asyncio.cluster import RedisCluster
+
 from ddmq.config.schema import LeaseConfig
 from ddmq.proxy.cluster.leases import Lease, LeaseStore
 from ddmq.proxy.cluster.link_health import LinkHealth
 from ddmq.proxy.cluster.membership import Membership
+from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.supervise import supervised
 
 log = logging.getLogger(__name__)
@@ -82,6 +90,8 @@ class Upkeep:
         #: still here, which a list would answer in time proportional to the members).
         self._joined: dict[Upkept, None] = {}
         self._task: asyncio.Task[None] | None = None
+        #: Waits for member changes (see :meth:`_watch`); none on a Cluster.
+        self._watcher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         #: Held while a renewal is in flight (see :meth:`settled`).
         self._renewing = asyncio.Lock()
@@ -101,6 +111,8 @@ class Upkeep:
         if self._task is None or self._task.done():
             self.clock.start()
             self._task = asyncio.create_task(supervised("upkeep", self._run), name="upkeep")
+        if (self._watcher is None or self._watcher.done()) and not isinstance(self.membership.redis, RedisCluster):
+            self._watcher = asyncio.create_task(supervised("member watch", self._watch), name="member-watch")
 
     def leave(self, member: Upkept) -> None:
         """No more rounds for ``member`` (a renewal in flight still reports to it: see :meth:`settled`)."""
@@ -109,6 +121,9 @@ class Upkeep:
             self._task.cancel()
             self._task = None
             self.clock.stop()
+        if not self._joined and self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
 
     def renew_soon(self) -> None:
         """Renew every lease at the next round, which starts now (a stall made them stop counting)."""
@@ -124,10 +139,11 @@ class Upkeep:
     async def close(self) -> None:
         self._joined.clear()
         self.clock.stop()
-        task, self._task = self._task, None
-        if task is not None:
+        tasks = [task for task in (self._task, self._watcher) if task is not None]
+        self._task = self._watcher = None
+        for task in tasks:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -140,6 +156,21 @@ class Upkeep:
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    async def _watch(self) -> None:
+        """Wake the rounds whenever a proxy joins or leaves a group served here (until cancelled)."""
+        while True:
+            groups = sorted({member.group for member in self._joined})
+            try:
+                changed = groups and await self.membership.wait_for_change(groups)
+            except DdmqError as exc:  # the rounds say how Redis is; wait for the next one here
+                log.debug("waiting for member changes failed: %s", exc)
+                changed = False
+                await asyncio.sleep(self.clock.local_s(self.config.claim_interval_ms / 1000))
+            if changed:
+                self._wake.set()
+            elif not groups:
+                await asyncio.sleep(self.clock.local_s(self.config.claim_interval_ms / 1000))
 
     async def round(self) -> None:
         """One heartbeat of every group and a rebalance of every consumer; the renewals when due."""

@@ -95,3 +95,24 @@ async def test_heartbeats_are_written_every_few_seconds_and_members_read_every_r
     await redis_client.delete(keys.members("g"))  # what a Redis restarted empty shows
     assert await a.heartbeat_many({"g": ["t", "u"]}) == {}  # left out: the last assignment stays
     assert await a.heartbeat_many({"g": ["t", "u"]}) == {"g": ["proxy-a"]}
+
+
+async def test_a_proxy_waiting_for_member_changes_wakes_when_another_joins_or_leaves(
+    redis_client: aioredis.Redis,
+) -> None:
+    """What lets the others rebalance at once on a start or a stop, instead of at their next round."""
+    a = Membership(redis_client, "proxy-a", timeout_ms=30_000)
+    b = Membership(redis_client, "proxy-b", timeout_ms=30_000)
+    await a.heartbeat_many({"g": ["t"]})
+    assert await a.wait_for_change(["g"], block_ms=5000)  # its own join, a moment ago, counts too
+    assert not await a.wait_for_change(["g"], block_ms=50)  # nothing new
+    waiting = asyncio.create_task(a.wait_for_change(["g", "other"], block_ms=20_000))
+    assert await b.heartbeat_many({"g": ["t"]}) == {"g": ["proxy-a", "proxy-b"]}  # b joins: announced
+    assert await asyncio.wait_for(waiting, 5)  # woken by the join, long before the block ends
+    await b.heartbeat_many({"g": ["t"]})  # a heartbeat of a member already in: no event
+    assert not await a.wait_for_change(["g"], block_ms=50)
+    waiting = asyncio.create_task(a.wait_for_change(["g"], block_ms=20_000))
+    await b.leave("g")
+    assert await asyncio.wait_for(waiting, 5)
+    assert await a.heartbeat("g") == ["proxy-a"]
+    assert await redis_client.xlen(keys.member_events("g")) == 3
