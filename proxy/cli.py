@@ -11,11 +11,13 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TextIO
 
 from ddmq.config import load
 from ddmq.protocol import clitools
 from ddmq.protocol.native import LOOP_CHOICES, describe, loop_factory, loop_name, resolve_loop, settle_heap
 from ddmq.proxy.core.errors import ConfigError, DdmqError
+from ddmq.proxy.ops import logs
 from ddmq.proxy.ops.exports import export_lines
 from ddmq.proxy.ops.reload import ConfigReloader
 from ddmq.proxy.service import ProxyService
@@ -44,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO"
     )
+    parser.add_argument(
+        "--log-format", default="text", choices=logs.LOG_FORMATS,
+        help="text (default), or json: every line on stderr and stdout one JSON object (time, level, logger, "
+        "message; group, topic and qid where a line is about one; the start-up export line as a field)",
+    )
     parser.add_argument("--check", action="store_true", help="validate the config file and exit")
     parser.add_argument(
         "--watch-interval-ms", type=int, default=0, metavar="MS",
@@ -57,15 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def configure_logging(level: str, log_format: str = "text") -> None:
+    logs.configure(level, log_format)
 
 
-async def serve(service: ProxyService, config_path: str, watch_interval_ms: int = 0) -> None:
+async def serve(service: ProxyService, config_path: str, watch_interval_ms: int = 0, log_format: str = "text",
+                ) -> None:
     loop = asyncio.get_running_loop()
     log.info("ddmq-proxy %s; %s", clitools.version(), describe(loop_name(loop)))
     stop = asyncio.Event()
@@ -76,7 +80,7 @@ async def serve(service: ProxyService, config_path: str, watch_interval_ms: int 
     loop.add_signal_handler(signal.SIGHUP, reloader.request)
     await service.start()
     reloader.start()
-    _print_exports(service)
+    _print_exports(service, log_format)
     # Long-lived state (config, clients, compiled scripts) moves out of the collector's sight.
     settle_heap()
     # Frames above 64 KiB are decoded in worker threads, which hold the GIL while they decode; the
@@ -92,42 +96,58 @@ async def serve(service: ProxyService, config_path: str, watch_interval_ms: int 
         log.info("stopped")
 
 
-def _print_exports(service: ProxyService) -> None:
+def _print_exports(service: ProxyService, log_format: str = "text") -> None:
     config = service.config
     http = config.http if service.http_port is not None else None
     lines = export_lines(service.redis_url, config.thrift.host, service.thrift_port or config.thrift.port,
                          http.host if http is not None else None, service.http_port)
+    if log_format == "json":
+        export = next(line for line in lines if line.startswith("export "))
+        notes = [line.removeprefix("# ") for line in lines[1:] if line.startswith("# ")]
+        # Printed whatever --log-level, as the text format's lines are.
+        print(logs.json_line("INFO", "ddmq.proxy", "ready: the export line lets the ddmq commands of a shell "
+                             "reach this proxy", export=export, note=notes[0] if notes else None),
+              file=sys.stderr, flush=True)
+        return
     print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _say(message: str, log_format: str, level: str = "ERROR", stream: TextIO | None = None) -> None:
+    """A line of the command itself (not of the running proxy): ``ddmq-proxy: ...``, or a JSON object."""
+    line = logs.json_line(level, "ddmq.proxy", message) if log_format == "json" else f"ddmq-proxy: {message}"
+    print(line, file=stream if stream is not None else sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
+    fmt = args.log_format
+    configure_logging(args.log_level, fmt)
     try:
         config = load(args.config)
     except ConfigError as exc:
-        print(f"ddmq-proxy: {exc}", file=sys.stderr)
+        _say(str(exc), fmt)
         return 2
     if args.watch_interval_ms < 0:
-        print("ddmq-proxy: --watch-interval-ms must not be negative", file=sys.stderr)
+        _say("--watch-interval-ms must not be negative", fmt)
         return 2
     try:
         new_loop = loop_factory(args.loop)
     except ValueError as exc:
-        print(f"ddmq-proxy: {exc}", file=sys.stderr)
+        _say(str(exc), fmt)
         return 2
     if args.check:
+        ok = f"{args.config}: ok ({len(config.groups)} groups, {len(config.topics)} topics)"
         try:
-            print(f"{args.config}: ok ({len(config.groups)} groups, {len(config.topics)} topics)", flush=True)
+            print(logs.json_line("INFO", "ddmq.proxy", ok) if fmt == "json" else ok, flush=True)
         except BrokenPipeError:
             clitools.detach_stdout()
             return 1
         return 0
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
-            runner.run(serve(ProxyService(config), args.config, args.watch_interval_ms))
+            runner.run(serve(ProxyService(config), args.config, args.watch_interval_ms, fmt))
     except DdmqError as exc:
-        print(f"ddmq-proxy: {exc}", file=sys.stderr)
+        _say(str(exc), fmt)
         return 1
     return 0
 
