@@ -8,7 +8,7 @@ proxy answers loopback clients only. Tables by default, the API's JSON with ``--
     ddmq dead-letters list --http http://127.0.0.1:9714 --group cg_rides --topic rides
     ddmq dead-letters replay --group cg_rides --topic rides --id 1763776220123-0
     ddmq dead-letters replay --group cg_rides --topic rides --key r42   # one key's, in their order
-    ddmq dead-letters purge --group cg_rides --topic rides --all
+    ddmq dead-letters purge --group cg_rides --topic rides --all --dry-run   # what it would delete
     ddmq blocked-keys --group cg_rides [--all] [--offset 20]
     ddmq in-flight --group cg_rides --topic rides --limit 50
 
@@ -19,6 +19,7 @@ In-flight messages and blocked keys live in one proxy's memory: ask each proxy o
 from __future__ import annotations
 
 import argparse
+import getpass
 import http.client
 import json
 import os
@@ -131,22 +132,50 @@ def _letters_list(args: argparse.Namespace) -> int:
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    chosen: dict[str, Any]
     if getattr(args, "key", None) is not None:
-        return {"key": args.key}
-    return {"all": True} if args.all else {"ids": args.ids}
+        chosen = {"key": args.key}
+    else:
+        chosen = {"all": True} if args.all else {"ids": args.ids}
+    if args.dry_run:
+        return {**chosen, "dry_run": True}
+    try:
+        return {**chosen, "by": getpass.getuser()}
+    except (OSError, KeyError):  # no login name and no USER/LOGNAME (a bare container)
+        return chosen
 
 
 def _letters_replay(args: argparse.Namespace) -> int:
     answer = _client(args).call("POST", _letters_path(args) + "/replay", body=_selection(args))
-    missing = f"; not found: {', '.join(answer['missing'])}" if answer["missing"] else ""
-    _print(args, answer, f"replayed {answer['replayed']} dead letter(s) into {args.topic}{missing}")
-    return 1 if answer["missing"] else 0
+    lines = []
+    if answer.get("dry_run"):
+        lines.append(f"dry run: would replay {answer['would_replay']} dead letter(s) of {answer['keys']} key(s) "
+                     f"into {args.topic}, lifting the mark of {answer['lifted']} key(s) first; nothing changed")
+    else:
+        lifted = f" ({answer['lifted']} key(s) resumed first)" if answer.get("lifted") else ""
+        lines.append(f"replayed {answer['replayed']} dead letter(s) into {args.topic}{lifted}")
+    for refused in answer.get("refused", ()):
+        lines.append(f"refused {refused['dead_letters']} dead letter(s) of key {refused['key']}: {refused['reason']}")
+    more = answer.get("refused_keys", 0) - len(answer.get("refused", ()))
+    if more > 0:
+        lines.append(f"... and {more} more refused key(s) (--json lists the first ones)")
+    if answer["missing"]:
+        lines.append(f"not found: {', '.join(answer['missing'])}")
+    _print(args, answer, "\n".join(lines))
+    return 1 if answer["missing"] or answer.get("refused_keys") else 0
 
 
 def _letters_purge(args: argparse.Namespace) -> int:
     answer = _client(args).call("POST", _letters_path(args) + "/purge", body=_selection(args))
-    _print(args, answer, f"purged {answer['purged']} dead letter(s) of {args.group}/{args.topic}")
-    return 0
+    if answer.get("dry_run"):
+        text = (f"dry run: would purge {answer['would_purge']} dead letter(s) of {answer['keys']} key(s) of "
+                f"{args.group}/{args.topic}; nothing changed")
+    else:
+        text = f"purged {answer['purged']} dead letter(s) of {args.group}/{args.topic}"
+    if answer.get("missing"):
+        text += f"\nnot found: {', '.join(answer['missing'])}"
+    _print(args, answer, text)
+    return 1 if answer.get("missing") else 0
 
 
 def _job_row(job: dict[str, Any]) -> list[Any]:
@@ -215,6 +244,7 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         chosen.add_argument("--all", action="store_true", help="every dead letter of the group and topic")
         if name == "replay":
             chosen.add_argument("--key", help="every dead letter of this key, put back in their original order")
+        action.add_argument("--dry-run", action="store_true", help=f"say what the {name} would touch, touch nothing")
         action.set_defaults(func=func)
 
     for name, func, what, default, details in (

@@ -31,9 +31,10 @@ from ddmq.proxy.core.errors import (
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
 from ddmq.proxy.ops.views import KEY_STATES, blocked_keys, group_view, in_flight, queue_counts
+from ddmq.proxy.servers.http.letters import answer as replay_answer
+from ddmq.proxy.servers.http.letters import plan_purge, plan_replay, run_replay
 from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json, parse
-from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, ReplayResult, check_id
-from ddmq.proxy.store.key_commands import dead_letter_ids_of_key
+from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.store.status import group_owners
 
 if TYPE_CHECKING:
@@ -85,11 +86,14 @@ def _key_states(request: web.Request) -> frozenset[str] | None:
 
 
 class SelectionIn(JsonBody):
-    """``{"ids": [...]}``, ``{"all": true}`` or (replay) ``{"key": K}``."""
+    """``{"ids": [...]}``, ``{"all": true}`` or (replay) ``{"key": K}``; ``dry_run``, ``by`` (who)."""
 
     ids: list[str] | None = None
     all: bool = False
     key: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    #: Say what the call would touch, touch nothing.
+    dry_run: bool = False
+    by: Annotated[str, Field(max_length=200)] | None = None
 
 
 class KeyActionIn(JsonBody):
@@ -100,10 +104,8 @@ class KeyActionIn(JsonBody):
     by: Annotated[str, Field(max_length=200)] | None = None
 
 
-def _selection(raw: bytes) -> list[str] | None:
-    body = parse(SelectionIn, raw)
-    if body.key is not None:
-        raise BadRequestError('"key" selects dead letters to replay only')
+def _chosen(body: SelectionIn) -> list[str] | None:
+    """The ids selected (None: all)."""
     if body.all == (body.ids is not None):
         raise BadRequestError('give either "ids": [...] or "all": true')
     if body.ids is not None:
@@ -329,30 +331,21 @@ class OperatorApi:
         return web.json_response(answer)
 
     async def replay(self, request: web.Request) -> web.Response:
+        """Replay a selection (``ids``, ``all`` or one ``key``), lifting sequenced keys' marks first
+        (:mod:`ddmq.proxy.servers.http.letters`); ``dry_run`` says what it would touch."""
         letters = self._letters(request)
-        raw = await self._read_body(request)
-        key = parse(SelectionIn, raw).key
-        if key is not None:
-            return await self._replay_key(request, letters, key)
-        selection = _selection(raw)
-        async with self._letter_lock(letters):
-            result = await letters.replay(selection)
-        log.info("replayed %d dead letters of %s/%s", result.replayed, letters.group, letters.topic)
-        return web.json_response({"replayed": result.replayed, "missing": result.missing})
-
-    async def _replay_key(self, request: web.Request, letters: DeadLetters, key: str) -> web.Response:
-        """Replay one key's dead letters in their original order; a sequenced key resumes first, so
-        the replayed messages are delivered rather than sequenced again."""
+        body = parse(SelectionIn, await self._read_body(request))
         consumer = self._consumer(request)
+        ids = None if body.key is not None else _chosen(body)
         async with self._letter_lock(letters):
-            ids = await dead_letter_ids_of_key(letters, key)
-            try:
-                await key_action(consumer, self._leases(), "resume", key, None, "replay")
-            except UnknownEntryError:
-                pass  # not sequenced anywhere: nothing holds the key
-            result = await letters.replay(ids) if ids else ReplayResult(0, [])
-        log.info("replayed %d dead letters of key %r of %s/%s", result.replayed, key, letters.group, letters.topic)
-        return web.json_response({"replayed": result.replayed, "missing": result.missing})
+            plan = await plan_replay(letters, consumer, ids, body.key)
+            if body.dry_run:
+                return web.json_response(replay_answer(0, plan, [], dry_run=True))
+            answer = await run_replay(plan, letters, consumer, self._leases(), body.by or "replay")
+        log.info("replayed %d dead letters of %s/%s%s (%d keys resumed first; %d keys refused)", answer["replayed"],
+                 letters.group, letters.topic, f" of key {body.key!r}" if body.key is not None else "",
+                 answer["lifted"], answer["refused_keys"])
+        return web.json_response(answer)
 
     # keys --------------------------------------------------------------------------------------
 
@@ -394,8 +387,13 @@ class OperatorApi:
 
     async def purge(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
-        selection = _selection(await self._read_body(request))
+        body = parse(SelectionIn, await self._read_body(request))
+        if body.key is not None:
+            raise BadRequestError('"key" selects dead letters to replay only')
+        selection = _chosen(body)
         async with self._letter_lock(letters):
+            if body.dry_run:
+                return web.json_response(await plan_purge(letters, selection))
             purged = await letters.purge(selection)
         log.info("purged %d dead letters of %s/%s", purged, letters.group, letters.topic)
         return web.json_response({"purged": purged})

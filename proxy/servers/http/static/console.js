@@ -448,7 +448,8 @@
       const result = await api(`${lettersPath()}/${what}`, selection);
       $("dead-result").textContent =
         what === "replay"
-          ? `replayed ${result.replayed}` + (result.missing.length ? `, ${result.missing.length} already gone` : "")
+          ? `replayed ${result.replayed}` + (result.missing.length ? `, ${result.missing.length} already gone` : "") +
+            ((result.refused || []).length ? `; refused: ${result.refused.map((r) => r.reason).join("; ")}` : "")
           : `purged ${result.purged}`;
     } catch (error) {
       $("dead-result").textContent = `${what} failed: ${error.message}`;
