@@ -1,8 +1,8 @@
 """A rolling restart with the default leases (30 s TTL): three proxies share 8 queues holding a
-backlog, Thrift clients pull from all three, and each proxy in turn is sent SIGTERM and started again
-under the same instance id, twice round: once started when the others hold its queues (a hand-off on
-the stop and one back to it), once started at once, as a supervisor does. A clean stop and a restart
-hand queues over without waiting out a lease.
+backlog, clients pull from all three (per proxy a bare Thrift client and the project's SDK consumer),
+and each proxy in turn is sent SIGTERM and started again under the same instance id, twice round: once
+started when the others hold its queues (a hand-off on the stop and one back to it), once started at
+once, as a supervisor does. A clean stop and a restart hand queues over without waiting out a lease.
 
 Checked over the whole run: nothing lost (every message acked, committed offsets equal to produce
 offsets), every key in order by lease term (the read audit), one reader per term, no message delivered
@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from ddmq.client.async_consumer import AsyncPullConsumer
+from ddmq.client.pull_parts import ConsumedMessage
 from ddmq.client.thrift_client import AsyncProxyClient, ProxyClientError
 from ddmq.protocol import wire
 from ddmq.protocol.redis import keys
@@ -48,7 +50,6 @@ GROUP = {"order_key": "KEY", "timeout_ms": 5000, "max_retry": 50}
 #: reads it once its topic's read-ahead (``concurrency``, full with a backlog) has room, which comes
 #: back as fast as the clients ack.
 BATCH, PAUSE_S = 24, 0.05
-PULLERS_PER_PROXY = 2
 MAX_GAP_S = 2.0
 
 produce = functools.partial(produce_keyed, keys=KEYS, key_prefix="rider-", queues=QUEUES)
@@ -63,17 +64,31 @@ def proxy(tmp_path: Path, redis_url: str, name: str) -> ProxyProcess:
 
 
 class Pullers:
-    """Thrift clients pulling from one proxy each (acks ride on the next pull), paced while ``slow``."""
+    """Per proxy, a bare Thrift client (acks ride on its next pull, no request ids: what DDMQ's SDKs
+    send) and the project's SDK consumer, all paced while ``slow``."""
 
     def __init__(self) -> None:
         self.log: list[Delivery] = []
         self.stop = asyncio.Event()
         self.slow = True
         self.tasks: list[asyncio.Task[None]] = []
+        self.consumers: list[AsyncPullConsumer] = []
 
-    def add(self, owner: str, port: int) -> None:
-        for _ in range(PULLERS_PER_PROXY):
-            self.tasks.append(asyncio.create_task(self._pull(owner, port)))
+    async def add(self, owner: str, port: int) -> None:
+        self.tasks.append(asyncio.create_task(self._pull(owner, port)))
+
+        async def handle(message: ConsumedMessage) -> bool:
+            event, now = json.loads(message.value), time.time()
+            self.log.append(Delivery(owner, int(message.qid), message.offset, event["k"], event["seq"], True,
+                                     t=now, received=now))
+            if self.slow:
+                await asyncio.sleep(PAUSE_S / BATCH)
+            return True
+
+        consumer = AsyncPullConsumer(f"127.0.0.1:{port}", "g", handle, topic="t", concurrency=1, batch_size=BATCH,
+                                     linger_ms=200)
+        await consumer.start()
+        self.consumers.append(consumer)
 
     async def _pull(self, owner: str, port: int) -> None:
         pending: list[wire.ConsumeResult] = []
@@ -107,7 +122,7 @@ class Pullers:
 
     async def close(self) -> None:
         self.stop.set()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*self.tasks, *(c.close(grace_s=10) for c in self.consumers), return_exceptions=True)
 
 
 def longest_gaps(log: list[Delivery], start: float, end: float) -> dict[int, float]:
@@ -155,7 +170,7 @@ class Fleet:
     async def start(self) -> None:
         for name, process in self.proxies.items():
             await asyncio.to_thread(process.start)
-            self.pullers.add(name, process.port)
+            await self.pullers.add(name, process.port)
         await self.wait_settled("start")
         await until("deliveries from every queue", lambda: served_since(self.pullers.log, 0), 30)
 
