@@ -162,6 +162,11 @@ def members(group: str) -> str:
     return f"{PREFIX}:members:{{{group}}}"
 
 
+def paused(group: str) -> str:
+    """A group's pauses (hash): a topic, or ``*`` for every topic, -> the pause as JSON."""
+    return f"{PREFIX}:paused:{{{group}}}"
+
+
 def member_events(group: str) -> str:
     # A short stream of joins and leaves, so the other proxies rebalance at once (the members' hash tag).
     return f"{PREFIX}:member-events:{{{group}}}"

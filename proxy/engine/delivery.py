@@ -76,6 +76,10 @@ class Delivery:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Set at shutdown: pulls answer empty at once from then on.
         self.closed = False
+        #: An operator's pause (``ddmq groups pause``): nothing is handed out of every topic, or of
+        #: these; what is in flight keeps its deadline and its results count.
+        self.all_paused = False
+        self.paused: frozenset[str] = frozenset()
         self.redelivery = Redelivery(group, stats, self._timed_out, self.make_ready, self._finish, clock)
 
     def start(self) -> None:
@@ -138,6 +142,9 @@ class Delivery:
     ) -> PullBatch:
         """The ready jobs of the next queue in turn (of ``topic``, unless None), in flight from now on;
         :data:`EMPTY` when no queue has any (nor a ``held`` key's run anything to continue with)."""
+        if self.all_paused:
+            return EMPTY
+        paused = self.paused
         order = self.order
         size = reply.message
         # Thrift's bound written out for messages without properties: a call per message would cost
@@ -146,7 +153,7 @@ class Delivery:
         for _ in range(len(order)):
             slot = order.popleft()
             queue = slot.queue
-            if topic is not None and queue.topic != topic:
+            if (topic is not None and queue.topic != topic) or (paused and queue.topic in paused):
                 order.append(slot)
                 continue
             ready = slot.ready
@@ -202,7 +209,7 @@ class Delivery:
                 continue
             tried.add(queue)
             slot = self._queues.get(queue)
-            if slot is None or not job.consumer.may_serve(queue.qid):
+            if slot is None or queue.topic in self.paused or not job.consumer.may_serve(queue.qid):
                 continue
             room = job.consumer.config.max_reply_bytes - reply.overhead
             batch, runs = with_runs(slot, [], max_batch, max_per_key, held, room, reply)
@@ -244,6 +251,13 @@ class Delivery:
             expiry.cancel()
             if not waiter.future.done():
                 waiter.future.cancel()
+
+    def pause(self, everything: bool, topics: frozenset[str]) -> None:
+        """Hand out nothing (``everything``) or nothing of ``topics``; parked pulls get what a lift frees."""
+        lifted = (self.all_paused and not everything) or not topics >= self.paused
+        self.all_paused, self.paused = everything, topics
+        if lifted and self._waiters and self.count and self._wake is None and self._loop is not None:
+            self._wake = self._loop.call_soon(self._wake_waiters)
 
     def answer_parked(self) -> None:
         """Answer parked pulls now, if jobs were made ready since they parked."""

@@ -76,6 +76,9 @@ class PullBuffer:
         self._queues: dict[QueueId, QueueSlot] = {}
         self._delivery = Delivery(group, self._queues, self.queue_stats, clock)
         self.redelivery = self._delivery.redelivery
+        #: An operator's pause, ``pause(everything, topics)``: from then on pulls get nothing of every topic
+        #: or of ``topics``; acks, fails and the deadlines of what is in flight go on.
+        self.pause = self._delivery.pause
 
     # lifecycle ---------------------------------------------------------------------------------
 

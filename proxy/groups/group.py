@@ -50,6 +50,7 @@ from ddmq.proxy.engine.reader import TopicReads
 from ddmq.proxy.engine.topic_jobs import TopicJobs
 from ddmq.proxy.groups.key_actions import command_handler
 from ddmq.proxy.groups.parts import ProxyParts
+from ddmq.proxy.groups.pausing import PauseWatch
 from ddmq.proxy.store.key_commands import ParkStore
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,8 @@ class ConsumerGroup:
         self.retiring: dict[str, TopicConsumer] = {}
         #: Set when the group left the config: pulls get "unknown group", acks still count.
         self.removed = False
+        #: An operator's pause of the group or some topics, followed from Redis.
+        self.pause_watch = PauseWatch(name, self.buffer, parts.broker, parts.lease_config.claim_interval_ms)
 
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
         """A consumer of ``topic`` for this group, not started."""
@@ -244,6 +247,7 @@ class ConsumerGroup:
 
     def start(self) -> None:
         self.buffer.start()
+        self.pause_watch.start()
         for consumer in self.consumers.values():
             consumer.start()
 
@@ -303,6 +307,7 @@ class ConsumerGroup:
         self.buffer.stop_serving()
 
     async def close(self) -> None:
+        await self.pause_watch.close()
         await asyncio.gather(*(c.close() for c in self.consumers.values()))
         await self.buffer.close()
 

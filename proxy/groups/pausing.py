@@ -1,0 +1,84 @@
+"""A group's pause, as every proxy of the group follows it.
+
+The pauses live in Redis (:mod:`ddmq.protocol.redis.pauses`: written by ``ddmq groups pause`` or the
+admin API, whichever proxy or host). Each proxy reads them once per heartbeat (``claim_interval_ms``)
+and tells its pull buffer what not to hand out; a ``--for`` pause ends by Redis's clock at the read
+that finds it over. Until the first read succeeds the group hands out nothing, so a proxy restarted
+while its group is paused does not deliver in between. A failed read keeps the last state (a paused
+group stays paused while Redis does not answer, which also stops everything else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Final
+
+from ddmq.protocol.redis.pauses import Pause, pauses_async
+from ddmq.proxy.core.errors import DdmqError
+from ddmq.proxy.core.supervise import supervised
+from ddmq.proxy.engine.pull_buffer import PullBuffer
+from ddmq.proxy.store.broker import Broker
+
+__all__ = ["PauseWatch"]
+
+log = logging.getLogger(__name__)
+
+#: Longest wait between failed reads.
+_MOST_BACKOFF_S: Final = 5.0
+
+
+class PauseWatch:
+    """Follows ``group``'s pauses for its pull buffer, one read per ``interval_ms``."""
+
+    def __init__(self, group: str, buffer: PullBuffer, broker: Broker, interval_ms: int) -> None:
+        self.group = group
+        self._buffer = buffer
+        self._broker = broker
+        self._interval_s = interval_ms / 1000
+        #: The pauses in force at the last read (None: not read yet).
+        self.pauses: list[Pause] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._buffer.pause(True, frozenset())
+        self._task = asyncio.create_task(supervised("pause-watch", self._run, f"pause-watch {self.group}"),
+                                         name=f"pause-watch {self.group}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def read(self) -> None:
+        """Read the pauses now and apply them (raises DdmqError)."""
+        _, found = await pauses_async(self._broker.redis, self.group)
+        self._apply(found)
+
+    def _apply(self, found: list[Pause]) -> None:
+        everything = any(p.topic is None for p in found)
+        topics = frozenset(p.topic for p in found if p.topic is not None)
+        self._buffer.pause(everything, topics)
+        before = {p.topic: p for p in self.pauses or ()}
+        now = {p.topic: p for p in found}
+        for topic, p in now.items():
+            if before.get(topic) != p:
+                until = f" until {p.until_ms} (ms, Redis time)" if p.until_ms is not None else " until resumed"
+                log.warning("%s%s paused by %s%s: pulls get nothing; in-flight messages keep their deadlines",
+                            self.group, f"/{topic}" if topic else "", p.by or "?", until)
+        for topic in before.keys() - now.keys():
+            log.warning("%s%s resumed", self.group, f"/{topic}" if topic else "")
+        self.pauses = found
+
+    async def _run(self) -> None:
+        delay = self._interval_s
+        while True:
+            try:
+                await self.read()
+                delay = self._interval_s
+            except DdmqError as exc:
+                (log.debug if self.pauses is not None else log.warning)("%s: %s (the last pause state holds)",
+                                                                       self.group, exc)
+                delay = min(max(delay * 2, 0.1), _MOST_BACKOFF_S)
+            await asyncio.sleep(delay)
