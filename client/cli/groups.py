@@ -3,6 +3,7 @@
     ddmq groups list
     ddmq groups describe cg_rides
     ddmq groups delete cg_old [--force] [--keep-dead-letters]
+    ddmq groups pause cg_rides [--topic rides] [--for 10m]; ddmq groups resume cg_rides
 
 Every proxy records the groups it serves and the topics it consumes for them at each heartbeat, so
 ``list`` shows each group with its topics, its live members and when a proxy last served it, whether or
@@ -26,6 +27,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ddmq.client.cli import patience
+from ddmq.client.cli import pause as pause_cli
 from ddmq.client.cli.group_registry import GroupHeld, GroupSummary, delete_group, group_names, group_summary
 from ddmq.protocol import clitools
 from ddmq.protocol.redis.connection import REDIS_ERRORS, SyncRedis, redact_url, sync_redis
@@ -37,7 +39,7 @@ _ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
 
 
 def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("groups", help="list the consumer groups, describe or delete one (read from Redis)",
+    parser = sub.add_parser("groups", help="list the consumer groups, describe, delete, pause or resume one (Redis)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="every group: topics, live members, last seen")
@@ -60,6 +62,7 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         if action is not delete:  # reads are retried through a failover; a delete is not repeated
             patience.add_timeout(action)
         action.set_defaults(func=func)
+    pause_cli.add_actions(actions)
 
 
 def _connect(args: argparse.Namespace) -> SyncRedis:

@@ -22,8 +22,10 @@ import time
 from dataclasses import asdict
 
 from ddmq.client.cli import patience
+from ddmq.client.cli.pause import describe
 from ddmq.protocol import clitools
 from ddmq.protocol.redis.connection import redact_url
+from ddmq.protocol.redis.pauses import pauses
 from ddmq.protocol.redis.status import DEFAULT_MEMBER_TTL_MS, GroupStatus, QueueStatus, group_status
 
 __all__ = ["DEFAULT_MEMBER_TTL_MS", "GroupStatus", "QueueStatus", "add_cli", "format_status", "group_status"]
@@ -116,8 +118,8 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _status_command(args: argparse.Namespace) -> int:
-    status = patience.read_redis(args, lambda client: group_status(client, args.group, args.topic,
-                                                                   args.member_ttl_ms))
+    status, (now_ms, paused) = patience.read_redis(args, lambda client: (
+        group_status(client, args.group, args.topic, args.member_ttl_ms), pauses(client, args.group)))
     if status.missing_topics:
         raise clitools.CliError(
             f"no topic {', '.join(map(repr, status.missing_topics))} in {redact_url(args.redis)}"
@@ -128,5 +130,8 @@ def _status_command(args: argparse.Namespace) -> int:
             f"group {args.group!r} is unknown to {redact_url(args.redis)}: "
             "no proxy has served it and it has no committed offset"
         )
-    print(json.dumps(asdict(status), indent=2) if args.json else format_status(status))
+    if args.json:
+        print(json.dumps({**asdict(status), "paused": [p.as_json() for p in paused]}, indent=2))
+    else:
+        print("\n".join([*(describe(p, now_ms) for p in paused), format_status(status)]))
     return 0

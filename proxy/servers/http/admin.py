@@ -33,6 +33,7 @@ from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
 from ddmq.proxy.ops.views import KEY_STATES, blocked_keys, group_view, in_flight, queue_counts
 from ddmq.proxy.servers.http.letters import answer as replay_answer
 from ddmq.proxy.servers.http.letters import plan_purge, plan_replay, run_replay
+from ddmq.proxy.servers.http.pause_api import PauseApi
 from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.store.status import group_owners
@@ -190,6 +191,7 @@ class OperatorApi:
         keys_path = "/admin/groups/{group}/topics/{topic}/keys"
         router.add_get(keys_path, self.keys)
         router.add_post(keys_path + "/{action}", self.key_action)
+        PauseApi(self._service, self._read_body).add_routes(app)
 
     # health ----------------------------------------------------------------------------------
 

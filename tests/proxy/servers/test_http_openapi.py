@@ -98,6 +98,10 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
             assert status == 200 and entry["id"] == page["entries"][0]["id"] and not entry["value_truncated"]
             assert (await api.call("POST", letters + "/replay", json={"ids": [page["entries"][0]["id"]]}))[0] == 200
             assert (await api.call("POST", letters + "/purge", json={"all": True}))[0] == 200
+            paused = await api.call("POST", "/admin/groups/g/pause", json={"for_ms": 60_000, "by": "test"})
+            assert paused[0] == 200 and paused[1]["paused"][0]["by"] == "test"
+            assert (await api.call("GET", "/admin/groups/g/pause"))[0] == 200
+            assert (await api.call("POST", "/admin/groups/g/resume", json={}))[1]["paused"] == []
             for path in ("/healthz", "/readyz", "/metrics", "/", "/console", "/console/console.js",
                          "/console/console.css", "/admin/groups/g/lag-history"):
                 assert (await api.call("GET", path))[0] == 200
