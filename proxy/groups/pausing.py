@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Final
 
-from ddmq.protocol.redis.pauses import Pause, pauses_async
+from ddmq.protocol.redis.pauses import Pause, covers, pauses_async
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.supervise import supervised
 from ddmq.proxy.engine.pull_buffer import PullBuffer
@@ -39,6 +40,8 @@ class PauseWatch:
         #: The pauses in force at the last read (None: not read yet).
         self.pauses: list[Pause] | None = None
         self._task: asyncio.Task[None] | None = None
+        #: Redis's time (ms) at the last read, and this host's monotonic clock then.
+        self._read_at = (0, 0.0)
 
     def start(self) -> None:
         self._buffer.pause(True, frozenset())
@@ -53,8 +56,18 @@ class PauseWatch:
 
     async def read(self) -> None:
         """Read the pauses now and apply them (raises DdmqError)."""
-        _, found = await pauses_async(self._broker.redis, self.group)
+        now_ms, found = await pauses_async(self._broker.redis, self.group)
+        self._read_at = (now_ms, time.monotonic())
         self._apply(found)
+
+    def paused_s(self, topic: str) -> float:
+        """How long ``topic`` has been paused, in seconds (Redis's clock at the last read, carried on by
+        this host's); 0 when it is not."""
+        found = covers(self.pauses or [], topic)
+        if found is None or not found.at_ms:
+            return 0.0
+        now_ms, read_mono = self._read_at
+        return max(now_ms - found.at_ms, 0) / 1000 + time.monotonic() - read_mono
 
     def _apply(self, found: list[Pause]) -> None:
         everything = any(p.topic is None for p in found)

@@ -118,8 +118,17 @@ class EngineCollector(Collector):
         per_queue = self.per_queue
         groups = self._groups.groups
         parked = Family("ddmq_parked_pulls", GAUGE, "Long-poll pulls waiting for messages.", ["group"])
+        paused = Family("ddmq_paused_seconds", GAUGE, "How long an operator's pause has held the deliveries "
+                        "(ddmq groups pause; by default the longest over the group's topics); 0 while not paused.",
+                        ["group", "topic"] if per_queue else ["group"])
         for name, group in groups.items():
             parked.add_metric((name,), group.buffer.parked)
+            held_for = {topic: group.pause_watch.paused_s(topic) for topic in group.consumers}
+            if per_queue:
+                for topic, seconds in held_for.items():
+                    paused.add_metric((name, topic), seconds)
+            else:
+                paused.add_metric((name,), max(held_for.values(), default=0.0))
         proxy_events = Family(
             "ddmq_proxy_events", COUNTER, "Proxy-wide events (unknown_results: acks for unknown group/topic/qid).",
             ["event"],
@@ -127,8 +136,8 @@ class EngineCollector(Collector):
         for event, count in sorted(self._counters.items()):
             proxy_events.add_metric((event,), count)
         engine = self._per_queue_families(groups) if per_queue else self._default_families(groups)
-        return [*_buffer_counters(groups, per_queue), *engine, parked, proxy_events, *self._latencies(per_queue),
-                *_server_metrics(self._server_stats())]
+        return [*_buffer_counters(groups, per_queue), *engine, parked, paused, proxy_events,
+                *self._latencies(per_queue), *_server_metrics(self._server_stats())]
 
     def _per_queue_families(self, groups: dict[str, ConsumerGroup]) -> list[Family]:
         queues, topics = QueueFamilies(True), TopicFamilies()
