@@ -192,3 +192,25 @@ async def test_submit_naming_no_group_is_refused_and_no_results_is_nothing(adapt
                 status, body = await api.call("POST", "/v1/ack", json={"results": []})
                 assert (status, body["code"]) == (400, 1003)
                 assert await api.call("POST", "/v1/ack", json={"group": "g", "results": []}) == (200, {"ok": True})
+
+
+async def test_whole_number_floats_are_integers_over_http(redis_url: str) -> None:
+    """JSON Schema's integer admits 1500.0, and JavaScript clients send such: taken as 1500; a
+    fraction is still a 400."""
+    async with proxy("http", redis_url, {"order_key": "KEY"}) as (service, client):
+        produced = produce(redis_url, 12, keys=2)
+        checker = OrderChecker()
+        reply = await first_batch(client)
+        good = [{"topic": "t", "qid": float(r.qid), "success": [float(o) for o in r.success]}
+                for r in record(reply, checker)]
+        async with aiohttp.ClientSession() as session:
+            api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+            status, body = await api.call("POST", "/v1/pull", json={"group": "g", "linger_ms": 1.5})
+            assert (status, body["code"]) == (400, 1003)
+            status, body = await api.call(
+                "POST", "/v1/pull", json={"group": "g", "max_batch": 8.0, "linger_ms": 0.0, "results": good})
+            assert status == 200, body
+        assert service.groups["g"].buffer.stats.acked == len(reply.messages)
+        messages = [Msg(m["offset"], m["key"], base64.b64decode(m["value_base64"])) for m in body["messages"]]
+        await client.ack(record(Reply(body["qid"], messages, None), checker))
+        await consume_all(service, client, produced, checker)

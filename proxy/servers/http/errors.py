@@ -59,11 +59,21 @@ def status_of(exc: DdmqError) -> int:
     return 500
 
 
-def error_response(status: int, code: int, message: str) -> web.Response:
+#: Headers of aiohttp's own error answers that the JSON answer keeps (405's ``Allow``: RFC 9110 requires it).
+_KEPT_HEADERS: Final = ("Allow",)
+
+
+def error_response(
+    status: int, code: int, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
     """The error body; whether a retry can help is the code's (:data:`ddmq.protocol.errors.ERROR_CODES`)."""
     retriable = is_retriable(code)
-    headers = {"WWW-Authenticate": 'Bearer realm="ddmq-admin"'} if status == 401 else None
-    return web.json_response({"code": code, "message": message, "retriable": retriable}, status=status, headers=headers)
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="ddmq-admin"'
+    return web.json_response(
+        {"code": code, "message": message, "retriable": retriable}, status=status, headers=headers or None
+    )
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -94,7 +104,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         text = exc.text or ""
         if not text or text == f"{exc.status}: {exc.reason}":  # aiohttp's default body says no more
             text = f"{exc.reason}: {request.method} {request.path}"
-        return error_response(exc.status, code, text)
+        kept = {name: exc.headers[name] for name in _KEPT_HEADERS if name in exc.headers}
+        return error_response(exc.status, code, text, kept)
     except Exception:
         log.exception("internal error serving %s %s from %s", request.method, request.path, request.remote)
         return error_response(500, INTERNAL_ERROR_CODE, "internal error")

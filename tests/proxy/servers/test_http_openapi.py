@@ -4,13 +4,18 @@ every operation validate against it."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import aiohttp
+import pytest
 from openapi_spec_validator import validate
 
 from ddmq.config import parse
+from ddmq.config.schema import TopicConfig
 from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.proxy.api.requests import MAX_QID, REQUEST_BOUNDS
 from ddmq.proxy.servers.http import build_app, load_openapi
+from ddmq.proxy.servers.http.pull_api import AckIn, FailDetailIn, PullIn, ResultIn
 from ddmq.proxy.servers.http.view import ProxyView
 from ddmq.proxy.service import ProxyService
 
@@ -117,3 +122,48 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
         if status.startswith("2")
     }
     assert documented_success <= checker.seen, documented_success - checker.seen
+
+
+BOUND_KEYWORDS = ("minimum", "maximum", "minLength", "maxLength", "maxItems", "minItems")
+
+
+def _bounds(node: Any, defs: dict[str, Any]) -> set[tuple[str, int]]:
+    """Every bound a schema node sets, through $ref, anyOf/oneOf and nullable types (not into items)."""
+    ref = node.get("$ref")
+    if ref is not None:
+        return _bounds(defs[ref.rsplit("/", 1)[1]], defs)
+    found = {(key, node[key]) for key in BOUND_KEYWORDS if key in node}
+    for branch in [*node.get("anyOf", ()), *node.get("oneOf", ())]:
+        found |= _bounds(branch, defs)
+    if "items" in node:
+        found |= {(f"items.{key}", value) for key, value in _bounds(node["items"], defs)}
+    return found
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [(PullIn, "PullRequest"), (AckIn, "AckRequest"), (ResultIn, "Result"), (FailDetailIn, "FailDetail")],
+)
+def test_the_pull_and_ack_bodies_have_the_codes_bounds(model: type[Any], name: str) -> None:
+    """The document's bounds are the models' (which take them from the request rules' table)."""
+    code = model.model_json_schema(ref_template="#/$defs/{model}")
+    code_defs = code.get("$defs", {})
+    document = load_openapi()["components"]["schemas"]
+    documented = document[name]
+    assert set(code["properties"]) == set(documented["properties"])
+    for field, schema in code["properties"].items():
+        item_ref = schema.get("items", {}).get("$ref")
+        if item_ref is not None:  # a nested model: checked by its own case
+            continue
+        assert _bounds(schema, code_defs) == _bounds(documented["properties"][field], document), (name, field)
+    assert set(code.get("required", ())) == set(documented.get("required", ())), name
+
+
+def test_the_request_rules_bound_what_the_models_take() -> None:
+    schema = PullIn.model_json_schema()["properties"]
+    for field in ("max_batch", "linger_ms", "max_per_key"):
+        bound = REQUEST_BOUNDS[field]
+        assert {("minimum", bound.low), ("maximum", bound.high)} <= _bounds(schema[field], {}), field
+    assert {("minLength", REQUEST_BOUNDS["group"].low), ("maxLength", REQUEST_BOUNDS["group"].high)} == _bounds(
+        schema["group"], {})
+    assert MAX_QID + 1 == TopicConfig.model_fields["queues"].metadata[-1].le
