@@ -12,6 +12,9 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from pydantic import ValidationError
 
 from ddmq.protocol.errors import is_retriable
@@ -109,3 +112,45 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except Exception:
         log.exception("internal error serving %s %s from %s", request.method, request.path, request.remote)
         return error_response(500, INTERNAL_ERROR_CODE, "internal error")
+
+
+class JsonErrorsHandler(RequestHandler):
+    """aiohttp's protocol for one connection, answering what its parser refuses (a request line or
+    headers too long: 414, 431; a malformed request: 400) with the JSON error body too, as every
+    other error answer. aiohttp logs and closes as it would."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if a reply was sent already
+        if isinstance(exc, LineTooLong):
+            status, text = _too_long(exc)
+        elif status < 500:
+            # The parser's words, without the client's bytes it may quote.
+            text = "malformed request: " + (getattr(exc, "message", "") or "").split(":", 1)[0].strip()
+        else:
+            text = "internal error"
+        error = error_response(status, BadRequestError.code if status < 500 else INTERNAL_ERROR_CODE, text)
+        error.force_close()
+        return error
+
+
+def _too_long(exc: LineTooLong) -> tuple[int, str]:
+    """414 for the request line (the line aiohttp quotes is its target: a path or an absolute URL),
+    431 for a header; aiohttp answers both 400."""
+    line, limit = exc.args[0], exc.args[1]
+    if bytes(line[:1]) == b"/" or bytes(line[:4]).lower() == b"http":
+        return 414, f"the request line is longer than {limit} bytes"
+    return 431, f"a request header is longer than {limit} bytes"
+
+
+def json_errors_protocols(server: web.Server) -> Callable[[], RequestHandler]:
+    """The protocol factory of ``server`` with :class:`JsonErrorsHandler`: what ``web.Server()``
+    makes, with the same arguments."""
+
+    def protocol() -> RequestHandler:
+        return JsonErrorsHandler(server, loop=server._loop, **server._kwargs)
+
+    return protocol
