@@ -61,6 +61,7 @@ REQUEST_BOUNDS: Final[dict[str, Bound]] = {
     "max_batch": Bound(0, I32_MAX),
     "linger_ms": Bound(0, I32_MAX),
     "max_per_key": Bound(0, I32_MAX),
+    "key": Bound(1, 4096),  # an order key named by an operator (the admin API's keys and replays)
 }
 #: What a result's entries must be to name a message; an entry outside is left out and counted.
 RESULT_BOUNDS: Final[dict[str, Bound]] = {

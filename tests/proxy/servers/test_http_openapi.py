@@ -15,6 +15,7 @@ from ddmq.config.schema import TopicConfig
 from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.api.requests import MAX_QID, REQUEST_BOUNDS
 from ddmq.proxy.servers.http import build_app, load_openapi
+from ddmq.proxy.servers.http.admin import KeyActionIn
 from ddmq.proxy.servers.http.pull_api import AckIn, FailDetailIn, PullIn, ResultIn
 from ddmq.proxy.servers.http.view import ProxyView
 from ddmq.proxy.service import ProxyService
@@ -146,10 +147,22 @@ def _bounds(node: Any, defs: dict[str, Any]) -> set[tuple[str, int]]:
 )
 def test_the_pull_and_ack_bodies_have_the_codes_bounds(model: type[Any], name: str) -> None:
     """The document's bounds are the models' (which take them from the request rules' table)."""
+    document = load_openapi()["components"]["schemas"]
+    _same_bounds(model, document[name], document, name)
+
+
+def test_the_key_action_body_and_the_keys_filter_have_the_codes_bounds() -> None:
+    document = load_openapi()
+    keys = "/admin/groups/{group}/topics/{topic}/keys"
+    body = document["paths"][keys + "/{action}"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    _same_bounds(KeyActionIn, body, document["components"]["schemas"], "key action")
+    (key,) = [p for p in document["paths"][keys]["get"]["parameters"] if p.get("name") == "key"]
+    assert key["schema"]["maxLength"] == REQUEST_BOUNDS["key"].high
+
+
+def _same_bounds(model: type[Any], documented: dict[str, Any], document: dict[str, Any], name: str) -> None:
     code = model.model_json_schema(ref_template="#/$defs/{model}")
     code_defs = code.get("$defs", {})
-    document = load_openapi()["components"]["schemas"]
-    documented = document[name]
     assert set(code["properties"]) == set(documented["properties"])
     for field, schema in code["properties"].items():
         item_ref = schema.get("items", {}).get("$ref")
