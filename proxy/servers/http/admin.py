@@ -340,6 +340,8 @@ class OperatorApi:
         letters = self._letters(request)
         body = parse(SelectionIn, await self._read_body(request))
         consumer = self._consumer(request)
+        if body.key is not None and (body.ids is not None or body.all):
+            raise BadRequestError('give one of "ids": [...], "all": true or "key": K')
         ids = None if body.key is not None else _chosen(body)
         async with self._letter_lock(letters):
             plan = await plan_replay(letters, consumer, ids, body.key)

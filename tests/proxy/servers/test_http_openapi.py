@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import aiohttp
+import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
@@ -199,3 +200,34 @@ def test_every_operation_documents_the_statuses_every_route_can_answer() -> None
                 scheme = "dataToken" if path.startswith("/v1/") else "adminToken"
                 assert operation["security"] == [{}, {scheme: []}], (method, path)
             assert want <= set(operation["responses"]), (method, path, want - set(operation["responses"]))
+
+
+@pytest.mark.parametrize(
+    ("body", "replay", "purge"),
+    [
+        ({"ids": ["1-0"]}, True, True),
+        ({"all": True}, True, True),
+        ({"all": True, "key": None}, True, True),
+        ({"all": True, "ids": None}, True, True),
+        ({"key": "k"}, True, False),
+        ({"ids": [], "all": True}, False, False),
+        ({"key": "k", "all": True}, False, False),
+        ({"key": "k", "ids": ["1-0"]}, False, False),
+        ({}, False, False),
+        ({"all": False}, False, False),
+    ],
+)
+async def test_replay_and_purge_bodies_are_valid_by_the_document_exactly_when_the_proxy_takes_them(
+    body: dict[str, Any], replay: bool, purge: bool, redis_url: str
+) -> None:
+    """Each body (as a dry run: nothing is touched) against the document and a real proxy."""
+    document = load_openapi()
+    letters = "/admin/groups/g/topics/t/dead-letters/"
+    async with running_proxy(redis_url, None, http={"enabled": True, "port": 0}) as service:
+        async with aiohttp.ClientSession() as session:
+            api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+            for name, takes, route in (("Selection", replay, "replay"), ("PurgeSelection", purge, "purge")):
+                schema = {"$ref": f"#/components/schemas/{name}", "components": document["components"]}
+                assert jsonschema.Draft202012Validator(schema).is_valid(body) == takes, (name, body)
+                status, answer = await api.call("POST", letters + route, json={**body, "dry_run": True})
+                assert status == (200 if takes else 400), (route, body, answer)
