@@ -35,7 +35,7 @@ from ddmq.proxy.ops.views import KEY_STATES, blocked_keys, group_view, in_flight
 from ddmq.proxy.servers.http.letters import answer as replay_answer
 from ddmq.proxy.servers.http.letters import plan_purge, plan_replay, run_replay
 from ddmq.proxy.servers.http.pause_api import PauseApi
-from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json, parse
+from ddmq.proxy.servers.http.pull_api import WHOLE, BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.store.status import group_owners
 
@@ -103,7 +103,7 @@ class KeyActionIn(JsonBody):
     """``{"key": K, "qid": optional, "by": optional}``: an operator's action on one key."""
 
     key: Annotated[str, Field(min_length=_KEY.low, max_length=_KEY.high)]
-    qid: Annotated[int, Field(ge=0, le=MAX_QID)] | None = None
+    qid: Annotated[int, Field(ge=0, le=MAX_QID), WHOLE] | None = None
     by: Annotated[str, Field(max_length=200)] | None = None
 
 

@@ -38,11 +38,12 @@ def whole(value: object) -> object:
     return value
 
 
-_WHOLE = BeforeValidator(whole)
+#: Marks an integer field as taking whole-number floats (:func:`whole`).
+WHOLE = BeforeValidator(whole)
 _R = REQUEST_BOUNDS
 #: An offset as the IDL's i64. Within the type but below 1 it names no message: the service leaves it
 #: out and counts it, as Thrift's (RESULT_BOUNDS), so the good acks of the request still count.
-Offset = Annotated[int, Field(ge=-(2**63), le=I64_MAX), _WHOLE]
+Offset = Annotated[int, Field(ge=-(2**63), le=I64_MAX), WHOLE]
 #: Reads a request's body within the server's limits (``HttpConnections.read_body``).
 BodyReader = Callable[[web.Request], Awaitable[bytes]]
 
@@ -57,7 +58,7 @@ class FailDetailIn(JsonBody):
     """A failure with a retry delay and a reason (the Thrift ``FailDetail``)."""
 
     offset: Offset
-    retry_after_ms: Annotated[int, Field(ge=-(2**31), le=I32_MAX), _WHOLE] | None = None  # i32; < 0: left out
+    retry_after_ms: Annotated[int, Field(ge=-(2**31), le=I32_MAX), WHOLE] | None = None  # i32; < 0: left out
     reason: str | None = None  # cut to 1 KiB by the engine; the body's size bounds it here
 
 
@@ -67,7 +68,7 @@ class ResultIn(JsonBody):
 
     group: str | None = None
     topic: str = ""
-    qid: Annotated[int, Field(ge=-(2**63), le=I64_MAX), _WHOLE] | str = ""
+    qid: Annotated[int, Field(ge=-(2**63), le=I64_MAX), WHOLE] | str = ""
     success: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
     fail: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
     release: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
@@ -77,9 +78,9 @@ class ResultIn(JsonBody):
 
 #: The request's own fields take REQUEST_BOUNDS (the IDL's i32 for the numbers); what a value means
 #: within them (the topic's cap, the server's linger bound) is the service's rule.
-BatchSize = Annotated[int, Field(ge=_R["max_batch"].low, le=_R["max_batch"].high), _WHOLE]
-LingerMs = Annotated[int, Field(ge=_R["linger_ms"].low, le=_R["linger_ms"].high), _WHOLE]
-PerKey = Annotated[int, Field(ge=_R["max_per_key"].low, le=_R["max_per_key"].high), _WHOLE]
+BatchSize = Annotated[int, Field(ge=_R["max_batch"].low, le=_R["max_batch"].high), WHOLE]
+LingerMs = Annotated[int, Field(ge=_R["linger_ms"].low, le=_R["linger_ms"].high), WHOLE]
+PerKey = Annotated[int, Field(ge=_R["max_per_key"].low, le=_R["max_per_key"].high), WHOLE]
 GroupName = Annotated[str, Field(min_length=_R["group"].low, max_length=_R["group"].high)]
 #: Most result nodes one HTTP request may carry (a shape bound of this wire: a Thrift chain is bounded
 #: by the decoder's nesting limit).
