@@ -168,34 +168,40 @@ class ChainRun:
         while True:
             key = await held.next_wanted()
             try:
-                await self._resume(key)
+                resumed = await self._resume(key)
             except BrokerError as exc:
                 log.warning("%s/%s: %s; retrying", self.group, self.topic, exc)
                 held.want(key)
                 await asyncio.sleep(backoff.take())
-            else:
-                backoff.reset()
+                continue
+            backoff.reset()
+            # Still short of its cap with messages held (a refill cut short by filtered or gone ones):
+            # no release of the key may come to want it again.
+            gate = self.blocking_queue
+            if resumed and key in held.keys and gate.chain_length(key) <= gate.key_cap // 2:
+                held.want(key)
 
-    async def _resume(self, key: Hashable) -> None:
-        """Run up to the room under ``key``'s cap of its oldest held messages down the chain, in order."""
+    async def _resume(self, key: Hashable) -> bool:
+        """Run up to the room under ``key``'s cap of its oldest held messages down the chain, in order;
+        False when there was nothing to run (no room, nothing held, the queue dropped meanwhile)."""
         jobs, gate, held = self.jobs, self.blocking_queue, self.jobs.held
         cap = gate.key_cap
         room = cap - gate.chain_length(key)
         if room <= 0:
-            return  # the key drains first; releasing its jobs wants it again
+            return False  # the key drains first; releasing its jobs wants it again
         # Held keys come before new reads, up to one key's cap past the window, so they never starve.
         while jobs.unfinished >= jobs.config.concurrency + cap:
             await jobs.wait_for_room()
         oldest = held.oldest(key, room)
         if oldest is None:
-            return
+            return False
         qid, offsets = oldest
         tracker = self._tracker_of(qid)
         if tracker is None:
-            return  # the queue was dropped: its held offsets went with it
+            return False  # the queue was dropped: its held offsets go with it (HeldKeys.forget)
         messages = await read_offsets(jobs.broker, self.topic, qid, offsets)
         if self._tracker_of(qid) is not tracker or tracker.dropped or not held.taken(key, qid, offsets):
-            return  # dropped while the read was out: the queue's next owner reads them
+            return False  # dropped while the read was out: the queue's next owner reads them
         queue = QueueId(self.topic, qid)
         gate.resuming = key
         try:
@@ -213,5 +219,4 @@ class ChainRun:
             gate.resuming = None
             self.buffer.answer_parked()
         jobs.count("resumed", len(offsets))
-        if key in held.keys and gate.chain_length(key) <= cap // 2:
-            held.want(key)
+        return True

@@ -164,6 +164,8 @@ class HeldKeys:
             if not queues:
                 del self.keys[key]
                 self._wanted.pop(key, None)
+            else:
+                self.want(key)  # held in another queue too: read those (its resume may have stopped at this one)
         self._counted_out(qid, self.per_queue[qid])
 
     def _counted_out(self, qid: int, n: int) -> None:
