@@ -56,7 +56,10 @@ class PauseWatch:
 
     async def read(self) -> None:
         """Read the pauses now and apply them (raises DdmqError)."""
-        now_ms, found = await pauses_async(self._broker.redis, self.group)
+        # A few groups at a time (Broker.opening): every group of the proxy starts its watch at once, and
+        # a read each in flight would open a connection each.
+        async with self._broker.opening:
+            now_ms, found = await pauses_async(self._broker.redis, self.group)
         self._read_at = (now_ms, time.monotonic())
         self._apply(found)
 
