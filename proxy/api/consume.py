@@ -18,7 +18,7 @@ from collections.abc import Callable
 from time import perf_counter
 
 from ddmq.proxy.api.fetch import LowLevelApi
-from ddmq.proxy.api.requests import RequestRules, batch_size, per_key
+from ddmq.proxy.api.requests import RequestRules, batch_size, check_group, check_pull, per_key
 from ddmq.proxy.api.results import Results
 from ddmq.proxy.core.errors import UnavailableError, UnknownTopicError
 from ddmq.proxy.core.types import (
@@ -92,6 +92,7 @@ class ConsumeApi:
         (None or 1: one per key) lets the reply carry ordered runs of a key (see ``PullBuffer``);
         ``reply`` counts the reply's bytes against the topic's ``max_reply_bytes`` (None: as a Thrift
         frame); ``early`` is the buffer's (a lease's pulls do without it)."""
+        check_pull(group, topic, max_batch, linger_ms, max_per_key)  # a bad request applies nothing
         if results:  # first: acks count even when the group was just removed
             await self._results.apply(results, group)
         consumer_group = self.registry.group(group)
@@ -136,6 +137,7 @@ class ConsumeApi:
 
     async def submit(self, results: list[QueueResult], group: str | None = None) -> None:
         if group is not None:
+            check_group(group)
             self.registry.group(group, draining=True)
         await self._results.apply(results, group)
 

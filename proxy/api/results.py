@@ -3,8 +3,10 @@ extensions), applied to the pull buffers of the groups that handed them out.
 
 The rules of results, the same over Thrift and HTTP: a request carries at most
 :data:`~ddmq.proxy.api.surface.MAX_RESULT_OFFSETS` offsets (acks and fails together), else it is
-refused whole and nothing of it applied; a result that names no group is the request's group's; a
-result for a group, topic or queue this proxy does not serve is ignored (counted ``unknown_results``).
+refused whole and nothing of it applied; a result that names no group is the request's group's; an
+entry that can name no message (:func:`~ddmq.proxy.api.requests.valid_results`) is left out, logged and
+counted (``invalid_results``), and a result for a group, topic or queue this proxy does not serve is
+ignored (counted ``unknown_results``): neither costs the other entries of the request.
 
 Each result goes to its group's buffer, found in the registry
 (:meth:`~ddmq.proxy.groups.registry.GroupRegistry.results_buffer`), and from there down the engine:
@@ -17,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from typing import Final
 
-from ddmq.proxy.api.requests import too_many_offsets
+from ddmq.proxy.api.requests import too_many_offsets, valid_results
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.core.errors import BadRequestError
 from ddmq.proxy.core.types import QueueId, QueueResult
@@ -34,6 +37,9 @@ __all__ = ["APPLY_SLICE_OFFSETS", "Results", "in_group", "result_offsets"]
 #: Results with more offsets than this are applied in slices of it, letting other connections'
 #: requests run in between (a slice takes a few milliseconds; bench/edges.py measures the effect).
 APPLY_SLICE_OFFSETS: Final = 4096
+#: Invalid entries are logged at most this often (a buggy client sends them with every pull); the
+#: counter has them all.
+INVALID_LOG_INTERVAL_S: Final = 10.0
 
 
 def result_offsets(results: list[QueueResult]) -> int:
@@ -53,11 +59,13 @@ def in_group(results: list[QueueResult], group: str | None) -> list[QueueResult]
 
 class Results:
     """Applies requests' results to the buffers of ``registry``'s groups; ``counters`` counts refused
-    requests (``results_refused``) and ignored offsets (``unknown_results``)."""
+    requests (``results_refused``), entries left out (``invalid_results``) and ignored offsets
+    (``unknown_results``)."""
 
     def __init__(self, registry: GroupRegistry, counters: Counter[str]) -> None:
         self._registry = registry
         self._counters = counters
+        self._invalid_logged_at = -INVALID_LOG_INTERVAL_S
 
     async def apply(self, results: list[QueueResult], group: str | None = None) -> None:
         """Apply ``results`` (those naming no group are ``group``'s): all of them, or none when they
@@ -68,6 +76,9 @@ class Results:
         except BadRequestError:
             self._counters["results_refused"] += 1
             raise
+        results, invalid, reason = valid_results(results)
+        if invalid:
+            self._left_out(invalid, reason)
         results = [noted_fails_once(r) if r.fail_details else r for r in results]
         if total <= APPLY_SLICE_OFFSETS:
             self._apply_now(results)
@@ -79,6 +90,14 @@ class Results:
             if since_yield >= APPLY_SLICE_OFFSETS:
                 since_yield = 0
                 await asyncio.sleep(0)
+
+    def _left_out(self, count: int, reason: str) -> None:
+        self._counters["invalid_results"] += count
+        now = time.monotonic()
+        if now - self._invalid_logged_at >= INVALID_LOG_INTERVAL_S:
+            self._invalid_logged_at = now
+            log.warning("ignored %d result entr%s naming no message (%s); the request's other entries were applied "
+                        "(invalid_results counts them all)", count, "y" if count == 1 else "ies", reason)
 
     def _apply_now(self, results: list[QueueResult]) -> None:
         registry = self._registry

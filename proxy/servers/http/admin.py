@@ -19,6 +19,7 @@ from pydantic import Field
 
 from ddmq.protocol.redis.status import QueueStatus
 from ddmq.proxy.api.keys import key_action, list_keys
+from ddmq.proxy.api.requests import MAX_QID, REQUEST_BOUNDS
 from ddmq.proxy.cluster.leases import LeaseStore
 from ddmq.proxy.core.errors import (
     BadRequestError,
@@ -34,7 +35,7 @@ from ddmq.proxy.ops.views import KEY_STATES, blocked_keys, group_view, in_flight
 from ddmq.proxy.servers.http.letters import answer as replay_answer
 from ddmq.proxy.servers.http.letters import plan_purge, plan_replay, run_replay
 from ddmq.proxy.servers.http.pause_api import PauseApi
-from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, message_json, parse
+from ddmq.proxy.servers.http.pull_api import WHOLE, BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
 from ddmq.proxy.store.status import group_owners
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from ddmq.proxy.servers.http.view import ProxyView
 
 log = logging.getLogger(__name__)
+_KEY = REQUEST_BOUNDS["key"]
 
 #: Room kept in an answer for the fields around its list.
 ANSWER_RESERVE: Final = 16 * 1024
@@ -91,7 +93,7 @@ class SelectionIn(JsonBody):
 
     ids: list[str] | None = None
     all: bool = False
-    key: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    key: Annotated[str, Field(min_length=_KEY.low, max_length=_KEY.high)] | None = None
     #: Say what the call would touch, touch nothing.
     dry_run: bool = False
     by: Annotated[str, Field(max_length=200)] | None = None
@@ -100,8 +102,8 @@ class SelectionIn(JsonBody):
 class KeyActionIn(JsonBody):
     """``{"key": K, "qid": optional, "by": optional}``: an operator's action on one key."""
 
-    key: Annotated[str, Field(min_length=1, max_length=4096)]
-    qid: Annotated[int, Field(ge=0, le=65535)] | None = None
+    key: Annotated[str, Field(min_length=_KEY.low, max_length=_KEY.high)]
+    qid: Annotated[int, Field(ge=0, le=MAX_QID), WHOLE] | None = None
     by: Annotated[str, Field(max_length=200)] | None = None
 
 
@@ -338,6 +340,8 @@ class OperatorApi:
         letters = self._letters(request)
         body = parse(SelectionIn, await self._read_body(request))
         consumer = self._consumer(request)
+        if body.key is not None and (body.ids is not None or body.all):
+            raise BadRequestError('give one of "ids": [...], "all": true or "key": K')
         ids = None if body.key is not None else _chosen(body)
         async with self._letter_lock(letters):
             plan = await plan_replay(letters, consumer, ids, body.key)
@@ -367,6 +371,8 @@ class OperatorApi:
         """Keys of a (group, topic) over every proxy, stuck ones first (``state``, ``key`` filter)."""
         consumer = self._consumer(request)
         key = request.query.get("key")
+        if key is not None and len(key) > _KEY.high:
+            raise BadRequestError(f"key: at most {_KEY.high} characters, got {len(key)}")
         answer = await list_keys(consumer, self._leases(), _key_states(request), key, _offset(request))
         shown = fit(answer["keys"], self._list_bytes)
         if len(shown) < len(answer["keys"]):

@@ -12,6 +12,9 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from pydantic import ValidationError
 
 from ddmq.protocol.errors import is_retriable
@@ -59,11 +62,21 @@ def status_of(exc: DdmqError) -> int:
     return 500
 
 
-def error_response(status: int, code: int, message: str) -> web.Response:
+#: Headers of aiohttp's own error answers that the JSON answer keeps (405's ``Allow``: RFC 9110 requires it).
+_KEPT_HEADERS: Final = ("Allow",)
+
+
+def error_response(
+    status: int, code: int, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
     """The error body; whether a retry can help is the code's (:data:`ddmq.protocol.errors.ERROR_CODES`)."""
     retriable = is_retriable(code)
-    headers = {"WWW-Authenticate": 'Bearer realm="ddmq-admin"'} if status == 401 else None
-    return web.json_response({"code": code, "message": message, "retriable": retriable}, status=status, headers=headers)
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="ddmq-admin"'
+    return web.json_response(
+        {"code": code, "message": message, "retriable": retriable}, status=status, headers=headers or None
+    )
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -94,7 +107,50 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         text = exc.text or ""
         if not text or text == f"{exc.status}: {exc.reason}":  # aiohttp's default body says no more
             text = f"{exc.reason}: {request.method} {request.path}"
-        return error_response(exc.status, code, text)
+        kept = {name: exc.headers[name] for name in _KEPT_HEADERS if name in exc.headers}
+        return error_response(exc.status, code, text, kept)
     except Exception:
         log.exception("internal error serving %s %s from %s", request.method, request.path, request.remote)
         return error_response(500, INTERNAL_ERROR_CODE, "internal error")
+
+
+class JsonErrorsHandler(RequestHandler):
+    """aiohttp's protocol for one connection, answering what its parser refuses (a request line or
+    headers too long: 414, 431; a malformed request: 400) with the JSON error body too, as every
+    other error answer. aiohttp logs and closes as it would."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if a reply was sent already
+        if isinstance(exc, LineTooLong):
+            status, text = _too_long(exc)
+        elif status < 500:
+            # The parser's words, without the client's bytes it may quote.
+            text = "malformed request: " + (getattr(exc, "message", "") or "").split(":", 1)[0].strip()
+        else:
+            text = "internal error"
+        error = error_response(status, BadRequestError.code if status < 500 else INTERNAL_ERROR_CODE, text)
+        error.force_close()
+        return error
+
+
+def _too_long(exc: LineTooLong) -> tuple[int, str]:
+    """414 for the request line (the line aiohttp quotes is its target: a path or an absolute URL),
+    431 for a header; aiohttp answers both 400."""
+    line, limit = exc.args[0], exc.args[1]
+    if bytes(line[:1]) == b"/" or bytes(line[:4]).lower() == b"http":
+        return 414, f"the request line is longer than {limit} bytes"
+    return 431, f"a request header is longer than {limit} bytes"
+
+
+def json_errors_protocols(server: web.Server) -> Callable[[], RequestHandler]:
+    """The protocol factory of ``server`` with :class:`JsonErrorsHandler`: what ``web.Server()``
+    makes, with the same arguments."""
+
+    def protocol() -> RequestHandler:
+        return JsonErrorsHandler(server, loop=server._loop, **server._kwargs)
+
+    return protocol

@@ -3,8 +3,10 @@
 Same semantics as the Thrift ``pull`` and ``submit``, decided by the service (:mod:`ddmq.proxy.api.requests`):
 a pull applies the piggy-backed ``results`` first, then answers messages of one (topic, qid), waiting
 up to ``linger_ms`` when none are ready; acks for offsets the proxy does not hold are ignored
-(counted). This module only translates: bodies are validated by the models below (unknown fields,
-wrong types and offsets < 1 are a 400 naming the field), answers are encoded as JSON.
+(counted). This module only translates: bodies are validated by the models below, whose bounds are
+the shared table's (:data:`~ddmq.proxy.api.requests.REQUEST_BOUNDS`): unknown fields, wrong types and
+a request field out of bounds are a 400 naming the field; a result entry naming no message (an offset
+below 1, say) is the service's to leave out and count, as over Thrift. Answers are encoded as JSON.
 
 A pull answer stays within the topic's ``max_reply_bytes`` in the bytes this server sends: the buffer
 fills it by each message's JSON text (:class:`JsonReply`), which then makes up the answer as measured.
@@ -18,22 +20,36 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Final, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from ddmq.proxy.api.requests import I32_MAX, I64_MAX, REQUEST_BOUNDS
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS, ConsumeService
 from ddmq.proxy.core.errors import BadRequestError
 from ddmq.proxy.core.types import FailNote, PullBatch, QueueResult, StoredMessage
 from ddmq.proxy.servers.clients import ClientTracker
 from ddmq.proxy.servers.http.errors import validation_message
 
-#: Offsets are dense per queue, from 1; the wire type is i64.
-Offset = Annotated[int, Field(ge=1, le=2**63 - 1)]
+
+def whole(value: object) -> object:
+    """A JSON number without a fraction (``1500.0``) as the integer it is: JSON Schema's ``integer``
+    admits it, and a client that writes every number as a float (JavaScript's) sends such."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: Marks an integer field as taking whole-number floats (:func:`whole`).
+WHOLE = BeforeValidator(whole)
+_R = REQUEST_BOUNDS
+#: An offset as the IDL's i64. Within the type but below 1 it names no message: the service leaves it
+#: out and counts it, as Thrift's (RESULT_BOUNDS), so the good acks of the request still count.
+Offset = Annotated[int, Field(ge=-(2**63), le=I64_MAX), WHOLE]
 #: Reads a request's body within the server's limits (``HttpConnections.read_body``).
 BodyReader = Callable[[web.Request], Awaitable[bytes]]
 
 
 class JsonBody(BaseModel):
-    """A request body: unknown fields and type coercions are errors."""
+    """A request body: unknown fields and type coercions are errors (whole-number floats aside)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -42,17 +58,17 @@ class FailDetailIn(JsonBody):
     """A failure with a retry delay and a reason (the Thrift ``FailDetail``)."""
 
     offset: Offset
-    retry_after_ms: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
-    # Kept to 1 KiB by the engine; the bound here only refuses absurd bodies early.
-    reason: Annotated[str, Field(max_length=65536)] | None = None
+    retry_after_ms: Annotated[int, Field(ge=-(2**31), le=I32_MAX), WHOLE] | None = None  # i32; < 0: left out
+    reason: str | None = None  # cut to 1 KiB by the engine; the body's size bounds it here
 
 
 class ResultIn(JsonBody):
-    """Acks and fails for one (topic, qid): one node of DDMQ's ConsumeResult list."""
+    """Acks and fails for one (topic, qid): one node of DDMQ's ConsumeResult list. A topic or qid
+    that names no queue (RESULT_BOUNDS) leaves the node out, counted, as over Thrift."""
 
     group: str | None = None
-    topic: Annotated[str, Field(min_length=1, max_length=200)]
-    qid: Annotated[int, Field(ge=0, le=65535)] | Annotated[str, Field(max_length=20)]
+    topic: str = ""
+    qid: Annotated[int, Field(ge=-(2**63), le=I64_MAX), WHOLE] | str = ""
     success: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
     fail: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
     release: Annotated[list[Offset], Field(max_length=MAX_RESULT_OFFSETS)] = []
@@ -60,23 +76,29 @@ class ResultIn(JsonBody):
     fail_details: Annotated[list[FailDetailIn], Field(max_length=MAX_RESULT_OFFSETS)] = []
 
 
-#: The IDL's ``i32`` fields (maxBatchSize, maxLingerTime, maxPerKey) take the same range here; what a
-#: value means within it (the topic's cap, the server's linger bound) is the service's rule.
-I32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+#: The request's own fields take REQUEST_BOUNDS (the IDL's i32 for the numbers); what a value means
+#: within them (the topic's cap, the server's linger bound) is the service's rule.
+BatchSize = Annotated[int, Field(ge=_R["max_batch"].low, le=_R["max_batch"].high), WHOLE]
+LingerMs = Annotated[int, Field(ge=_R["linger_ms"].low, le=_R["linger_ms"].high), WHOLE]
+PerKey = Annotated[int, Field(ge=_R["max_per_key"].low, le=_R["max_per_key"].high), WHOLE]
+GroupName = Annotated[str, Field(min_length=_R["group"].low, max_length=_R["group"].high)]
+#: Most result nodes one HTTP request may carry (a shape bound of this wire: a Thrift chain is bounded
+#: by the decoder's nesting limit).
+MAX_RESULT_NODES: Final = 10_000
 
 
 class PullIn(JsonBody):
-    group: Annotated[str, Field(min_length=1, max_length=200)]
-    topic: Annotated[str, Field(max_length=200)] | None = None
-    max_batch: I32 | None = None
-    linger_ms: I32 | None = None
-    max_per_key: I32 | None = None
-    results: Annotated[list[ResultIn], Field(max_length=10_000)] = []
+    group: GroupName
+    topic: Annotated[str, Field(min_length=_R["topic"].low, max_length=_R["topic"].high)] | None = None
+    max_batch: BatchSize | None = None
+    linger_ms: LingerMs | None = None
+    max_per_key: PerKey | None = None
+    results: Annotated[list[ResultIn], Field(max_length=MAX_RESULT_NODES)] = []
 
 
 class AckIn(JsonBody):
-    group: Annotated[str, Field(min_length=1, max_length=200)]
-    results: Annotated[list[ResultIn], Field(max_length=10_000)]
+    group: GroupName
+    results: Annotated[list[ResultIn], Field(max_length=MAX_RESULT_NODES)]
 
 
 _M = TypeVar("_M", bound="JsonBody")

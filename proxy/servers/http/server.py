@@ -29,7 +29,7 @@ from ddmq.proxy.api.requests import RequestRules
 from ddmq.proxy.servers.http.admin import OperatorApi
 from ddmq.proxy.servers.http.connections import HttpConnections
 from ddmq.proxy.servers.http.console import ConsoleApi
-from ddmq.proxy.servers.http.errors import errors_middleware
+from ddmq.proxy.servers.http.errors import errors_middleware, json_errors_protocols
 from ddmq.proxy.servers.http.guard import access_guard
 from ddmq.proxy.servers.http.pull_api import PullApi
 
@@ -123,7 +123,8 @@ class HttpServer:
         )
         await self._runner.setup()
         try:
-            await self.connections.start(self._runner.server)  # type: ignore[arg-type]
+            assert self._runner.server is not None
+            await self.connections.start(json_errors_protocols(self._runner.server))
         except BaseException:
             await self._runner.cleanup()
             self._runner = None

@@ -31,9 +31,9 @@ from ddmq.protocol.wire import (
     encode,
 )
 from ddmq.protocol.wire.reader import new_struct
-from ddmq.proxy.api.requests import too_many_offsets
+from ddmq.proxy.api.requests import request_group, too_many_offsets
 from ddmq.proxy.api.surface import ConsumeService
-from ddmq.proxy.core.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, NotSupportedError, RequestError
+from ddmq.proxy.core.errors import INTERNAL_ERROR_CODE, BadRequestError, DdmqError, RequestError
 from ddmq.proxy.core.pull_codec import FAST_PULL_REPLY, encode_pull_reply
 from ddmq.proxy.core.types import FailNote, PullBatch, PullLease, QueueResult, StoredMessage
 from ddmq.proxy.servers.clients import ClientTracker
@@ -156,7 +156,8 @@ class ThriftHandler:
 
     async def _submit(self, args: Any) -> bool:
         results = results_from_wire(args.result)
-        await self._service.submit(results)
+        # submit names no group of its own: its first result's is the request's, refused when unknown.
+        await self._service.submit(results, request_group(results))
         if self._clients is not None:
             self._clients.answered(results)
         return True
@@ -253,8 +254,9 @@ def results_from_wire(head: ConsumeResult | None) -> list[QueueResult]:
                 fail=list(node.failOffsets or ()),
                 release=node.releaseOffsets or (),
                 extend=node.extendOffsets or (),
+                # A detail without its offset names no message: offset 0, which the rules leave out and count.
                 fail_details=[
-                    FailNote(d.offset, d.retryAfterMs, d.reason) for d in node.failDetails if d.offset is not None
+                    FailNote(d.offset or 0, d.retryAfterMs, d.reason) for d in node.failDetails
                 ] if node.failDetails else (),
             )
         )
@@ -299,13 +301,11 @@ def _error_reply(name: str, seqid: int, exc: Exception, peer: str) -> bytes:
     result = _RESULTS[name]()
     error = _pull_exception(exc, name, peer)
     if "error" not in (field[1] for field in result.thrift_spec.values()):
-        # fetch/ack declare no exception: a standard client sees a TApplicationException.
-        kind = (
-            TApplicationException.UNKNOWN_METHOD
-            if error.code == NotSupportedError.code
-            else TApplicationException.INTERNAL_ERROR
-        )
-        return _application_error(name, seqid, kind, f"{error.code}: {error.message}")
+        # fetch/ack declare no exception: a TApplicationException whose type is the PullException
+        # code (an i32 every Thrift library hands its caller; the standard types stop at 10), and whose
+        # message starts with it too.
+        code = error.code or INTERNAL_ERROR_CODE
+        return _application_error(name, seqid, code, f"{code}: {error.message}")
     result.error = error
     return encode(name, TMessageType.REPLY, seqid, result)
 

@@ -16,7 +16,6 @@ from ddmq.proxy.core.types import QueueResult
     [
         (None, 5000, DEFAULT_LINGER_MS),
         (None, 300, 300),  # the default stays within the server's bound
-        (-5, 5000, 0),
         (0, 5000, 0),
         (4999, 5000, 4999),
         (10**9, 5000, 5000),
@@ -36,11 +35,13 @@ def test_per_key(asked: int | None, expected: int) -> None:
     assert per_key(asked) == expected
 
 
-def test_negative_batch_and_per_key_are_refused() -> None:
+def test_negative_batch_per_key_and_linger_are_refused() -> None:
     with pytest.raises(BadRequestError, match="maxBatchSize"):
         batch_size(-1, 64)
     with pytest.raises(BadRequestError, match="maxPerKey"):
         per_key(-1)
+    with pytest.raises(BadRequestError, match="maxLingerTime"):
+        RequestRules(5000).linger(-5)
 
 
 def test_result_offsets_limit() -> None:

@@ -154,6 +154,7 @@ async def test_bad_input_gets_a_json_error_and_the_server_keeps_serving(redis_ur
             assert response.status == 404 and (await response.json())["code"] == 1003
         async with api.session.get(api.base + "/v1/pull") as response:
             assert response.status == 405 and (await response.json())["code"] == 1003
+            assert response.headers["Allow"] == "POST"
 
         # Nothing of the bad requests was applied, and the server still serves.
         body = await pull(api)

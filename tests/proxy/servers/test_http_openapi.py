@@ -4,13 +4,20 @@ every operation validate against it."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import aiohttp
+import jsonschema
+import pytest
 from openapi_spec_validator import validate
 
 from ddmq.config import parse
+from ddmq.config.schema import TopicConfig
 from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.proxy.api.requests import MAX_QID, REQUEST_BOUNDS
 from ddmq.proxy.servers.http import build_app, load_openapi
+from ddmq.proxy.servers.http.admin import KeyActionIn
+from ddmq.proxy.servers.http.pull_api import AckIn, FailDetailIn, PullIn, ResultIn
 from ddmq.proxy.servers.http.view import ProxyView
 from ddmq.proxy.service import ProxyService
 
@@ -117,3 +124,110 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
         if status.startswith("2")
     }
     assert documented_success <= checker.seen, documented_success - checker.seen
+
+
+BOUND_KEYWORDS = ("minimum", "maximum", "minLength", "maxLength", "maxItems", "minItems")
+
+
+def _bounds(node: Any, defs: dict[str, Any]) -> set[tuple[str, int]]:
+    """Every bound a schema node sets, through $ref, anyOf/oneOf and nullable types (not into items)."""
+    ref = node.get("$ref")
+    if ref is not None:
+        return _bounds(defs[ref.rsplit("/", 1)[1]], defs)
+    found = {(key, node[key]) for key in BOUND_KEYWORDS if key in node}
+    for branch in [*node.get("anyOf", ()), *node.get("oneOf", ())]:
+        found |= _bounds(branch, defs)
+    if "items" in node:
+        found |= {(f"items.{key}", value) for key, value in _bounds(node["items"], defs)}
+    return found
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [(PullIn, "PullRequest"), (AckIn, "AckRequest"), (ResultIn, "Result"), (FailDetailIn, "FailDetail")],
+)
+def test_the_pull_and_ack_bodies_have_the_codes_bounds(model: type[Any], name: str) -> None:
+    """The document's bounds are the models' (which take them from the request rules' table)."""
+    document = load_openapi()["components"]["schemas"]
+    _same_bounds(model, document[name], document, name)
+
+
+def test_the_key_action_body_and_the_keys_filter_have_the_codes_bounds() -> None:
+    document = load_openapi()
+    keys = "/admin/groups/{group}/topics/{topic}/keys"
+    body = document["paths"][keys + "/{action}"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    _same_bounds(KeyActionIn, body, document["components"]["schemas"], "key action")
+    (key,) = [p for p in document["paths"][keys]["get"]["parameters"] if p.get("name") == "key"]
+    assert key["schema"]["maxLength"] == REQUEST_BOUNDS["key"].high
+
+
+def _same_bounds(model: type[Any], documented: dict[str, Any], document: dict[str, Any], name: str) -> None:
+    code = model.model_json_schema(ref_template="#/$defs/{model}")
+    code_defs = code.get("$defs", {})
+    assert set(code["properties"]) == set(documented["properties"])
+    for field, schema in code["properties"].items():
+        item_ref = schema.get("items", {}).get("$ref")
+        if item_ref is not None:  # a nested model: checked by its own case
+            continue
+        assert _bounds(schema, code_defs) == _bounds(documented["properties"][field], document), (name, field)
+    assert set(code.get("required", ())) == set(documented.get("required", ())), name
+
+
+def test_the_request_rules_bound_what_the_models_take() -> None:
+    schema = PullIn.model_json_schema()["properties"]
+    for field in ("max_batch", "linger_ms", "max_per_key"):
+        bound = REQUEST_BOUNDS[field]
+        assert {("minimum", bound.low), ("maximum", bound.high)} <= _bounds(schema[field], {}), field
+    assert {("minLength", REQUEST_BOUNDS["group"].low), ("maxLength", REQUEST_BOUNDS["group"].high)} == _bounds(
+        schema["group"], {})
+    assert MAX_QID + 1 == TopicConfig.model_fields["queues"].metadata[-1].le
+
+
+def test_every_operation_documents_the_statuses_every_route_can_answer() -> None:
+    """The middlewares answer every route: 500 (1500) for a bug; a body's reader 400, 408, 413 and
+    415; the guard 401 and 403 on /v1 and /admin, each under the token scheme of its prefix. The
+    servers entry is relative: the address the document was fetched from."""
+    document = load_openapi()
+    assert document["servers"] == [{"url": "/"}]
+    assert set(document["components"]["securitySchemes"]) == {"adminToken", "dataToken"}
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            want = {"500"}
+            if "requestBody" in operation:
+                want |= {"400", "408", "413", "415"}
+            if path.startswith(("/v1/", "/admin/")):
+                want |= {"401", "403"}
+                scheme = "dataToken" if path.startswith("/v1/") else "adminToken"
+                assert operation["security"] == [{}, {scheme: []}], (method, path)
+            assert want <= set(operation["responses"]), (method, path, want - set(operation["responses"]))
+
+
+@pytest.mark.parametrize(
+    ("body", "replay", "purge"),
+    [
+        ({"ids": ["1-0"]}, True, True),
+        ({"all": True}, True, True),
+        ({"all": True, "key": None}, True, True),
+        ({"all": True, "ids": None}, True, True),
+        ({"key": "k"}, True, False),
+        ({"ids": [], "all": True}, False, False),
+        ({"key": "k", "all": True}, False, False),
+        ({"key": "k", "ids": ["1-0"]}, False, False),
+        ({}, False, False),
+        ({"all": False}, False, False),
+    ],
+)
+async def test_replay_and_purge_bodies_are_valid_by_the_document_exactly_when_the_proxy_takes_them(
+    body: dict[str, Any], replay: bool, purge: bool, redis_url: str
+) -> None:
+    """Each body (as a dry run: nothing is touched) against the document and a real proxy."""
+    document = load_openapi()
+    letters = "/admin/groups/g/topics/t/dead-letters/"
+    async with running_proxy(redis_url, None, http={"enabled": True, "port": 0}) as service:
+        async with aiohttp.ClientSession() as session:
+            api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+            for name, takes, route in (("Selection", replay, "replay"), ("PurgeSelection", purge, "purge")):
+                schema = {"$ref": f"#/components/schemas/{name}", "components": document["components"]}
+                assert jsonschema.Draft202012Validator(schema).is_valid(body) == takes, (name, body)
+                status, answer = await api.call("POST", letters + route, json={**body, "dry_run": True})
+                assert status == (200 if takes else 400), (route, body, answer)
