@@ -57,24 +57,29 @@ def _next_offset(offset: int, shown: int, total: int) -> int | None:
     return offset + shown if offset + shown < total else None
 
 
+def _query_int(request: web.Request, name: str, low: int, high: int) -> int | None:
+    """Query parameter ``name`` as an integer in ``low..high`` (None when absent). A whole number
+    written with a fraction (``20.0``) is taken, as in the JSON bodies: the document's ``integer``
+    admits it."""
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    whole, dot, fraction = raw.partition(".")
+    if whole.isascii() and whole.isdigit() and (not dot or (fraction and set(fraction) == {"0"})):
+        value = int(whole)
+        if low <= value <= high:
+            return value
+    raise BadRequestError(f"{name} must be an integer {low}..{high}, got {raw[:100]!r}")
+
+
 def _offset(request: web.Request, name: str = "offset") -> int:
-    raw = request.query.get(name, "0")
-    if not raw.isdigit() or int(raw) > MAX_OFFSET:
-        raise BadRequestError(f"{name} must be an integer 0..{MAX_OFFSET}, got {raw!r}")
-    return int(raw)
+    value = _query_int(request, name, 0, MAX_OFFSET)
+    return 0 if value is None else value
 
 
 def _limit(request: web.Request, default: int, most: int = MAX_PAGE) -> int:
-    raw = request.query.get("limit")
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= most:
-        raise BadRequestError(f"limit must be an integer 1..{most}, got {raw!r}")
-    return value
+    value = _query_int(request, "limit", 1, most)
+    return default if value is None else value
 
 
 def _key_states(request: web.Request) -> frozenset[str] | None:
@@ -301,7 +306,9 @@ class OperatorApi:
     def _letters(self, request: web.Request) -> DeadLetters:
         group = self._group(request)
         topic = self._topic(group, request.match_info["topic"])
-        assert topic is not None and self._service.redis is not None
+        if self._service.redis is None:
+            raise UnavailableError("the proxy is not started")
+        assert topic is not None
         # Redis reads are bounded below the answer's cap (JSON adds a third for base64, more for text).
         return DeadLetters(self._service.redis, group.name, topic, max_bytes=self._list_bytes // 3)
 

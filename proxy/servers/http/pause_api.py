@@ -15,7 +15,7 @@ from pydantic import Field
 from ddmq.protocol.redis.pauses import ALL, MAX_PAUSE_MS, pause_async, pauses_async, resume_async
 from ddmq.proxy.core.errors import BadRequestError, UnavailableError, UnknownGroupError, UnknownTopicError
 from ddmq.proxy.groups.group import ConsumerGroup
-from ddmq.proxy.servers.http.pull_api import BodyReader, JsonBody, parse
+from ddmq.proxy.servers.http.pull_api import WHOLE, BodyReader, JsonBody, parse
 
 if TYPE_CHECKING:
     from ddmq.proxy.servers.http.view import ProxyView
@@ -29,7 +29,7 @@ class PauseIn(JsonBody):
     """``{"topic": optional, "for_ms": optional (pause only), "by": optional}``."""
 
     topic: Annotated[str, Field(min_length=1, max_length=255)] | None = None
-    for_ms: Annotated[int, Field(gt=0, le=MAX_PAUSE_MS)] | None = None
+    for_ms: Annotated[int, Field(gt=0, le=MAX_PAUSE_MS), WHOLE] | None = None
     by: Annotated[str, Field(max_length=200)] | None = None
 
 
