@@ -42,6 +42,8 @@ key                               type      holds
 ``ddmq:keycmd:{<g>:<t>}``         stream    operator key actions for the proxies holding the queues;
                                             capped (1000 entries)
 ``ddmq:keycmd:{<g>:<t>}:r:<id>``  list      the holders' answers to key action ``id``; short expiry
+``ddmq:actions``                  stream    the record of operator actions (pause, replay, key actions,
+                                            offset resets, breakers ...), every group; capped (1000)
 ================================  ========  ===================================================
 """
 
@@ -51,6 +53,7 @@ import re
 
 __all__ = [
     "PREFIX",
+    "actions",
     "check_name",
     "committed",
     "dead_letter_claims",
@@ -205,6 +208,12 @@ def key_command_bell() -> str:
 
 def key_command_replies(group: str, topic: str, command_id: str) -> str:
     return f"{key_commands(group, topic)}:r:{command_id}"
+
+
+def actions() -> str:
+    """The record of operator actions (:mod:`ddmq.protocol.redis.actions`): one key, so one slot on a
+    Cluster, written a few times a minute at most."""
+    return f"{PREFIX}:actions"
 
 
 def dead_letter_claims(group: str, topic: str) -> str:
