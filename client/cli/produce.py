@@ -10,9 +10,10 @@ import time
 from collections.abc import Iterable
 from typing import IO
 
+from ddmq.client.cli import patience
 from ddmq.protocol import clitools
 from ddmq.protocol.produce import calls
-from ddmq.protocol.produce.delivery import DEFAULT_DELIVERY_TIMEOUT_MS
+from ddmq.protocol.produce.delivery import DEFAULT_DELIVERY_TIMEOUT_MS, DEFAULT_REQUEST_TIMEOUT_MS
 from ddmq.protocol.produce.producer import (
     DEFAULT_DEDUP_WINDOW_S,
     MESSAGE_FIELDS,
@@ -85,9 +86,14 @@ def _produce_command(args: argparse.Namespace) -> int:
     if not retries.isEnabledFor(logging.DEBUG):  # not -v: the retries reach this handler and no other
         retries.setLevel(logging.DEBUG)
         retries.propagate = False
+    # The client is built here, not by the producer, so that it retries nothing inside redis-py (see
+    # patience.client): each failure is retried by the producer, whose first retry is said on stderr.
+    seconds = DEFAULT_REQUEST_TIMEOUT_MS / 1000
     try:
-        with Producer(
-            args.redis, delivery_timeout_ms=args.delivery_timeout_ms, max_message_bytes=args.max_message_bytes,
+        client = patience.connect(args.redis, args.delivery_timeout_ms / 1000, waiting.say,
+                                  socket_timeout=seconds, socket_connect_timeout=seconds)
+        with client, Producer(
+            client, delivery_timeout_ms=args.delivery_timeout_ms, max_message_bytes=args.max_message_bytes,
             dedup_window_s=args.dedup_window_s,
         ) as producer:
             if not args.create:
@@ -112,10 +118,14 @@ class _SayWaiting(logging.Handler):
         self.timeout_ms, self.said = timeout_ms, False
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.said or not record.msg.startswith("producing to %r: retry"):
+        if not record.msg.startswith("producing to %r: retry"):
+            return
+        self.say(record.args[-1] if isinstance(record.args, tuple) and record.args else "?")
+
+    def say(self, error: object) -> None:
+        if self.said:
             return
         self.said = True
-        error = record.args[-1] if isinstance(record.args, tuple) and record.args else "?"
         print(f"ddmq produce: redis failed ({error}); retrying for up to {self.timeout_ms / 1000:g}s "
               "(--delivery-timeout-ms)", file=sys.stderr, flush=True)
 
