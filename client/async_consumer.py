@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 
+from ddmq.client import tracing
 from ddmq.client.handling import ACK, FAIL, Outcome, outcome_of_exception
 from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS
 from ddmq.client.pull_parts import (
@@ -208,6 +209,14 @@ class AsyncPullConsumer(PullConsumerBase):
                 return
 
     async def _process(self, message: ConsumedMessage) -> Outcome:
+        if not tracing.ACTIVE:
+            return await self._outcome(message)
+        with tracing.processing(self._settings.group, message) as span:
+            outcome = await self._outcome(message)
+            span.finish(outcome.verdict.value, outcome.reason)
+            return outcome
+
+    async def _outcome(self, message: ConsumedMessage) -> Outcome:
         try:
             return ACK if await self._processor(message) else FAIL
         except Exception as exc:

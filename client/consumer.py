@@ -48,7 +48,7 @@ from functools import partial
 from types import TracebackType
 
 from ddmq.client.async_consumer import AsyncPullConsumer
-from ddmq.client.handling import Retry, outcome_of
+from ddmq.client.handling import Retry, handled
 from ddmq.client.keepalive import DEFAULT_GROUP_TIMEOUT_MS
 from ddmq.client.pull_parts import (
     DEFAULT_MAX_BACKOFF_MS,
@@ -258,7 +258,8 @@ class PullConsumer(PullConsumerBase):
             if self._stopping.is_set():
                 puller.release(run[index:])
                 return
-            if not puller.settle(run, index, outcome_of(partial(self._processor, message), message)):
+            outcome = handled(partial(self._processor, message), message, self._settings.group)
+            if not puller.settle(run, index, outcome):
                 return
 
     def _keep_alive(self) -> None:

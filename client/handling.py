@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+from ddmq.client import tracing
 from ddmq.client.pull_parts import ConsumedMessage, Counters, NotProcessed, PendingResults
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Retry",
     "Verdict",
     "count_outcome",
+    "handled",
     "outcome_of",
     "outcome_of_exception",
     "reason_text",
@@ -109,9 +111,21 @@ def outcome_of(call: Callable[[], object], message: ConsumedMessage) -> Outcome:
         return outcome_of_exception(exc, message)
 
 
+def handled(call: Callable[[], object], message: ConsumedMessage, group: str) -> Outcome:
+    """:func:`outcome_of`, in the message's span where tracing is active (:mod:`ddmq.client.tracing`)."""
+    if not tracing.ACTIVE:
+        return outcome_of(call, message)
+    with tracing.processing(group, message) as span:
+        outcome = outcome_of(call, message)
+        span.finish(outcome.verdict.value, outcome.reason)
+        return outcome
+
+
 def outcome_of_exception(exc: Exception, message: ConsumedMessage) -> Outcome:
     """The answer an exception from a processor gives (Ctrl-C, ``SystemExit`` and task cancellation
     are no ``Exception``: they are not the message's fault, and stop the consumer instead)."""
+    if tracing.ACTIVE:
+        tracing.record_exception(exc)
     if isinstance(exc, NotProcessed):
         return RELEASE
     if isinstance(exc, Retry):

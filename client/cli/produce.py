@@ -12,7 +12,7 @@ from typing import IO
 
 from ddmq.client.cli import patience
 from ddmq.protocol import clitools
-from ddmq.protocol.produce import calls
+from ddmq.protocol.produce import calls, tracing
 from ddmq.protocol.produce.delivery import DEFAULT_DELIVERY_TIMEOUT_MS, DEFAULT_REQUEST_TIMEOUT_MS
 from ddmq.protocol.produce.producer import (
     DEFAULT_DEDUP_WINDOW_S,
@@ -100,7 +100,8 @@ def _produce_command(args: argparse.Namespace) -> int:
                 _check_topic_exists(producer, args.redis, args.topic)
             if args.queues is not None:
                 producer.ensure_topic(args.topic, args.queues)
-            return produce_lines(producer, args.topic, sys.stdin.buffer, batch=args.batch, err=sys.stderr)
+            with tracing.from_environment():  # TRACEPARENT: the sends join the caller's trace
+                return produce_lines(producer, args.topic, sys.stdin.buffer, batch=args.batch, err=sys.stderr)
     except (ProduceError, ValueError) as exc:
         raise clitools.CliError(str(exc)) from exc
     finally:

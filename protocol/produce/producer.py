@@ -23,6 +23,9 @@ Failures: each call carries the producer's random id and a per-queue sequence nu
 producer retries retriable Redis errors (:mod:`ddmq.protocol.produce.delivery`) until ``delivery_timeout_ms``
 and raises :class:`~ddmq.protocol.produce.delivery.DeliveryError` after it; wrong arguments raise
 ``ValueError``/``TypeError`` before anything is written.
+
+Tracing: where ``opentelemetry-api`` is installed a send is a span and its messages carry its trace
+context in their properties (:mod:`ddmq.protocol.produce.tracing`; ``DDMQ_TRACING=off`` turns it off).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
 
+from ddmq.protocol.produce import tracing
 from ddmq.protocol.produce.calls import (
     DEFAULT_DEDUP_WINDOW_S,
     MESSAGE_FIELDS,
@@ -248,6 +252,14 @@ class Producer:
         batch = [as_message(m) for m in messages]
         if not batch:
             return []
+        if tracing.ACTIVE:
+            with tracing.sending(topic, len(batch)) as span:
+                results = self._send(topic, span.stamp(batch))
+                span.sent(results)
+                return results
+        return self._send(topic, batch)
+
+    def _send(self, topic: str, batch: list[OutgoingMessage]) -> list[SendResult]:
         queues = self.queue_count(topic)
         with self._lock:
             return self._run(self._core.send_batch(topic, batch, queues))
@@ -354,6 +366,14 @@ class AsyncProducer:
         batch = [as_message(m) for m in messages]
         if not batch:
             return []
+        if tracing.ACTIVE:
+            with tracing.sending(topic, len(batch)) as span:
+                results = await self._send(topic, span.stamp(batch))
+                span.sent(results)
+                return results
+        return await self._send(topic, batch)
+
+    async def _send(self, topic: str, batch: list[OutgoingMessage]) -> list[SendResult]:
         queues = await self.queue_count(topic)
         async with self._lock:
             return await self._run(self._core.send_batch(topic, batch, queues))
