@@ -331,10 +331,22 @@ class _Parser:
         raise self._fail("a JSONPath, a literal or a list")
 
 
+#: Distinct expressions kept compiled: a config repeats its filters across groups, and the predicates
+#: hold no state, so one serves every occurrence.
+_CACHE_SIZE = 4096
+_compiled: dict[str, Predicate] = {}
+
+
 def compile_expression(text: str) -> Predicate:
     """Parse ``text`` into a predicate over a parsed JSON body; :class:`ExpressionError` if invalid.
 
     Pass :data:`~ddmq.config.jsonpath.MISSING` as the body when there is none (not JSON): every path
     then finds nothing.
     """
-    return _Parser(text).parse()
+    predicate = _compiled.get(text)
+    if predicate is None:
+        predicate = _Parser(text).parse()
+        if len(_compiled) >= _CACHE_SIZE:
+            _compiled.clear()
+        _compiled[text] = predicate
+    return predicate

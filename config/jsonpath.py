@@ -4,21 +4,54 @@ evaluated per message."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from typing import Any, Final
-
-from jsonpath_ng.ext.parser import parse as parse_jsonpath
 
 #: What a getter returns when the path finds nothing (``None`` is a JSON value: null).
 MISSING: Final[Any] = object()
 
 _SIMPLE_PATH: Final = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+#: The names jsonpath-ng's lexer takes as keywords, not fields: a dotted path through one is refused by
+#: its parser, so it is not simple (tests/config/test_jsonpath.py holds this to the installed version).
+_RESERVED: Final = frozenset({"where", "wherenot"})
+
+#: Distinct paths parsed by jsonpath-ng kept for reuse: a config repeats its paths across groups and
+#: filters, and each parse costs a few hundred microseconds (a big config has thousands).
+_CACHE_SIZE: Final = 4096
+_parsed: dict[str, Any] = {}
+_parser: list[Any] = []  # the one jsonpath-ng parser, built at first use: its tables cost more than a parse
+_lock = threading.Lock()  # the parser keeps its state on itself; a reload may parse in a worker thread
+
+
+def is_simple(path: str) -> bool:
+    """Whether ``path`` is a plain dotted path (``$.order.id``), looked up without jsonpath-ng."""
+    return _SIMPLE_PATH.match(path) is not None and _RESERVED.isdisjoint(path[2:].split("."))
+
+
+def parse_jsonpath(path: str) -> Any:
+    """jsonpath-ng's expression for ``path``, parsed once per distinct path; what it raises for a bad one."""
+    with _lock:
+        found = _parsed.get(path)
+        if found is not None:
+            return found
+        if not _parser:
+            from jsonpath_ng.ext.parser import ExtendedJsonPathParser  # only configs with JSONPaths load it
+
+            _parser.append(ExtendedJsonPathParser())
+        expression = _parser[0].parse(path)
+        if len(_parsed) >= _CACHE_SIZE:
+            _parsed.clear()
+        _parsed[path] = expression
+        return expression
 
 
 def check_jsonpath(path: str) -> str:
     """Raise ``ValueError`` naming the problem when ``path`` is not a JSONPath starting with ``$``."""
     if not path.startswith("$"):
         raise ValueError(f"{path!r} is not a JSONPath (it must start with '$')")
+    if is_simple(path):
+        return path
     try:
         parse_jsonpath(path)
     except Exception as exc:  # jsonpath-ng raises several unrelated types for bad input

@@ -8,91 +8,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
 from pydantic import ValidationError
 
+from ddmq.config.documents import MAX_EXPANDED, NOT_JSON, read_json, read_yaml, too_large
 from ddmq.config.errors import ConfigError
 from ddmq.config.schema import ProxyConfig
 
+__all__ = ["MAX_EXPANDED", "MAX_FILE_BYTES", "expand_variables", "load", "parse"]
+
 #: A config is a few KiB; past this a file is refused unread (a mistaken path, a device, a log).
 MAX_FILE_BYTES: Final = 1024 * 1024
-#: The most a file may hold with its aliases and merges expanded, counting one per value (key, scalar,
-#: mapping, list) plus the characters of each string. Aliases share one object in memory, so ten lines
-#: of "billion laughs" aliases load at once, but validation walks every occurrence: without this bound
-#: it would take hours. Characters count because a long string can cost more than many values (a
-#: Filter expression is compiled at each occurrence). Written out, each value and character takes a
-#: byte or more, so this is about what a file of MAX_FILE_BYTES can hold: aliases cannot make a file
-#: cost more than the largest file written out by hand.
-MAX_EXPANDED: Final = 1_000_000
-
-_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
-
-
-def _too_large(source: str, where: str) -> ConfigError:
-    return ConfigError(
-        f"{source}: {where}: with its aliases expanded the file holds over {MAX_EXPANDED:,} values and characters "
-        "(a YAML alias bomb?); refused"
-    )
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """YAML with two traps of YAML 1.1 closed: only true/false are booleans (``yes``, ``no``, ``on``,
-    ``off`` stay strings, which a number or boolean field then refuses), and a key given twice in one
-    mapping is an error instead of the last one silently winning. Merges (``<<: *defaults``) are
-    bounded by :data:`MAX_EXPANDED`."""
-
-    def __init__(self, stream: str, source: str) -> None:
-        super().__init__(stream)
-        self._source = source
-        self._merged = 0  # entries copied by merges so far
-        self._flattening: set[int] = set()  # ids of the mapping nodes whose merges are being flattened
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == _MERGE_TAG:
-                continue  # `<<`: no key of its own; flatten_mapping (called by super) merges its mappings
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.get(key)
-            except TypeError:
-                continue  # an unhashable key: construct_mapping below reports it
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {first})", key_node.start_mark
-                )
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-    def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        # SafeLoader copies each merged mapping's entries into this node, before any value is built:
-        # thousands of mappings merging one of thousands of keys make millions of entries (and a
-        # PyYAML that keeps duplicate keys grows merges of merges exponentially). Count the copies
-        # before super() makes them; merged mappings are flattened first, so their size is final.
-        if id(node) in self._flattening:
-            raise yaml.constructor.ConstructorError(None, None, "a mapping merges itself", node.start_mark)
-        self._flattening.add(id(node))
-        for key_node, value_node in node.value:
-            if key_node.tag != _MERGE_TAG:
-                continue
-            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
-            for mapping in merged:
-                if isinstance(mapping, yaml.MappingNode):  # anything else: super() reports it
-                    self.flatten_mapping(mapping)
-                    self._merged += len(mapping.value)
-            if self._merged > MAX_EXPANDED:
-                raise _too_large(self._source, f"line {key_node.start_mark.line + 1}")
-        self._flattening.discard(id(node))
-        super().flatten_mapping(node)
-
-
-_BOOL_TAG = "tag:yaml.org,2002:bool"
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_StrictLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-
 
 #: ``${NAME}``, ``${NAME:-default}``, and ``$${`` for a literal ``${``.
 _VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
@@ -161,7 +86,7 @@ class _Expansion:
             result, size = self._walk_mapping(node, loc) if isinstance(node, dict) else self._walk_list(node, loc)
             self.entered.discard(id(node))
         if size > MAX_EXPANDED:
-            raise _too_large(self.source, _path(loc))
+            raise too_large(self.source, _path(loc))
         self.done[id(node)] = (result, size)
         return result, size
 
@@ -172,7 +97,7 @@ class _Expansion:
             result[key], value_size = self.walk(value, (*loc, key))
             size += _weight(key) + value_size
             if size > MAX_EXPANDED:
-                raise _too_large(self.source, _path(loc))
+                raise too_large(self.source, _path(loc))
         return result, size
 
     def _walk_list(self, node: list[Any], loc: tuple[int | str, ...]) -> tuple[list[Any], int]:
@@ -183,7 +108,7 @@ class _Expansion:
             result.append(expanded)
             size += value_size
             if size > MAX_EXPANDED:
-                raise _too_large(self.source, _path(loc))
+                raise too_large(self.source, _path(loc))
         return result, size
 
 
@@ -209,7 +134,7 @@ def parse(data: Any, source: str = "<config>") -> ProxyConfig:
 
 
 def load(path: str | Path) -> ProxyConfig:
-    """Read a YAML config file, expand ``${VAR}`` in its values (:func:`expand_variables`), validate it."""
+    """Read a YAML (or JSON) config file, expand ``${VAR}`` in its values (:func:`expand_variables`), validate it."""
     path = Path(path)
     try:
         with path.open("rb") as file:
@@ -224,15 +149,10 @@ def load(path: str | Path) -> ProxyConfig:
         text = raw.decode("utf-8")  # YAML reads \r\n and \r as line breaks: no newline translation needed
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text: {exc}") from exc
-    loader = _StrictLoader(text, str(path))  # a SafeLoader: no arbitrary objects
-    try:
-        data = loader.get_single_data()
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    except RecursionError as exc:  # the YAML composer recurses once per level of nesting
-        raise ConfigError(f"{path}: nested too deeply for a config (hundreds of levels)") from exc
-    finally:
-        loader.dispose()
+    # JSON is YAML too, but json reads it many times faster; what is not JSON goes to the YAML parser.
+    data = read_json(text, str(path)) if text.lstrip().startswith("{") else NOT_JSON
+    if data is NOT_JSON:
+        data = read_yaml(text, str(path))
     if data is None:
         raise ConfigError(f"{path}: the file is empty; a config needs at least its groups (see config/examples/)")
     return parse(expand_variables(data, os.environ, str(path)), str(path))

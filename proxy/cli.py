@@ -5,22 +5,25 @@ SIGHUP reloads the config file (groups and topics change live; see ``ddmq.proxy.
 
 from __future__ import annotations
 
+# Imports are what ``--check`` and ``--version`` need: the service and its servers (aiohttp,
+# thriftpy2, redis-py, uvloop) load only when the proxy is to run, so a check costs the interpreter,
+# pydantic and the config alone (tests/config/test_check_speed.py holds it to that).
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from ddmq.config import load
+from ddmq.config.loader import load
 from ddmq.protocol import clitools
-from ddmq.protocol.native import LOOP_CHOICES, describe, loop_factory, loop_name, resolve_loop, settle_heap
-from ddmq.proxy.core.errors import ConfigError, DdmqError
+from ddmq.protocol.errors import DdmqError
+from ddmq.protocol.native import LOOP_CHOICES, describe, resolve_loop
+from ddmq.proxy.core.errors import ConfigError
 from ddmq.proxy.ops import logs
-from ddmq.proxy.ops.exports import export_lines
-from ddmq.proxy.ops.reload import ConfigReloader
-from ddmq.proxy.service import ProxyService
+
+if TYPE_CHECKING:
+    from ddmq.config.schema import ProxyConfig
+    from ddmq.proxy.service import ProxyService
 
 log = logging.getLogger("ddmq.proxy")
 
@@ -70,6 +73,12 @@ def configure_logging(level: str, log_format: str = "text") -> None:
 
 async def serve(service: ProxyService, config_path: str, watch_interval_ms: int = 0, log_format: str = "text",
                 ) -> None:
+    import asyncio
+    import signal
+
+    from ddmq.protocol.native import loop_name, settle_heap
+    from ddmq.proxy.ops.reload import ConfigReloader
+
     loop = asyncio.get_running_loop()
     log.info("ddmq-proxy %s; %s", clitools.version(), describe(loop_name(loop)))
     stop = asyncio.Event()
@@ -97,6 +106,8 @@ async def serve(service: ProxyService, config_path: str, watch_interval_ms: int 
 
 
 def _print_exports(service: ProxyService, log_format: str = "text") -> None:
+    from ddmq.proxy.ops.exports import export_lines
+
     config = service.config
     http = config.http if service.http_port is not None else None
     lines = export_lines(service.redis_url, config.thrift.host, service.thrift_port or config.thrift.port,
@@ -131,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say("--watch-interval-ms must not be negative", fmt)
         return 2
     try:
-        new_loop = loop_factory(args.loop)
+        loop_choice = resolve_loop(args.loop)  # refused here, before a check says ok: uvloop asked, not installed
     except ValueError as exc:
         _say(str(exc), fmt)
         return 2
@@ -143,9 +154,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             clitools.detach_stdout()
             return 1
         return 0
+    return _run(config, args.config, args.watch_interval_ms, fmt, loop_choice)
+
+
+def _run(config: ProxyConfig, config_path: str, watch_interval_ms: int, fmt: str, loop_choice: str) -> int:
+    import asyncio
+
+    from ddmq.protocol.native import loop_factory
+    from ddmq.proxy.service import ProxyService
+
     try:
-        with asyncio.Runner(loop_factory=new_loop) as runner:
-            runner.run(serve(ProxyService(config), args.config, args.watch_interval_ms, fmt))
+        with asyncio.Runner(loop_factory=loop_factory(loop_choice)) as runner:
+            runner.run(serve(ProxyService(config), config_path, watch_interval_ms, fmt))
     except DdmqError as exc:
         _say(str(exc), fmt)
         return 1

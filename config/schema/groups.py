@@ -125,14 +125,9 @@ class TopicGroupConfig(Model):
             return value
         if not value.startswith("$"):
             raise ValueError("order_key must be QID, KEY, NONE or a JSONPath starting with '$'")
-        from jsonpath_ng.exceptions import JsonPathParserError
-        from jsonpath_ng.ext.parser import parse as parse_jsonpath
+        from ddmq.config.jsonpath import check_jsonpath
 
-        try:
-            parse_jsonpath(value)
-        except (JsonPathParserError, Exception) as exc:
-            raise ValueError(f"invalid JSONPath {value!r}: {exc}") from exc
-        return value
+        return check_jsonpath(value)
 
     @model_validator(mode="after")
     def _json_before_jsonpath(self) -> TopicGroupConfig:

@@ -13,8 +13,8 @@ from ddmq.config.schema.groups import LeaseConfig, TopicGroupConfig
 from ddmq.config.schema.metrics import MetricsConfig
 from ddmq.config.schema.servers import HttpConfig, ThriftConfig
 from ddmq.config.schema.topics import TopicConfig
-from ddmq.protocol.redis.connection import LONGEST_BLOCK_MS, Deadlines, check_url
 from ddmq.protocol.redis.keys import check_name
+from ddmq.protocol.redis.urls import LONGEST_BLOCK_MS, Deadlines, check_url
 
 
 def _default_instance_id() -> str:
