@@ -8,6 +8,7 @@ proxy answers loopback clients only. Tables by default, the API's JSON with ``--
     ddmq dead-letters list --http http://127.0.0.1:9714 --group cg_rides --topic rides
     ddmq dead-letters replay --group cg_rides --topic rides --id 1763776220123-0
     ddmq dead-letters replay --group cg_rides --topic rides --key r42   # one key's, in their order
+    ddmq dead-letters replay --group cg_rides --topic rides --all --rate 200   # at most 200 a second
     ddmq dead-letters purge --group cg_rides --topic rides --all --dry-run   # what it would delete
     ddmq blocked-keys --group cg_rides [--all] [--offset 20]
     ddmq in-flight --group cg_rides --topic rides --limit 50
@@ -33,6 +34,8 @@ from ddmq.protocol import clitools
 __all__ = ["AdminClient", "add_cli", "client_for", "common_options", "print_answer", "quote", "table"]
 
 DEFAULT_TIMEOUT_S: Final = 10.0
+#: How long a paced replay's answer may take: the proxy refuses one that would take over 900 s.
+PACED_TIMEOUT_S: Final = 960.0
 
 
 class AdminClient:
@@ -97,8 +100,8 @@ def _letters_path(args: argparse.Namespace) -> str:
     return f"/admin/groups/{_quote(args.group)}/topics/{_quote(args.topic)}/dead-letters"
 
 
-def _client(args: argparse.Namespace) -> AdminClient:
-    return AdminClient(args.http, os.environ.get(clitools.ENV_ADMIN_TOKEN) or None)
+def _client(args: argparse.Namespace, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
+    return AdminClient(args.http, os.environ.get(clitools.ENV_ADMIN_TOKEN) or None, timeout_s)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
@@ -137,6 +140,8 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
         chosen = {"key": args.key}
     else:
         chosen = {"all": True} if args.all else {"ids": args.ids}
+    if getattr(args, "rate", None) is not None:
+        chosen["rate"] = args.rate
     if args.dry_run:
         return {**chosen, "dry_run": True}
     try:
@@ -145,8 +150,15 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
         return chosen
 
 
+def _rate(text: str) -> int:
+    if not (text.isdigit() and 1 <= int(text) <= 100_000):
+        raise argparse.ArgumentTypeError(f"a whole number of messages a second, 1..100000, got {text!r}")
+    return int(text)
+
+
 def _letters_replay(args: argparse.Namespace) -> int:
-    answer = _client(args).call("POST", _letters_path(args) + "/replay", body=_selection(args))
+    client = _client(args, PACED_TIMEOUT_S if args.rate is not None else DEFAULT_TIMEOUT_S)
+    answer = client.call("POST", _letters_path(args) + "/replay", body=_selection(args))
     lines = []
     if answer.get("dry_run"):
         lines.append(f"dry run: would replay {answer['would_replay']} dead letter(s) of {answer['keys']} key(s) "
@@ -244,6 +256,9 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         chosen.add_argument("--all", action="store_true", help="every dead letter of the group and topic")
         if name == "replay":
             chosen.add_argument("--key", help="every dead letter of this key, put back in their original order")
+            action.add_argument("--rate", type=_rate, metavar="N",
+                                help="at most N messages a second (1..100000; the proxy paces it, and refuses a "
+                                     "replay that would take over 15 minutes; default: as fast as it goes)")
         action.add_argument("--dry-run", action="store_true", help=f"say what the {name} would touch, touch nothing")
         action.set_defaults(func=func)
 

@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
+    from ddmq.client.cli import actions as actions_cli
     from ddmq.client.cli import admin, offsets, status
     from ddmq.client.cli import consume as consume_cli
     from ddmq.client.cli import groups as groups_cli
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     offsets.add_cli(sub)
     admin.add_cli(sub)
     keys_cli.add_cli(sub)
+    actions_cli.add_cli(sub)
 
     demo = sub.add_parser("demo", help="run an embedded Redis, a proxy, a ride-event producer and consumers")
     from ddmq.client.cli import demo as demo_module

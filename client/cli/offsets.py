@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 
 import redis
 
+from ddmq.client.cli.actions import note as record
 from ddmq.protocol import clitools
 from ddmq.protocol.redis import keys
 from ddmq.protocol.redis.connection import sync_redis
@@ -243,6 +244,8 @@ def _reset_command(args: argparse.Namespace) -> int:
             refused: list[QueueReset] = []
             if args.execute and not held:
                 refused = apply(client, args.group, rows)
+                record(client, "offsets reset", args.group, None,
+                       {"to": asdict(target), "topics": args.topic, "queues": len(rows) - len(refused)})
     except (redis.RedisError, ValueError) as exc:
         raise clitools.CliError(str(exc)) from exc
     if args.json:

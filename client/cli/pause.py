@@ -18,6 +18,7 @@ import getpass
 import json
 from typing import Any
 
+from ddmq.client.cli.actions import note
 from ddmq.protocol import clitools
 from ddmq.protocol.redis.connection import REDIS_ERRORS, redact_url, sync_redis
 from ddmq.protocol.redis.pauses import Pause, parse_duration, pause, pauses, resume
@@ -82,6 +83,7 @@ def describe(found: Pause, now_ms: int) -> str:
 def _pause(args: argparse.Namespace) -> int:
     def body(client: Any) -> tuple[Pause, int]:
         written = pause(client, args.group, args.topic, _user(), args.for_ or 0)
+        note(client, "pause", args.group, args.topic, {"for_ms": args.for_ or None})
         return written, pauses(client, args.group)[0]
 
     written, now = _run(args, body)
@@ -93,6 +95,7 @@ def _pause(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     def body(client: Any) -> tuple[int, list[Pause]]:
         lifted = resume(client, args.group, args.topic)
+        note(client, "resume", args.group, args.topic, {"lifted": lifted})
         return lifted, pauses(client, args.group)[1]
 
     lifted, left = _run(args, body)

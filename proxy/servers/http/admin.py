@@ -26,14 +26,14 @@ from ddmq.proxy.core.errors import (
     BrokerError,
     UnavailableError,
     UnknownEntryError,
-    UnknownGroupError,
-    UnknownTopicError,
 )
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
 from ddmq.proxy.ops.views import KEY_STATES, blocked_keys, group_view, in_flight, queue_counts
+from ddmq.proxy.servers.http.actions_api import ActionsApi, record
+from ddmq.proxy.servers.http.letters import MAX_RATE, check_pace, plan_purge, plan_replay, run_replay
 from ddmq.proxy.servers.http.letters import answer as replay_answer
-from ddmq.proxy.servers.http.letters import plan_purge, plan_replay, run_replay
+from ddmq.proxy.servers.http.lookup import find_group, find_topic, query_int
 from ddmq.proxy.servers.http.pause_api import PauseApi
 from ddmq.proxy.servers.http.pull_api import WHOLE, BodyReader, JsonBody, message_json, parse
 from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetter, DeadLetters, check_id
@@ -57,28 +57,13 @@ def _next_offset(offset: int, shown: int, total: int) -> int | None:
     return offset + shown if offset + shown < total else None
 
 
-def _query_int(request: web.Request, name: str, low: int, high: int) -> int | None:
-    """Query parameter ``name`` as an integer in ``low..high`` (None when absent). A whole number
-    written with a fraction (``20.0``) is taken, as in the JSON bodies: the document's ``integer``
-    admits it."""
-    raw = request.query.get(name)
-    if raw is None:
-        return None
-    whole, dot, fraction = raw.partition(".")
-    if whole.isascii() and whole.isdigit() and (not dot or (fraction and set(fraction) == {"0"})):
-        value = int(whole)
-        if low <= value <= high:
-            return value
-    raise BadRequestError(f"{name} must be an integer {low}..{high}, got {raw[:100]!r}")
-
-
 def _offset(request: web.Request, name: str = "offset") -> int:
-    value = _query_int(request, name, 0, MAX_OFFSET)
+    value = query_int(request, name, 0, MAX_OFFSET)
     return 0 if value is None else value
 
 
 def _limit(request: web.Request, default: int, most: int = MAX_PAGE) -> int:
-    value = _query_int(request, "limit", 1, most)
+    value = query_int(request, "limit", 1, most)
     return default if value is None else value
 
 
@@ -101,6 +86,8 @@ class SelectionIn(JsonBody):
     key: Annotated[str, Field(min_length=_KEY.low, max_length=_KEY.high)] | None = None
     #: Say what the call would touch, touch nothing.
     dry_run: bool = False
+    #: Replay at most this many messages a second (none: as fast as Redis takes them).
+    rate: Annotated[int, Field(ge=1, le=MAX_RATE), WHOLE] | None = None
     by: Annotated[str, Field(max_length=200)] | None = None
 
 
@@ -199,6 +186,7 @@ class OperatorApi:
         router.add_get(keys_path, self.keys)
         router.add_post(keys_path + "/{action}", self.key_action)
         PauseApi(self._service, self._read_body).add_routes(app)
+        ActionsApi(self._service, fit, self._list_bytes).add_routes(app)
 
     # health ----------------------------------------------------------------------------------
 
@@ -228,16 +216,10 @@ class OperatorApi:
     # views -----------------------------------------------------------------------------------
 
     def _group(self, request: web.Request) -> ConsumerGroup:
-        name = request.match_info["group"]
-        group = self._service.groups.get(name)
-        if group is None:
-            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self._service.groups)}")
-        return group
+        return find_group(self._service, request)
 
     def _topic(self, group: ConsumerGroup, topic: str | None) -> str | None:
-        if topic is not None and topic not in group.consumers:
-            raise UnknownTopicError(f"group {group.name!r} does not consume topic {topic!r}")
-        return topic
+        return find_topic(group, topic)
 
     async def groups(self, request: web.Request) -> web.Response:
         views = [asdict(group_view(group)) for _, group in sorted(self._service.groups.items())]
@@ -352,12 +334,17 @@ class OperatorApi:
         ids = None if body.key is not None else _chosen(body)
         async with self._letter_lock(letters):
             plan = await plan_replay(letters, consumer, ids, body.key)
+            check_pace(plan, body.rate)
             if body.dry_run:
                 return web.json_response(replay_answer(0, plan, [], dry_run=True))
-            answer = await run_replay(plan, letters, consumer, self._leases(), body.by or "replay")
+            answer = await run_replay(plan, letters, consumer, self._leases(), body.by or "replay", body.rate)
         log.info("replayed %d dead letters of %s/%s%s (%d keys resumed first; %d keys refused)", answer["replayed"],
                  letters.group, letters.topic, f" of key {body.key!r}" if body.key is not None else "",
                  answer["lifted"], answer["refused_keys"])
+        selection = {"key": body.key} if body.key is not None else {"all": True} if body.all else {"ids": body.ids}
+        await record(self._service, request, "replay", letters.group, letters.topic,
+                     {**selection, "rate": body.rate, "replayed": answer["replayed"],
+                      "refused_keys": answer["refused_keys"]}, body.by)
         return web.json_response(answer)
 
     # keys --------------------------------------------------------------------------------------
@@ -390,10 +377,15 @@ class OperatorApi:
     async def key_action(self, request: web.Request) -> web.Response:
         consumer = self._consumer(request)
         body = parse(KeyActionIn, await self._read_body(request))
+        if body.qid is not None and body.qid >= max(consumer.queues, 1):
+            # Within any topic's bound (the document's) but past this topic's queues: no such queue.
+            raise UnknownEntryError(f"topic {consumer.topic!r} has queues 0..{consumer.queues - 1}, not {body.qid}")
         action = request.match_info["action"]
         answer = await key_action(consumer, self._leases(), action, body.key, body.qid, body.by or "admin api")
         log.info("%s of key %r of %s/%s by %s: %s", action, body.key, consumer.group, consumer.topic,
                  body.by or "admin api", answer["applied"])
+        await record(self._service, request, f"key {action}", consumer.group, consumer.topic,
+                     {"key": body.key, "qid": body.qid, "applied": len(answer["applied"])}, body.by)
         shown = fit(answer["applied"], self._list_bytes)
         return web.json_response({**answer, "applied": shown})
 
@@ -403,12 +395,14 @@ class OperatorApi:
     async def purge(self, request: web.Request) -> web.Response:
         letters = self._letters(request)
         body = parse(SelectionIn, await self._read_body(request))
-        if body.key is not None:
-            raise BadRequestError('"key" selects dead letters to replay only')
+        if body.key is not None or body.rate is not None:
+            raise BadRequestError('"key" and "rate" are for a replay only')
         selection = _chosen(body)
         async with self._letter_lock(letters):
             if body.dry_run:
                 return web.json_response(await plan_purge(letters, selection))
             purged = await letters.purge(selection)
         log.info("purged %d dead letters of %s/%s", purged, letters.group, letters.topic)
+        await record(self._service, request, "purge", letters.group, letters.topic,
+                     {**({"all": True} if selection is None else {"ids": selection}), "purged": purged}, body.by)
         return web.json_response({"purged": purged})

@@ -14,6 +14,13 @@ end of its queue), so it is sequenced again unless the key's mark is lifted firs
 
 The other policies need no lift; a selection by id or ``all`` replays as the store does. A dry run
 does steps 1 and 2 without lifting or producing anything, and says what would be touched.
+
+A replay with a ``rate`` produces its entries in steps of a tenth of the rate, each step starting a
+tenth of a second after the previous one started at the earliest, so no second of the replay produces
+more than ``rate`` messages plus one step, and a slow step delays the rest rather than bunching them.
+The steps keep the plan's order, so each key's letters still go back in order. The call answers when
+the replay is done: a replay that would take longer than :data:`MAX_PACED_S` at its rate is refused
+before anything is touched (a higher rate, or a replay by key, splits it).
 """
 
 from __future__ import annotations
@@ -24,13 +31,14 @@ from typing import Any, Final, NamedTuple
 
 from ddmq.proxy.api.keys import key_action
 from ddmq.proxy.cluster.leases import LeaseStore
-from ddmq.proxy.core.errors import DdmqError, UnknownEntryError
+from ddmq.proxy.core.errors import BadRequestError, DdmqError, UnknownEntryError
 from ddmq.proxy.engine.parking import SEQUENCED
 from ddmq.proxy.groups.group import TopicConsumer
-from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetters
+from ddmq.proxy.store.dead_letters import MAX_PAGE, DeadLetters, ReplayResult
 from ddmq.proxy.store.key_commands import ParkStore
 
-__all__ = ["MAX_LISTED", "ReplayPlan", "plan_purge", "plan_replay", "run_replay"]
+__all__ = ["MAX_LISTED", "MAX_PACED_S", "MAX_RATE", "ReplayPlan", "check_pace", "plan_purge", "plan_replay",
+           "run_replay"]
 
 #: Most refused keys (and keys to lift) an answer lists by name; the counts cover all of them.
 MAX_LISTED: Final = 100
@@ -38,6 +46,12 @@ MAX_LISTED: Final = 100
 _LIFTS_AT_ONCE: Final = 32
 #: Rounds of "snapshot, lift the new keys" before a replay goes on with what it has.
 _ROUNDS: Final = 5
+#: Highest ``rate`` (messages a second) a paced replay takes; above it, leave the rate out.
+MAX_RATE: Final = 100_000
+#: Longest a paced replay may take (its entries over its rate), so a call answers in bounded time.
+MAX_PACED_S: Final = 900
+#: Steps a second of a paced replay.
+_STEPS_PER_S: Final = 10
 
 
 class Entry(NamedTuple):
@@ -108,11 +122,36 @@ async def plan_replay(letters: DeadLetters, consumer: TopicConsumer, ids: list[s
     return ReplayPlan(entries, lifts, refused, missing, ids, key)
 
 
+async def _produce(letters: DeadLetters, ids: list[str], rate: int | None) -> ReplayResult:
+    """Replay ``ids`` in their order, at most ``rate`` a second (None: at once)."""
+    if rate is None:
+        return await letters.replay(ids)
+    step = max(1, rate // _STEPS_PER_S)
+    clock = asyncio.get_running_loop().time
+    replayed, missing = 0, list[str]()
+    next_at = clock()
+    for start in range(0, len(ids), step):
+        await asyncio.sleep(max(0.0, next_at - clock()))
+        next_at = clock() + step / rate  # from this step's start: a late step never makes the next one early
+        done = await letters.replay(ids[start:start + step])
+        replayed, missing = replayed + done.replayed, missing + done.missing
+    return ReplayResult(replayed, missing)
+
+
+def check_pace(plan: ReplayPlan, rate: int | None) -> None:
+    """Refuse a paced replay that would take longer than :data:`MAX_PACED_S`."""
+    if rate is not None and len(plan.entries) > rate * MAX_PACED_S:
+        raise BadRequestError(f"{len(plan.entries)} dead letters at {rate}/s take longer than {MAX_PACED_S} s: "
+                              "raise the rate, or replay by key or by ids")
+
+
 async def run_replay(plan: ReplayPlan, letters: DeadLetters, consumer: TopicConsumer, leases: LeaseStore,
-                     by: str) -> dict[str, Any]:
-    """Lift the plan's marks, refuse what could not be lifted, replay the rest; the answer."""
+                     by: str, rate: int | None = None) -> dict[str, Any]:
+    """Lift the plan's marks, refuse what could not be lifted, replay the rest (at most ``rate`` a
+    second); the answer."""
+    check_pace(plan, rate)
     if consumer.config.on_exhausted != "dead_letter_key":
-        result = await letters.replay([entry.id for entry in plan.entries])
+        result = await _produce(letters, [entry.id for entry in plan.entries], rate)
         return answer(result.replayed, plan, result.missing)
     refused = dict(plan.refused)
     lifted: set[str] = set()
@@ -131,7 +170,7 @@ async def run_replay(plan: ReplayPlan, letters: DeadLetters, consumer: TopicCons
     counts = _counts(entries)
     refused = {name: (counts.get(name, count), reason) for name, (count, reason) in refused.items()}
     chosen = [entry for entry in entries if entry.key not in refused]
-    done = await letters.replay([entry.id for entry in chosen]) if chosen else None
+    done = await _produce(letters, [entry.id for entry in chosen], rate) if chosen else None
     final = plan._replace(entries=chosen, lifts=sorted(lifted), refused=refused)
     return answer(done.replayed if done else 0, final, done.missing if done else [])
 

@@ -13,8 +13,10 @@ from aiohttp import web
 from pydantic import Field
 
 from ddmq.protocol.redis.pauses import ALL, MAX_PAUSE_MS, pause_async, pauses_async, resume_async
-from ddmq.proxy.core.errors import BadRequestError, UnavailableError, UnknownGroupError, UnknownTopicError
+from ddmq.proxy.core.errors import BadRequestError, UnavailableError
 from ddmq.proxy.groups.group import ConsumerGroup
+from ddmq.proxy.servers.http.actions_api import record
+from ddmq.proxy.servers.http.lookup import find_group, find_topic
 from ddmq.proxy.servers.http.pull_api import WHOLE, BodyReader, JsonBody, parse
 
 if TYPE_CHECKING:
@@ -44,18 +46,13 @@ class PauseApi:
         app.router.add_post("/admin/groups/{group}/resume", self.resume)
 
     def _group(self, request: web.Request) -> ConsumerGroup:
-        name = request.match_info["group"]
-        group = self._service.groups.get(name)
-        if group is None:
-            raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self._service.groups)}")
-        return group
+        return find_group(self._service, request)
 
     async def _body(self, request: web.Request, group: ConsumerGroup) -> PauseIn:
         body = parse(PauseIn, await self._read_body(request))
         if body.topic == ALL:
             raise BadRequestError('"topic" takes a topic name; leave it out for every topic')
-        if body.topic is not None and body.topic not in group.consumers:
-            raise UnknownTopicError(f"group {group.name!r} does not consume topic {body.topic!r}")
+        find_topic(group, body.topic)
         return body
 
     async def _answer(self, group: ConsumerGroup, **extra: Any) -> web.Response:
@@ -79,6 +76,7 @@ class PauseApi:
         await pause_async(self._redis(), group.name, body.topic, by, body.for_ms or 0)
         log.warning("pause of %s%s by %s%s", group.name, f"/{body.topic}" if body.topic else "", by,
                     f" for {body.for_ms} ms" if body.for_ms else "")
+        await record(self._service, request, "pause", group.name, body.topic, {"for_ms": body.for_ms}, body.by)
         return await self._answer(group)
 
     async def resume(self, request: web.Request) -> web.Response:
@@ -89,4 +87,5 @@ class PauseApi:
         lifted = await resume_async(self._redis(), group.name, body.topic)
         log.warning("resume of %s%s by %s (%d pause(s) lifted)", group.name, f"/{body.topic}" if body.topic else "",
                     body.by or "admin api", lifted)
+        await record(self._service, request, "resume", group.name, body.topic, {"lifted": lifted}, body.by)
         return await self._answer(group, lifted=lifted)

@@ -109,6 +109,8 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
             assert paused[0] == 200 and paused[1]["paused"][0]["by"] == "test"
             assert (await api.call("GET", "/admin/groups/g/pause"))[0] == 200
             assert (await api.call("POST", "/admin/groups/g/resume", json={}))[1]["paused"] == []
+            status, actions = await api.call("GET", "/admin/actions", params={"limit": "5"})
+            assert status == 200 and [a["action"] for a in actions["actions"]][:2] == ["resume", "pause"]
             for path in ("/healthz", "/readyz", "/metrics", "/", "/console", "/console/console.js",
                          "/console/console.css", "/admin/groups/g/lag-history"):
                 assert (await api.call("GET", path))[0] == 200
