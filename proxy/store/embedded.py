@@ -45,6 +45,8 @@ __all__ = ["EXECUTABLE_ENV", "EmbeddedRedis", "EmbeddedRedisError", "find_execut
 logger = logging.getLogger(__name__)
 
 URL_FILE = "redis.url"
+#: The port the server last had, kept after it stops (see ``EmbeddedRedis._last_port``).
+PORT_FILE = "redis.port"
 LOG_FILE = "redis.log"
 PID_FILE = "redis.pid"
 LOCK_FILE = "redis.lock"
@@ -193,7 +195,7 @@ class EmbeddedRedis:
             # a free port can be taken by someone else before redis binds it; pick again then
             attempts = 3 if self._requested_port == 0 else 1
             for attempt in range(1, attempts + 1):
-                port = self._requested_port or free_port(_HOST)
+                port = self._requested_port or (self._last_port() if attempt == 1 else 0) or free_port(_HOST)
                 if self._launch(executable, port, last_attempt=attempt == attempts):
                     break
             self._write_url_file()
@@ -394,6 +396,18 @@ class EmbeddedRedis:
         tmp = self.url_path.with_suffix(".tmp")
         tmp.write_text(self.url + "\n")
         tmp.replace(self.url_path)
+        with contextlib.suppress(OSError):
+            (self.data_dir / PORT_FILE).write_text(f"{self.port}\n")
+
+    def _last_port(self) -> int:
+        """The port this data dir's previous server had (0: none), tried first when no port is asked
+        for: restarted in place, the server keeps its URL, so what holds it (a producer, an exported
+        ``DDMQ_REDIS``) reaches the new one. Taken meanwhile, a free port is picked as usual."""
+        with contextlib.suppress(OSError, ValueError):
+            port = int((self.data_dir / PORT_FILE).read_text())
+            if 0 < port < 65536:
+                return port
+        return 0
 
     def _remove_url_file(self) -> None:
         with contextlib.suppress(OSError):
