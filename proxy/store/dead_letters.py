@@ -72,7 +72,7 @@ DEFAULT_VALUE_CUT: Final = 16 * 1024
 #: Messages per produce script call (the producer's own bound).
 _MESSAGES_PER_CALL: Final = 1000
 
-_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_ENTRY_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")  # ASCII digits only, no trailing newline
 
 
 class DeadLetter(NamedTuple):

@@ -313,6 +313,8 @@ class OperatorApi:
 
     async def dead_letter(self, request: web.Request) -> web.Response:
         """One dead letter with as much of its value as the answer's cap allows (all of it below that)."""
+        if request.match_info["id"] in ("replay", "purge"):  # POST routes that this route matches for a GET
+            raise web.HTTPMethodNotAllowed(request.method, ["POST"])
         letters = self._letters(request)
         entry_id = check_id(request.match_info["id"])
         letter = await letters.get(entry_id, self._list_bytes * 3 // 4)  # base64 takes 4 bytes per 3

@@ -4,6 +4,8 @@ every operation validate against it."""
 from __future__ import annotations
 
 import json
+import random
+import re
 from typing import Any
 
 import aiohttp
@@ -11,15 +13,18 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
+from ddmq.actions.job import JobState
 from ddmq.config import parse
 from ddmq.config.schema import TopicConfig
 from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.api.requests import MAX_QID, REQUEST_BOUNDS
+from ddmq.proxy.core.errors import BadRequestError
 from ddmq.proxy.servers.http import build_app, load_openapi
 from ddmq.proxy.servers.http.admin import KeyActionIn
 from ddmq.proxy.servers.http.pull_api import AckIn, FailDetailIn, PullIn, ResultIn
 from ddmq.proxy.servers.http.view import ProxyView
 from ddmq.proxy.service import ProxyService
+from ddmq.proxy.store.dead_letters import check_id
 
 from ...http_support import ApiClient, OpenApiChecker
 from ..conftest import running_proxy
@@ -186,15 +191,15 @@ def test_the_request_rules_bound_what_the_models_take() -> None:
 
 
 def test_every_operation_documents_the_statuses_every_route_can_answer() -> None:
-    """The middlewares answer every route: 500 (1500) for a bug; a body's reader 400, 408, 413 and
-    415; the guard 401 and 403 on /v1 and /admin, each under the token scheme of its prefix. The
-    servers entry is relative: the address the document was fetched from."""
+    """The middlewares answer every route: 500 (1500) for a bug; the parser 414 and 431; a body's
+    reader 400, 408, 413 and 415; the guard 401 and 403 on /v1 and /admin, each under the token
+    scheme of its prefix. The servers entry is relative: the address the document was fetched from."""
     document = load_openapi()
     assert document["servers"] == [{"url": "/"}]
     assert set(document["components"]["securitySchemes"]) == {"adminToken", "dataToken"}
     for path, item in document["paths"].items():
         for method, operation in item.items():
-            want = {"500"}
+            want = {"500", "414", "431"}  # a request line or a header past aiohttp's parser's bound
             if "requestBody" in operation:
                 want |= {"400", "408", "413", "415"}
             if path.startswith(("/v1/", "/admin/")):
@@ -233,3 +238,34 @@ async def test_replay_and_purge_bodies_are_valid_by_the_document_exactly_when_th
                 assert jsonschema.Draft202012Validator(schema).is_valid(body) == takes, (name, body)
                 status, answer = await api.call("POST", letters + route, json={**body, "dry_run": True})
                 assert status == (200 if takes else 400), (route, body, answer)
+
+
+def test_the_job_states_are_the_engines() -> None:
+    job = load_openapi()["components"]["schemas"]["Job"]["properties"]["state"]
+    assert job["enum"] == [state.name.lower() for state in JobState]
+
+
+def _takes_id(entry_id: str) -> bool:
+    try:
+        check_id(entry_id)
+    except BadRequestError:
+        return False
+    return True
+
+
+def test_the_entry_id_pattern_takes_exactly_the_ids_the_proxy_takes() -> None:
+    """Two numbers below 2^64: the pattern spells the bound digit by digit, so it is held to the code
+    around every digit of 2^64 - 1 and at random."""
+    documented = load_openapi()["components"]["schemas"]["EntryId"]["pattern"]
+    assert documented.startswith("^") and documented.endswith("$")
+    pattern = re.compile(documented[:-1] + r"\Z")  # ECMA-262's $: the end, not before a last newline
+    rng = random.Random(48)
+    top = 2**64
+    numbers = [0, 1, 10**19 - 1, 10**19, top - 1, top, top + 1, 10**20 - 1, 10**20]
+    numbers += [top - 1 - rng.randrange(10**k) for k in range(1, 20) for _ in range(30)]
+    numbers += [top + rng.randrange(10**k) for k in range(1, 19) for _ in range(30)]
+    numbers += [rng.randrange(2**67) for _ in range(500)]
+    ids = [form.format(n) for n in numbers for form in ("{0}-0", "0-{0}", "0{0}-1", "{0}-{0}")]
+    ids += ["", "1", "1-", "-1", "1-0\n", "1-0 ", "+1-0", "\u0661-0", "1.0-0", "00000000000000000001-0", "1-0-0"]
+    for entry_id in ids:
+        assert bool(pattern.search(entry_id)) == _takes_id(entry_id), entry_id
