@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,14 +165,16 @@ async def _pull_loop(
     pause_s: float = 0.0,
     stop: Callable[[], bool] = lambda: False,
     max_per_key: int | None = None,
+    request_ids: bool = False,
 ) -> None:
     """Pull, count, pull again carrying the acks; a final ``submit`` for what is still held. With
-    ``max_per_key`` the pulls ask for ordered runs (every message is acked, so every run whole)."""
+    ``max_per_key`` the pulls ask for ordered runs (every message is acked, so every run whole); with
+    ``request_ids`` each pull names a fresh request id, as the project's SDK does (retriable pulls)."""
     pending: ConsumeResult | None = None
     while not drain.done.is_set() and not stop():
         request = PullRequest(
             groupId=drain.group, topic=TOPIC, maxBatchSize=batch, maxLingerTime=linger_ms, result=pending,
-            maxPerKey=max_per_key,
+            maxPerKey=max_per_key, requestId=uuid.uuid4().hex if request_ids else None,
         )
         pending = drain.take(await client.pull(request))
         if pause_s:
@@ -249,6 +252,7 @@ class ProxyDrain:
     wait_commit: bool = True
     timeout_s: float = 600.0
     max_per_key: int | None = None
+    request_ids: bool = False
 
 
 async def drain_proxy(spec: ProxyDrain, ready: Ready) -> dict[str, Any]:
@@ -261,7 +265,8 @@ async def drain_proxy(spec: ProxyDrain, ready: Ready) -> dict[str, Any]:
         cpu, start = time.process_time(), time.perf_counter()
         tasks = [
             asyncio.create_task(
-                _pull_loop(client, drain, batch=spec.batch, linger_ms=spec.linger_ms, max_per_key=spec.max_per_key)
+                _pull_loop(client, drain, batch=spec.batch, linger_ms=spec.linger_ms, max_per_key=spec.max_per_key,
+                           request_ids=spec.request_ids)
             )
             for client in pullers
         ]

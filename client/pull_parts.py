@@ -386,7 +386,7 @@ class PullerSettings:
         """Puller ``index``'s server: round-robin, so each server's pullers are spread over the indexes."""
         return self.servers[index % len(self.servers)]
 
-    def request(self, pending: PendingResults) -> PullRequest:
+    def request(self, pending: PendingResults, request_id: str | None = None) -> PullRequest:
         return PullRequest(
             groupId=self.group,
             topic=self.topic,
@@ -394,6 +394,7 @@ class PullerSettings:
             maxLingerTime=self.linger_ms,
             result=pending.to_wire(),
             maxPerKey=self.max_per_key if self.max_per_key > 1 else None,
+            requestId=request_id,
         )
 
     def returned_early(self, elapsed_s: float) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 
 from ddmq.client.handling import Outcome, count_outcome, release_unhandled, report
@@ -27,7 +28,7 @@ from ddmq.client.pull_parts import (
     PullerSettings,
     consumed_messages,
 )
-from ddmq.client.thrift_client import ProxyClientError
+from ddmq.client.thrift_client import ProxyClientError, ProxyConnectionError
 from ddmq.protocol.wire import ConsumeResult, PullRequest, PullResponse
 
 __all__ = ["PullConsumerBase", "Puller"]
@@ -79,18 +80,32 @@ class Puller:
         self.pending = PendingResults(settings.group)
         self.held = Held(settings.group)
         self._backoff = Backoff(settings.retry_sleep_ms, settings.max_backoff_ms)
+        #: The pull last sent, and whether it is a retry already (see :meth:`failed`).
+        self._sent: PullRequest | None = None
+        self._retry: PullRequest | None = None
 
     def request(self) -> PullRequest:
-        """The next pull, carrying the results not reported yet."""
-        return self._settings.request(self.pending)
+        """The next pull, carrying the results not reported yet, under a fresh request id; or the pull
+        whose reply was lost, again with its id, so the proxy answers its messages again at once."""
+        retry, self._retry = self._retry, None
+        if retry is not None:
+            self._sent = None  # retried once only: a second loss starts a new pull
+            return retry
+        self._sent = self._settings.request(self.pending, uuid.uuid4().hex)
+        return self._sent
 
     def failed(self, exc: ProxyClientError) -> float | None:
         """A pull failed: the seconds to wait before the next one, or None when the consumer stops
-        (an error retrying cannot cure, recorded as the consumer's fatal error)."""
+        (an error retrying cannot cure, recorded as the consumer's fatal error). A pull whose reply
+        was lost (the connection failed) is retried at once, once, under the same request id."""
         self._counters.add(errors=1)
         if not exc.retriable:
             self._fatal.record(exc, self.host, self.port)
             return None
+        if isinstance(exc, ProxyConnectionError) and exc.sent and self._sent is not None:
+            self._retry, self._sent = self._sent, None
+            log.info("pull from %s:%d failed: %s; retrying it at once", self.host, self.port, exc)
+            return 0.0
         delay_s = self._backoff.next_s()
         log.warning("pull from %s:%d failed: %s; retrying in %.1f s", self.host, self.port, exc, delay_s)
         return delay_s
@@ -99,6 +114,7 @@ class Puller:
         """A pull sent at ``started`` was answered (its results reached the proxy): its messages and,
         when there are none and the answer came back early (no long poll), the seconds to pause."""
         self.pending.clear()
+        self._sent = self._retry = None
         self._backoff.reset()
         self._counters.add(answered=1)
         messages = consumed_messages(response)

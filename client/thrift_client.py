@@ -91,7 +91,17 @@ class PullError(ProxyClientError):
 
 
 class ProxyConnectionError(ProxyClientError, ConnectionError):
-    """Connecting, sending or receiving failed; the connection was dropped and the next call reconnects."""
+    """Connecting, sending or receiving failed; the connection was dropped and the next call reconnects.
+    ``sent`` is False when the call never left (no connection could be made): only a call that may
+    have reached the proxy can have lost its reply."""
+
+    sent = True
+
+
+def _not_connected(message: str) -> ProxyConnectionError:
+    error = ProxyConnectionError(message)
+    error.sent = False
+    return error
 
 
 class ProxyProtocolError(ProxyClientError):
@@ -274,7 +284,7 @@ class ProxyClient(_CallCodec):
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
             except OSError as exc:
-                raise ProxyConnectionError(f"cannot connect to {self.host}:{self.port}: {exc!r}") from exc
+                raise _not_connected(f"cannot connect to {self.host}:{self.port}: {exc!r}") from exc
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock = sock
         return self._sock
@@ -390,7 +400,7 @@ class AsyncProxyClient(_CallCodec):
                 async with asyncio.timeout(self.timeout_s):
                     reader, writer = await asyncio.open_connection(self.host, self.port)
             except (OSError, TimeoutError) as exc:
-                raise ProxyConnectionError(f"cannot connect to {self.host}:{self.port}: {exc!r}") from exc
+                raise _not_connected(f"cannot connect to {self.host}:{self.port}: {exc!r}") from exc
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

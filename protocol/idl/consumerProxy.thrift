@@ -100,6 +100,17 @@ struct PullRequest {
      * finished; an ack for a message whose predecessors in the reply are unfinished is ignored.
      */
     80: optional i32 maxPerKey;
+    /*
+     * ddmq extension: a retriable pull. An id the client picks per logical pull (1 to 128 characters;
+     * a UUID, say) and sends again, unchanged with the rest of the request, when it retries that pull
+     * after a lost reply (connection reset, EOF): the proxy that served the first try answers the same
+     * messages at once, those still in flight under that delivery, with the same deadlines, and does
+     * not apply the retry's results again; when none is left in flight the retry is a new pull. Ids are
+     * remembered per group by the proxy that served the pull (a bounded number, the oldest forgotten
+     * first): a retry reaching another proxy is a new pull there. Ignored under a leaseId. Old clients
+     * never set it and see no change.
+     */
+    90: optional string requestId;
 }
 
 /* Messages of the single (topic, qid) named by context; empty when none arrived in time. */

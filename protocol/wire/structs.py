@@ -113,6 +113,7 @@ if TYPE_CHECKING:
         leaseIndex: int | None
         leaseTimeoutMs: int | None
         maxPerKey: int | None
+        requestId: str | None
 
         def __init__(
             self,
@@ -126,6 +127,7 @@ if TYPE_CHECKING:
             leaseIndex: int | None = None,
             leaseTimeoutMs: int | None = None,
             maxPerKey: int | None = None,
+            requestId: str | None = None,
         ) -> None: ...
 
     class PullResponse(TPayload):

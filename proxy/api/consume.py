@@ -18,6 +18,7 @@ from collections.abc import Callable
 from time import perf_counter
 
 from ddmq.proxy.api.fetch import LowLevelApi
+from ddmq.proxy.api.pull_retries import Answer, RetriedPulls
 from ddmq.proxy.api.requests import RequestRules, batch_size, check_group, check_pull, per_key
 from ddmq.proxy.api.results import Results
 from ddmq.proxy.core.errors import UnavailableError, UnknownTopicError
@@ -60,6 +61,8 @@ class ConsumeApi:
         self._waits = waits
         self._observe_pull = observe_pull
         self._low_level: LowLevelApi | None = None
+        #: What the pulls that named a request id answered (see :mod:`ddmq.proxy.api.pull_retries`).
+        self._retries = RetriedPulls()
 
     def bound(self, rules: RequestRules) -> ConsumeApi:
         """A view with ``rules`` (one server's linger bound), sharing the registry and the counters."""
@@ -67,6 +70,7 @@ class ConsumeApi:
             self.registry, rules, waits=self._waits, observe_pull=self._observe_pull, counters=self.counters
         )
         view._low_level = self._low_level
+        view._retries = self._retries
         return view
 
     def _fetcher(self) -> LowLevelApi:
@@ -87,12 +91,55 @@ class ConsumeApi:
         max_per_key: int | None = None,
         reply: ReplySize | None = None,
         early: Callable[[PullBatch], None] | None = None,
+        request_id: str | None = None,
     ) -> PullBatch:
         """Serve one pull: apply ``results``, then answer ready messages of one queue. ``max_per_key``
         (None or 1: one per key) lets the reply carry ordered runs of a key (see ``PullBuffer``);
         ``reply`` counts the reply's bytes against the topic's ``max_reply_bytes`` (None: as a Thrift
-        frame); ``early`` is the buffer's (a lease's pulls do without it)."""
-        check_pull(group, topic, max_batch, linger_ms, max_per_key)  # a bad request applies nothing
+        frame); ``early`` is the buffer's (a lease's pulls do without it). A ``request_id`` already
+        served here answers what its first try answered, if still in flight (``pull_retries``)."""
+        check_pull(group, topic, max_batch, linger_ms, max_per_key, request_id)  # a bad request applies nothing
+        memo: Answer | None = None
+        if request_id is not None and lease is None:
+            started = perf_counter()
+            retried = self._retries.known(group, request_id)
+            if retried is not None:
+                again = await self._again(retried, group, topic)
+                if again is not None:
+                    self.counters["retried_pulls"] += 1
+                    if self._observe_pull is not None:
+                        self._observe_pull(group, again, perf_counter() - started)
+                    return again
+                results = []  # the first try applied them
+            found = self.registry.groups.get(group)
+            if found is not None and not found.removed:  # remembered before its results are applied
+                memo = self._retries.begin(found, request_id)
+        try:
+            return await self._pull(group, topic, max_batch, linger_ms, results, lease, max_per_key, reply, early, memo)
+        finally:
+            if memo is not None:
+                memo.settle()  # a pull that raised: a retry pulls afresh, its results not applied again
+
+    async def _again(self, retried: Answer, group: str, topic: str | None) -> PullBatch | None:
+        """What a retry of ``retried`` answers (None: nothing of it is left in flight). A first try
+        still waiting is waited for, never cancelled by this one."""
+        if not retried.done.done():
+            await asyncio.shield(retried.done)
+        return self._retries.replay(retried, self.registry.group(group).buffer, topic or None)
+
+    async def _pull(
+        self,
+        group: str,
+        topic: str | None,
+        max_batch: int | None,
+        linger_ms: int | None,
+        results: list[QueueResult],
+        lease: PullLease | None,
+        max_per_key: int | None,
+        reply: ReplySize | None,
+        early: Callable[[PullBatch], None] | None,
+        memo: Answer | None,
+    ) -> PullBatch:
         if results:  # first: acks count even when the group was just removed
             await self._results.apply(results, group)
         consumer_group = self.registry.group(group)
@@ -123,7 +170,11 @@ class ConsumeApi:
                 lease.lease_id, lease.pull_index, timeout_ms, topic, batch, linger, run, reply
             )
         else:
+            if memo is not None:
+                early = _remembering(memo, early)
             answer = await buffer.pull(topic, batch, linger, None, run, (), reply, early)
+            if memo is not None:
+                RetriedPulls.answered(memo, answer)
         if self._observe_pull is not None:
             self._observe_pull(group, answer, perf_counter() - started)
         return answer
@@ -203,3 +254,15 @@ class ConsumeApi:
             expired={qid: record.entries for qid, record in lost},
             expired_last={qid: f"{record.first}..{record.last}" for qid, record in lost},
         )
+
+
+def _remembering(memo: Answer, early: Callable[[PullBatch], None] | None) -> Callable[[PullBatch], None]:
+    """``early``, remembering the answer first: a reply written from the answering step may be lost
+    and retried before this pull's coroutine resumes."""
+
+    def answered(batch: PullBatch) -> None:
+        RetriedPulls.answered(memo, batch)
+        if early is not None:
+            early(batch)
+
+    return answered

@@ -7,8 +7,8 @@ models take their bounds from :data:`REQUEST_BOUNDS` and :data:`RESULT_BOUNDS` (
 document states them; a test holds the three equal), the service checks them for Thrift too:
 
 - a request's own fields (:data:`REQUEST_BOUNDS`: names, ``maxBatchSize``/``max_batch``,
-  ``maxLingerTime``/``linger_ms``, ``maxPerKey``/``max_per_key``) outside their bounds refuse the
-  request (1003), nothing of it applied (:func:`check_pull`, :func:`check_group`);
+  ``maxLingerTime``/``linger_ms``, ``maxPerKey``/``max_per_key``, ``requestId``/``request_id``) outside
+  their bounds refuse the request (1003), nothing of it applied (:func:`check_pull`, :func:`check_group`);
 - unset linger means :data:`DEFAULT_LINGER_MS`, any linger is bounded by ``max_linger_ms`` of the
   server the request came through; unset or 0 batch size means the topic's ``max_pull_batch_size``,
   which also bounds it; unset, 0 or 1 ``maxPerKey`` means one message per key;
@@ -61,6 +61,7 @@ REQUEST_BOUNDS: Final[dict[str, Bound]] = {
     "max_batch": Bound(0, I32_MAX),
     "linger_ms": Bound(0, I32_MAX),
     "max_per_key": Bound(0, I32_MAX),
+    "request_id": Bound(1, 128),  # a pull's retry id (proxy/api/pull_retries.py), in characters
     "key": Bound(1, 4096),  # an order key named by an operator (the admin API's keys and replays)
 }
 #: What a result's entries must be to name a message; an entry outside is left out and counted.
@@ -72,7 +73,7 @@ RESULT_BOUNDS: Final[dict[str, Bound]] = {
 }
 THRIFT_NAMES: Final[dict[str, str]] = {
     "group": "groupId", "topic": "topic", "max_batch": "maxBatchSize", "linger_ms": "maxLingerTime",
-    "max_per_key": "maxPerKey",
+    "max_per_key": "maxPerKey", "request_id": "requestId",
 }
 
 
@@ -89,13 +90,16 @@ def check_group(group: str) -> None:
 
 
 def check_pull(
-    group: str, topic: str | None, max_batch: int | None, linger_ms: int | None, max_per_key: int | None
+    group: str, topic: str | None, max_batch: int | None, linger_ms: int | None, max_per_key: int | None,
+    request_id: str | None = None,
 ) -> None:
     """Refuse (1003) a pull whose own fields are outside :data:`REQUEST_BOUNDS`, before anything of it
     (its results included) is applied."""
     check_group(group)
     if topic is not None and not REQUEST_BOUNDS["topic"].holds(len(topic)):
         raise _refuse("topic", topic[:40] + "...", REQUEST_BOUNDS["topic"], "'s length")
+    if request_id is not None and not REQUEST_BOUNDS["request_id"].holds(len(request_id)):
+        raise _refuse("request_id", request_id[:40] + "...", REQUEST_BOUNDS["request_id"], "'s length")
     for field, value in (("max_batch", max_batch), ("linger_ms", linger_ms), ("max_per_key", max_per_key)):
         if value is not None and not REQUEST_BOUNDS[field].holds(value):
             raise _refuse(field, value, REQUEST_BOUNDS[field])

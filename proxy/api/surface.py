@@ -31,6 +31,7 @@ class ConsumeService(Protocol):
         max_per_key: int | None = None,
         reply: ReplySize | None = None,
         early: Callable[[PullBatch], None] | None = None,
+        request_id: str | None = None,
     ) -> PullBatch:
         """Apply the piggy-backed ``results`` first (at most :data:`MAX_RESULT_OFFSETS` offsets, all
         or none; a result naming no group is ``group``'s), then return ready messages of one queue,
@@ -43,6 +44,9 @@ class ConsumeService(Protocol):
         ``early``, when given, is called with the answer of a pull that had to wait, in the step that
         answers it and before this coroutine returns it: an adapter may write its reply there, one
         loop iteration sooner (and before the other reads of that iteration are taken in).
+        A ``request_id`` (at most 128 characters) makes the pull retriable: a pull naming an id this
+        proxy served answers what that pull answered and is still in flight, its results not applied
+        again (:mod:`ddmq.proxy.api.pull_retries`).
 
         Raises UnknownGroupError / UnknownTopicError / BadRequestError / UnavailableError.
         """

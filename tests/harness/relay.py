@@ -16,6 +16,10 @@ listens on and connects to 127.0.0.1. Each mode applies to every connection at o
 - ``silent``: half-open TCP after a NAT lost its state: the current connections never carry a byte again
   (even after ``pass``) and are never closed; new connections work normally.
 - ``flap SECONDS``: an unstable link: ``pass``, but every SECONDS each connection is reset.
+- ``lose-reply``: a reply lost on its way back, once: ``pass`` until the upstream next sends bytes on
+  any connection; those bytes are dropped and that connection reset (so the upstream wrote its reply
+  in full and the client never sees it), and the mode is ``pass`` again. ``stats`` counts
+  ``lost_replies``.
 
 A connection made ``silent`` stays out of every later mode, ``reset`` and ``flap`` included.
 """
@@ -47,6 +51,7 @@ HOST = "127.0.0.1"
 _FLOWS: dict[str, tuple[bool, bool]] = {
     "pass": (True, True), "flap": (True, True), "silent": (True, True), "oneway-up": (True, False),
     "oneway-down": (False, True), "blackhole": (False, False), "reset": (False, False),
+    "lose-reply": (True, True),
 }
 MODES = frozenset(_FLOWS)
 _REPO = Path(__file__).resolve().parents[2]
@@ -138,6 +143,11 @@ class _Link:
         self.update()
 
     def forward(self, from_upstream: bool, data: bytes) -> None:
+        if from_upstream and self.relay.mode == "lose-reply" and not self.dead:
+            self.relay.mode = "pass"
+            self.relay.stats["lost_replies"] += 1
+            self.reset()
+            return
         target = self.client if from_upstream else self.upstream
         if target is not None and not self.dead:
             target.write(data)
@@ -172,7 +182,7 @@ class _RelayServer:
         self.port = upstream_port
         self.mode = "pass"
         self.links: set[_Link] = set()
-        self.stats = {"accepted": 0, "bytes_up": 0, "bytes_down": 0, "resets": 0}
+        self.stats = {"accepted": 0, "bytes_up": 0, "bytes_down": 0, "resets": 0, "lost_replies": 0}
         self._flap: asyncio.Task[None] | None = None
 
     async def set_mode(self, name: str, arg: float | None) -> None:
@@ -316,7 +326,7 @@ class Relay:
             raise RelayError(f"{line!r}: {answer}")
 
     def stats(self) -> dict[str, Any]:
-        """Counters: accepted, current (connections), bytes_up, bytes_down, resets; and the mode."""
+        """Counters: accepted, current (connections), bytes_up, bytes_down, resets, lost_replies; and the mode."""
         return cast(dict[str, Any], json.loads(self._request("stats")))
 
     def stop(self) -> None:

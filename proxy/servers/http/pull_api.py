@@ -82,6 +82,7 @@ BatchSize = Annotated[int, Field(ge=_R["max_batch"].low, le=_R["max_batch"].high
 LingerMs = Annotated[int, Field(ge=_R["linger_ms"].low, le=_R["linger_ms"].high), WHOLE]
 PerKey = Annotated[int, Field(ge=_R["max_per_key"].low, le=_R["max_per_key"].high), WHOLE]
 GroupName = Annotated[str, Field(min_length=_R["group"].low, max_length=_R["group"].high)]
+RequestId = Annotated[str, Field(min_length=_R["request_id"].low, max_length=_R["request_id"].high)]
 #: Most result nodes one HTTP request may carry (a shape bound of this wire: a Thrift chain is bounded
 #: by the decoder's nesting limit).
 MAX_RESULT_NODES: Final = 10_000
@@ -93,6 +94,8 @@ class PullIn(JsonBody):
     max_batch: BatchSize | None = None
     linger_ms: LingerMs | None = None
     max_per_key: PerKey | None = None
+    #: A retriable pull's id (the Thrift ``requestId``; :mod:`ddmq.proxy.api.pull_retries`).
+    request_id: RequestId | None = None
     results: Annotated[list[ResultIn], Field(max_length=MAX_RESULT_NODES)] = []
 
 
@@ -204,6 +207,7 @@ class PullApi:
             results,
             max_per_key=body.max_per_key,
             reply=reply,
+            request_id=body.request_id,
         )
         if self._clients is not None:
             # HTTP carries no version field: the User-Agent header says which client it is.

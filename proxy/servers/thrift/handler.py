@@ -142,6 +142,7 @@ class ThriftHandler:
             lease,
             max_per_key=request.maxPerKey,
             early=early,
+            request_id=request.requestId,
         )
         if self._clients is not None:
             version = request.version if isinstance(request.version, str) else None

@@ -1,0 +1,176 @@
+"""RetriedPulls: what the pulls that named a request id answered, so a retry gets the same messages.
+
+A pull whose reply is lost (its connection reset after the proxy wrote it) leaves its messages in
+flight with nobody working on them, until ``timeout_ms`` redelivers them. A client that names each
+logical pull with a request id (``PullRequest.requestId``, ``request_id`` over HTTP) and retries the
+same pull with the same id after a lost reply gets those messages again at once, as SQS's
+``ReceiveRequestAttemptId`` and RocketMQ's POP ``attemptId`` allow. The rules:
+
+- the proxy remembers, per group and request id, which messages a pull answered (the queue and each
+  message's offset and delivery: its attempt, its deadline and its extensions), never their bodies;
+- a retry answers those still in flight under that same delivery, in the same order and with the same
+  deadlines; a message acked, failed, timed out, released, extended or redelivered since is left out
+  (so no message already handed to someone else goes out twice), and when none is left the retry is
+  served as a new pull, remembered under the same id;
+- a retry's piggy-backed results are not applied again: the first try applied them (its id is
+  remembered from before its results are applied), so a fail or a release never reaches a later
+  delivery of the same message;
+- a retry that arrives while the first try still waits (a long poll whose client gave up) waits for
+  its answer and then takes what it answered;
+- ids are local to the proxy that served the pull: a retry that reaches another proxy is a new pull
+  there (its results applied, which the acks' rule makes harmless: an ack counts once per delivery);
+- memory is bounded per group: at most :data:`MAX_IDS` ids and :data:`MAX_OFFSETS` remembered
+  offsets, the oldest forgotten first; ids are at most 128 characters (``REQUEST_BOUNDS``). A retry of
+  a forgotten id is a new pull.
+
+A pull without an id is served exactly as before and costs nothing here. A pull under a replay lease
+(``leaseId``) ignores the id: its lease replays it already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Final
+
+from ddmq.proxy.core.types import PullBatch, QueueId
+from ddmq.proxy.engine.job import JobState
+from ddmq.proxy.engine.offsets import OffsetTracker
+from ddmq.proxy.engine.pull_buffer import PullBuffer
+from ddmq.proxy.groups.group import ConsumerGroup
+
+__all__ = ["MAX_IDS", "MAX_OFFSETS", "Answer", "RetriedPulls"]
+
+#: Request ids remembered per group.
+MAX_IDS: Final = 4096
+#: Offsets remembered per group, over all its ids (a few tens of bytes each: no bodies are kept).
+MAX_OFFSETS: Final = 32_768
+
+_IN_FLIGHT: Final = JobState.IN_FLIGHT
+
+#: One message of an answer: its offset and its delivery (attempts, deadline tick, extensions).
+Sent = tuple[int, int, int, int]
+
+
+class Answer:
+    """One remembered pull: ``done`` once it was answered (or failed), then the queue it answered from,
+    that queue's tracker (which names the read: a queue dropped and read again has a new one), its
+    messages' deliveries and its runs."""
+
+    __slots__ = ("done", "owner", "queue", "request_id", "runs", "sent", "tracker")
+
+    def __init__(self, request_id: str, owner: _GroupAnswers) -> None:
+        self.request_id = request_id
+        self.owner = owner
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.queue: QueueId | None = None
+        self.tracker: OffsetTracker | None = None
+        self.sent: list[Sent] = []
+        self.runs: list[int] | None = None
+
+    def settle(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class _GroupAnswers:
+    """A group's remembered pulls, oldest first, and how many offsets they hold."""
+
+    def __init__(self, group: ConsumerGroup) -> None:
+        self.group = group
+        self.answers: OrderedDict[str, Answer] = OrderedDict()
+        self.offsets = 0
+
+    def add(self, answer: Answer) -> None:
+        old = self.answers.pop(answer.request_id, None)
+        if old is not None:
+            self.offsets -= len(old.sent)
+        self.answers[answer.request_id] = answer
+        self.trim()
+
+    def holds(self, answer: Answer) -> bool:
+        return self.answers.get(answer.request_id) is answer
+
+    def trim(self) -> None:
+        while len(self.answers) > MAX_IDS or (self.offsets > MAX_OFFSETS and len(self.answers) > 1):
+            _, oldest = self.answers.popitem(last=False)
+            self.offsets -= len(oldest.sent)
+
+
+class RetriedPulls:
+    """Every group's remembered pulls on this proxy (shared by the Thrift and HTTP views of the API)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, _GroupAnswers] = {}
+
+    def known(self, group: str, request_id: str) -> Answer | None:
+        """The pull ``request_id`` of ``group`` remembered here, if any."""
+        answers = self._groups.get(group)
+        return answers.answers.get(request_id) if answers is not None else None
+
+    def begin(self, group: ConsumerGroup, request_id: str) -> Answer:
+        """Remember pull ``request_id`` of ``group`` from now on (before its results are applied)."""
+        answers = self._groups.get(group.name)
+        if answers is None or answers.group is not group:  # a group rebuilt by a reload starts afresh
+            answers = self._groups[group.name] = _GroupAnswers(group)
+        answer = Answer(request_id, answers)
+        answers.add(answer)
+        return answer
+
+    @staticmethod
+    def answered(answer: Answer, batch: PullBatch) -> None:
+        """``answer``'s pull answered ``batch``: remember each message's delivery as it is now."""
+        queue = batch.queue
+        if answer.done.done():
+            return
+        owner = answer.owner
+        if queue is not None and batch.messages and owner.holds(answer):
+            buffer = owner.group.buffer
+            sent: list[Sent] = []
+            tracker = None
+            for message in batch.messages:
+                job = buffer.job(queue, message.offset)
+                if job is None:  # kept in place, never live: the runs' sizes count by position
+                    sent.append((message.offset, -1, -1, -1))
+                    continue
+                tracker = job.tracker
+                sent.append((job.offset, job.attempts, job.deadline, job.extensions))
+            answer.queue, answer.tracker, answer.sent, answer.runs = queue, tracker, sent, batch.runs
+            owner.offsets += len(sent)
+            owner.trim()
+        answer.settle()
+
+    @staticmethod
+    def replay(answer: Answer, buffer: PullBuffer, topic: str | None) -> PullBatch | None:
+        """What ``answer`` answered that is still in flight under the same delivery, as a batch (None
+        when nothing is, or the retry names another topic than the answer's)."""
+        queue = answer.queue
+        if queue is None or (topic is not None and queue.topic != topic):
+            return None
+        live: list[bool] = []
+        messages = []
+        for offset, attempts, deadline, extensions in answer.sent:
+            job = buffer.job(queue, offset)
+            same = (
+                job is not None and job.tracker is answer.tracker and job.state is _IN_FLIGHT
+                and job.attempts == attempts and job.deadline == deadline and job.extensions == extensions
+            )
+            live.append(same)
+            if same and job is not None:
+                messages.append(job.message)
+        if not messages:
+            return None
+        return PullBatch(queue, messages, _runs_left(answer.runs, live))
+
+
+def _runs_left(runs: list[int] | None, live: list[bool]) -> list[int] | None:
+    """The sizes of ``runs`` counting only the messages still ``live``; a run left empty is dropped."""
+    if runs is None:
+        return None
+    left, start = [], 0
+    for size in runs:
+        count = sum(live[start:start + size])
+        if count:
+            left.append(count)
+        start += size
+    return left
