@@ -24,6 +24,7 @@ from ddmq.config.schema.base import (
     StartFrom,
 )
 from ddmq.config.schema.groups import (
+    BreakerConfig,
     LeaseConfig,
     TopicGroupConfig,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "ORDER_KEY_QID",
     "SINK_ACTIONS",
     "AsyncHttpConfig",
+    "BreakerConfig",
     "ConnectionLimits",
     "EmbeddedRedisConfig",
     "Expression",

@@ -19,6 +19,37 @@ from ddmq.config.schema.base import (
 from ddmq.protocol.redis.keys import DEFAULT_MEMBER_TTL_MS
 
 
+class BreakerConfig(Model):
+    """A breaker for failure storms (docs/failures.md): when the failures among a topic's last attempts
+    pass ``failure_share``, the topic pauses itself on this proxy instead of using up retries, then
+    probes with a few messages and closes when they succeed. Each proxy judges the queues it serves."""
+
+    #: Off by default: a topic without it counts every failed attempt, as before.
+    enabled: bool = False
+    #: How many of the latest outcomes (acks, fails, timeouts) are judged.
+    window: Annotated[int, Field(ge=1, le=100_000)] = 200
+    #: The share of failures in the window that opens the breaker.
+    failure_share: Annotated[float, Field(gt=0, le=1)] = 0.5
+    #: Outcomes the window must hold before it may open (so a few early failures do not stop a topic).
+    min_attempts: Annotated[int, Field(ge=1, le=100_000)] = 20
+    #: Messages handed out at a time while half-open (keys' heads, in their order); this many
+    #: successes in a row close the breaker, one failure opens it again.
+    probe: Annotated[int, Field(ge=1, le=1000)] = 5
+    #: How long it stays open before it probes; doubled on every failed probe up to ``max_open_ms``.
+    open_ms: Annotated[int, Field(ge=10, le=3_600_000)] = 5_000
+    #: Longest time open between probes.
+    max_open_ms: Annotated[int, Field(ge=10, le=86_400_000)] = 60_000
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BreakerConfig:
+        if self.min_attempts > self.window:
+            raise ValueError(f"min_attempts ({self.min_attempts}) cannot be more than window ({self.window}): "
+                             "the breaker could never open")
+        if self.open_ms > self.max_open_ms:
+            raise ValueError(f"open_ms ({self.open_ms}) cannot be more than max_open_ms ({self.max_open_ms})")
+        return self
+
+
 class TopicGroupConfig(Model):
     """How one consumer group consumes one topic (DDMQ's UpstreamTopic)."""
 
@@ -70,6 +101,8 @@ class TopicGroupConfig(Model):
     read_batch_size: Annotated[int, Field(ge=1, le=10_000)] = 256
     #: Where a group starts in a queue it has never committed in: its first message or the next one produced.
     start_from: Annotated[StartFrom, Field(strict=False)] = StartFrom.EARLIEST
+    #: A breaker for failure storms (pull consumers): see :class:`BreakerConfig`.
+    breaker: BreakerConfig = BreakerConfig()
     #: Settings of the ``Transit``, ``Filter``, ``AsyncHttp`` and ``Redis`` actions; each is required
     #: when its action is in ``actions`` and refused when it is not.
     transit: TransitConfig | None = None
@@ -116,6 +149,9 @@ class TopicGroupConfig(Model):
         for action in needs_json:
             if "Json" not in self.actions or self.actions.index("Json") > self.actions.index(action):
                 raise ValueError(f"{action} reads the parsed body: it needs the Json action before it")
+        if self.breaker.enabled and self.actions[-1] != "PullServer":
+            raise ValueError("breaker: the breaker judges pull consumers (PullServer) only; a push chain "
+                             "retries on its own schedule")
         return self
 
     @field_validator("order_key")

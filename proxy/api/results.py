@@ -8,6 +8,9 @@ entry that can name no message (:func:`~ddmq.proxy.api.requests.valid_results`) 
 counted (``invalid_results``), and a result for a group, topic or queue this proxy does not serve is
 ignored (counted ``unknown_results``): neither costs the other entries of the request.
 
+A topic with a breaker (:mod:`ddmq.proxy.engine.breaker`) is told how many of a result's acks
+finished a message: its successes; its failures come from the engine's redelivery.
+
 Each result goes to its group's buffer, found in the registry
 (:meth:`~ddmq.proxy.groups.registry.GroupRegistry.results_buffer`), and from there down the engine:
 the buffer finishes an acked job through its owner, :class:`~ddmq.proxy.engine.topic_jobs.TopicJobs`,
@@ -113,7 +116,16 @@ class Results:
                 continue
             queue = QueueId(result.topic, qid)
             if result.success:
-                buffer.ack(queue, result.success)
+                breakers = buffer.redelivery.breakers
+                if breakers and result.topic in breakers:
+                    # The acks that finished a delivered message are its breaker's successes; ignored ones are not.
+                    stats = buffer.queue_stats[queue]
+                    acked = stats.acked
+                    buffer.ack(queue, result.success)
+                    if stats.acked > acked:
+                        breakers[result.topic].succeeded(stats.acked - acked)
+                else:
+                    buffer.ack(queue, result.success)
             if result.fail:
                 buffer.fail(queue, result.fail)
             if result.fail_details or result.release or result.extend:

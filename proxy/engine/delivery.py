@@ -80,6 +80,8 @@ class Delivery:
         #: these; what is in flight keeps its deadline and its results count.
         self.all_paused = False
         self.paused: frozenset[str] = frozenset()
+        #: Topics whose breaker is half-open: how many more messages each may hand out.
+        self.probes: dict[str, int] = {}
         self.redelivery = Redelivery(group, stats, self._timed_out, self.make_ready, self._finish, clock)
 
     def start(self) -> None:
@@ -144,7 +146,6 @@ class Delivery:
         :data:`EMPTY` when no queue has any (nor a ``held`` key's run anything to continue with)."""
         if self.all_paused:
             return EMPTY
-        paused = self.paused
         order = self.order
         size = reply.message
         # Thrift's bound written out for messages without properties: a call per message would cost
@@ -153,17 +154,15 @@ class Delivery:
         for _ in range(len(order)):
             slot = order.popleft()
             queue = slot.queue
-            if (topic is not None and queue.topic != topic) or (paused and queue.topic in paused):
-                order.append(slot)
-                continue
             ready = slot.ready
-            if ready and not ready.first().consumer.may_serve(queue.qid):
-                order.append(slot)  # lease not confirmed lately: deliver nothing until it is
+            most = self._most(slot, topic, max_batch)
+            if not most:
+                order.append(slot)
                 continue
             batch: list[UpstreamJob] = []
             # bytes left in the reply (a queue's jobs share their topic's consumer)
             room = ready.first().consumer.config.max_reply_bytes - reply.overhead if ready else 0
-            while ready and len(batch) < max_batch:
+            while ready and len(batch) < most:
                 job = ready.popleft()
                 self.count -= 1
                 if job.state is _READY:
@@ -184,13 +183,25 @@ class Delivery:
                 runs = None
                 if room < 0:
                     log_alone(batch[0], size(batch[0].message))
-                elif max_per_key > 1 and len(batch) < max_batch:
-                    batch, runs = with_runs(slot, batch, max_batch, max_per_key, held, room, reply)
+                elif max_per_key > 1 and len(batch) < most:
+                    batch, runs = with_runs(slot, batch, most, max_per_key, held, room, reply)
                 self._deliver(batch, timeout_ms)
                 return PullBatch(queue, [job.message for job in batch], runs)
         if held and max_per_key > 1:
             return self._continue_runs(topic, max_batch, timeout_ms, max_per_key, held, reply)
         return EMPTY
+
+    def _most(self, slot: QueueSlot, topic: str | None, max_batch: int) -> int:
+        """How many of ``slot``'s ready jobs a pull of ``topic`` (None: any) may take now: 0 for another
+        topic, a paused one or a queue whose lease is not confirmed lately; a half-open breaker's probes left."""
+        queue = slot.queue
+        if (topic is not None and queue.topic != topic) or (self.paused and queue.topic in self.paused):
+            return 0
+        ready = slot.ready
+        if ready and not ready.first().consumer.may_serve(queue.qid):
+            return 0  # deliver nothing until it is
+        probes = self.probes
+        return min(max_batch, probes[queue.topic]) if probes and queue.topic in probes else max_batch
 
     def _continue_runs(
         self,
@@ -209,7 +220,8 @@ class Delivery:
                 continue
             tried.add(queue)
             slot = self._queues.get(queue)
-            if slot is None or queue.topic in self.paused or not job.consumer.may_serve(queue.qid):
+            if slot is None or queue.topic in self.paused or queue.topic in self.probes \
+                    or not job.consumer.may_serve(queue.qid):
                 continue
             room = job.consumer.config.max_reply_bytes - reply.overhead
             batch, runs = with_runs(slot, [], max_batch, max_per_key, held, room, reply)
@@ -221,6 +233,9 @@ class Delivery:
     def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
         if timeout_ms is None:
             timeout_ms = batch[0].consumer.config.timeout_ms
+        probes = self.probes
+        if probes and batch[0].queue.topic in probes:
+            probes[batch[0].queue.topic] -= len(batch)
         for job in batch:
             job.state = _IN_FLIGHT
             job.attempts += 1
@@ -252,10 +267,12 @@ class Delivery:
             if not waiter.future.done():
                 waiter.future.cancel()
 
-    def pause(self, everything: bool, topics: frozenset[str]) -> None:
-        """Hand out nothing (``everything``) or nothing of ``topics``; parked pulls get what a lift frees."""
-        lifted = (self.all_paused and not everything) or not topics >= self.paused
+    def pause(self, everything: bool, topics: frozenset[str], probes: dict[str, int] | None = None) -> None:
+        """Hand out nothing (``everything``) or nothing of ``topics``, and of ``probes``' topics (a
+        half-open breaker) at most their count more; parked pulls get what a lift frees."""
+        lifted = (self.all_paused and not everything) or not topics >= self.paused or bool(probes)
         self.all_paused, self.paused = everything, topics
+        self.probes = probes if probes is not None else {}
         if lifted and self._waiters and self.count and self._wake is None and self._loop is not None:
             self._wake = self._loop.call_soon(self._wake_waiters)
 

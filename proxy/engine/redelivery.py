@@ -15,6 +15,12 @@ A failed attempt has one path whoever reports it: a pull client's fail or timeou
 buffer) or a push action's failed push (:meth:`retry_later`). Through all of it the job stays the
 head of its order key, so its key's order holds.
 
+While a pulled topic is *held* (:meth:`hold`: an operator's pause, or its breaker open or half-open)
+its failed attempts count nothing: a fail, or a deadline that runs out, sends the job back to wait,
+ready, as its key's head, to go out again after the hold, its attempt uncounted. Its acks still count.
+A topic's :class:`~ddmq.proxy.engine.breaker.Breaker`, if it has one (:attr:`Redelivery.breakers`),
+is told of every failed attempt before it is judged, so the failure that opens it is not counted either.
+
 What expiry means for a job (its run, its stats) is the buffer's business: it is told through the
 ``expired`` callback, which may answer that a job waits behind its run's head (it is then timed again
 for the next tick, and the head, due with it, normally returns it). Time comes from ``clock`` (monotonic
@@ -36,6 +42,7 @@ from typing import Final
 
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.types import QueueId
+from ddmq.proxy.engine.breaker import Breaker
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 
 log: Final = logging.getLogger(__name__)
@@ -99,6 +106,11 @@ class Redelivery:
         self._pending = asyncio.Event()
         self._dead_letter_tasks: set[asyncio.Task[None]] = set()
         self.closed = False
+        #: What :meth:`hold` holds: every topic, or these.
+        self._held_all = False
+        self._held: frozenset[str] = frozenset()
+        #: topic -> its breaker (topics with ``breaker.enabled``), told of every failed pulled attempt.
+        self.breakers: dict[str, Breaker] = {}
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -187,6 +199,17 @@ class Redelivery:
                 else:
                     requeue(job)
 
+    # holds -------------------------------------------------------------------------------------
+
+    def hold(self, everything: bool, topics: frozenset[str]) -> None:
+        """From now on failed attempts of pulled jobs of every topic (``everything``), or of ``topics``,
+        count nothing: each job waits again, ready (its topic hands out nothing meanwhile)."""
+        self._held_all, self._held = everything, topics
+
+    def holds(self, topic: str) -> bool:
+        """Whether a failed attempt of pulled ``topic`` counts nothing now."""
+        return (self._held_all or topic in self._held) and topic not in self._requeue
+
     # retries -----------------------------------------------------------------------------------
 
     def route_retries(self, topic: str, requeue: Callable[[UpstreamJob], None]) -> None:
@@ -201,8 +224,18 @@ class Redelivery:
     def failed_attempt(self, job: UpstreamJob, reason: str, retry_after_ms: int | None = None) -> None:
         """``job``'s attempt failed (its caller counted it): schedule its next one (``retry_after_ms``
         from now when the client asked, within the topic's ``max_retry_after_ms``), or dead-letter it
-        when ``max_retry`` retries are used up."""
+        when ``max_retry`` retries are used up. While its topic is held (:meth:`hold`) it waits again,
+        ready, its attempt uncounted."""
         job.last_error = reason
+        if self.breakers or self._held_all or self._held:
+            topic = job.queue.topic
+            breaker = self.breakers.get(topic)
+            if breaker is not None and topic not in self._requeue:
+                breaker.failed(reason)  # may open it, and so hold this very job
+            if self.holds(topic):
+                job.attempts -= 1
+                self._ready(job)
+                return
         config = job.consumer.config
         if job.attempts > config.max_retry:
             if config.on_exhausted != "dead_letter" and job.consumer.parking.exhausted(job, reason):

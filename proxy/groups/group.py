@@ -48,6 +48,7 @@ from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.engine.reader import TopicReads
 from ddmq.proxy.engine.topic_jobs import TopicJobs
+from ddmq.proxy.groups.breaker import GroupBreakers
 from ddmq.proxy.groups.key_actions import command_handler
 from ddmq.proxy.groups.parts import ProxyParts
 from ddmq.proxy.groups.pausing import PauseWatch
@@ -233,16 +234,20 @@ class ConsumerGroup:
         self.broker = parts.broker
         self._parts = parts
         self._lease_config = parts.lease_config
+        #: The topics' breakers on this proxy (``breaker`` in their config).
+        self.breakers = GroupBreakers(name, self.buffer)
         self.consumers = {topic: self.make_consumer(topic, config) for topic, config in topics.items()}
         #: Consumers of topics removed by a config reload, until their drain is over (acks still count).
         self.retiring: dict[str, TopicConsumer] = {}
         #: Set when the group left the config: pulls get "unknown group", acks still count.
         self.removed = False
         #: An operator's pause of the group or some topics, followed from Redis.
-        self.pause_watch = PauseWatch(name, self.buffer, parts.broker, parts.lease_config.claim_interval_ms)
+        self.pause_watch = PauseWatch(name, self.buffer, parts.broker, parts.lease_config.claim_interval_ms,
+                                      self.breakers)
 
     def make_consumer(self, topic: str, config: TopicGroupConfig) -> TopicConsumer:
-        """A consumer of ``topic`` for this group, not started."""
+        """A consumer of ``topic`` for this group, not started (its breaker, if any, starts closed)."""
+        self.breakers.configure(topic, config.breaker)
         return TopicConsumer(self.name, topic, config, self.buffer, self._parts)
 
     def start(self) -> None:
@@ -269,6 +274,7 @@ class ConsumerGroup:
     async def remove_topic(self, topic: str) -> None:
         """Stop consuming ``topic``: pulls for it fail at once (unknown topic), acks count while it drains."""
         consumer = self.retiring[topic] = self.consumers.pop(topic)
+        self.breakers.remove(topic)
         self._parts.committers.leave(consumer.commits)  # it commits for itself as it retires
         try:
             await consumer.retire(self._lease_config.handoff_drain_ms)

@@ -6,6 +6,11 @@ and tells its pull buffer what not to hand out; a ``--for`` pause ends by Redis'
 that finds it over. Until the first read succeeds the group hands out nothing, so a proxy restarted
 while its group is paused does not deliver in between. A failed read keeps the last state (a paused
 group stays paused while Redis does not answer, which also stops everything else).
+
+What it applies to the buffer is the operator's pauses together with the group's open breakers
+(:mod:`ddmq.proxy.groups.breaker`): a paused or open topic hands out nothing, a half-open one only its
+probes; and the failed attempts of all of them (a client's fail, a deadline that runs out) count
+nothing, the message waiting again as its key's head for the resume. Acks count as ever.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from ddmq.protocol.redis.pauses import Pause, covers, pauses_async
 from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.core.supervise import supervised
 from ddmq.proxy.engine.pull_buffer import PullBuffer
+from ddmq.proxy.groups.breaker import GroupBreakers
 from ddmq.proxy.store.broker import Broker
 
 __all__ = ["PauseWatch"]
@@ -32,9 +38,12 @@ _MOST_BACKOFF_S: Final = 5.0
 class PauseWatch:
     """Follows ``group``'s pauses for its pull buffer, one read per ``interval_ms``."""
 
-    def __init__(self, group: str, buffer: PullBuffer, broker: Broker, interval_ms: int) -> None:
+    def __init__(self, group: str, buffer: PullBuffer, broker: Broker, interval_ms: int,
+                 breakers: GroupBreakers | None = None) -> None:
         self.group = group
         self._buffer = buffer
+        self.breakers = breakers if breakers is not None else GroupBreakers(group, buffer)
+        self.breakers.changed = self.hold
         self._broker = broker
         self._interval_s = interval_ms / 1000
         #: The pauses in force at the last read (None: not read yet).
@@ -44,7 +53,7 @@ class PauseWatch:
         self._read_at = (0, 0.0)
 
     def start(self) -> None:
-        self._buffer.pause(True, frozenset())
+        self.hold()
         self._task = asyncio.create_task(supervised("pause-watch", self._run, f"pause-watch {self.group}"),
                                          name=f"pause-watch {self.group}")
 
@@ -53,6 +62,7 @@ class PauseWatch:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self.breakers.close()
 
     async def read(self) -> None:
         """Read the pauses now and apply them (raises DdmqError)."""
@@ -72,10 +82,16 @@ class PauseWatch:
         now_ms, read_mono = self._read_at
         return max(now_ms - found.at_ms, 0) / 1000 + time.monotonic() - read_mono
 
+    def hold(self) -> None:
+        """Apply the pauses and the breakers to the buffer (before the first read: everything paused)."""
+        found = self.pauses
+        everything = found is None or any(p.topic is None for p in found)
+        paused = frozenset(p.topic for p in found or () if p.topic is not None)
+        breakers = self.breakers
+        self._buffer.pause(everything, paused | breakers.open_topics(), breakers.allowance)
+        self._buffer.redelivery.hold(everything, paused | breakers.holding())
+
     def _apply(self, found: list[Pause]) -> None:
-        everything = any(p.topic is None for p in found)
-        topics = frozenset(p.topic for p in found if p.topic is not None)
-        self._buffer.pause(everything, topics)
         before = {p.topic: p for p in self.pauses or ()}
         now = {p.topic: p for p in found}
         for topic, p in now.items():
@@ -86,6 +102,7 @@ class PauseWatch:
         for topic in before.keys() - now.keys():
             log.warning("%s%s resumed", self.group, f"/{topic}" if topic else "")
         self.pauses = found
+        self.hold()
 
     async def _run(self) -> None:
         delay = self._interval_s

@@ -1,0 +1,104 @@
+"""A group's breakers on this proxy: one :class:`~ddmq.proxy.engine.breaker.Breaker` per topic whose
+``breaker.enabled`` is set, the timers that half-open them, and what they hold.
+
+The breakers sit where the engine finds them: the group's redelivery tells each of its topic's failed
+attempts (``Redelivery.breakers``), the results path its acks. What an open or half-open breaker holds
+is applied to the pull buffer together with the operator's pauses, by the group's
+:class:`~ddmq.proxy.groups.pausing.PauseWatch` (``changed``): an open topic hands out nothing, a
+half-open one its probes, and both count no failed attempt. State is per proxy (each proxy judges the
+queues it serves) and starts closed: a restart or a reload that changes the topic starts it afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from ddmq.config.schema import BreakerConfig
+from ddmq.proxy.engine.breaker import Breaker, BreakerState
+from ddmq.proxy.engine.pull_buffer import PullBuffer
+
+__all__ = ["GroupBreakers"]
+
+log = logging.getLogger(__name__)
+
+
+def _nothing() -> None:
+    pass
+
+
+class GroupBreakers:
+    """The breakers of ``group``'s topics on this proxy (see the module's docstring)."""
+
+    def __init__(self, group: str, buffer: PullBuffer) -> None:
+        self.group = group
+        #: topic -> breaker: the redelivery's own dict, so it sees every change.
+        self.breakers: dict[str, Breaker] = buffer.redelivery.breakers
+        #: topic -> probes a half-open breaker may still let out (the delivery counts it down).
+        self.allowance: dict[str, int] = {}
+        #: Called after every change of what the breakers hold (set by the group's PauseWatch).
+        self.changed: Callable[[], None] = _nothing
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def configure(self, topic: str, config: BreakerConfig) -> None:
+        """``topic``'s breaker settings (a new or replaced consumer): a fresh, closed breaker, or none."""
+        old = self.breakers.pop(topic, None)
+        self._cancel(topic)
+        if config.enabled:
+            self.breakers[topic] = Breaker(self.group, topic, config, self._moved, self.allowance)
+        if old is not None and old.holds:
+            self.allowance.pop(topic, None)
+            self.changed()
+
+    def remove(self, topic: str) -> None:
+        """``topic`` left the group."""
+        self.configure(topic, BreakerConfig())
+
+    def close(self) -> None:
+        for topic in list(self._timers):
+            self._cancel(topic)
+
+    # what they hold -----------------------------------------------------------------------------
+
+    def open_topics(self) -> frozenset[str]:
+        """Topics that hand out nothing now (open)."""
+        return frozenset(t for t, b in self.breakers.items() if b.state is BreakerState.OPEN)
+
+    def holding(self) -> frozenset[str]:
+        """Topics whose failed attempts count nothing now (open or half-open)."""
+        return frozenset(t for t, b in self.breakers.items() if b.holds)
+
+    def state(self, topic: str) -> str | None:
+        """``topic``'s breaker state (``closed``, ``open``, ``half_open``); None without a breaker."""
+        breaker = self.breakers.get(topic)
+        return breaker.state.value if breaker is not None else None
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """topic -> its breaker's state, for views (console, status)."""
+        return {topic: {"state": b.state.value, "since_s": round(b.age_s, 1),
+                        "failure_share": round(b.failure_share, 3), "open_for_ms": b.open_for_ms}
+                for topic, b in self.breakers.items()}
+
+    # transitions --------------------------------------------------------------------------------
+
+    def _moved(self, breaker: Breaker) -> None:
+        if self.breakers.get(breaker.topic) is not breaker:
+            return  # replaced by a reload meanwhile
+        if breaker.state is BreakerState.OPEN:
+            self._cancel(breaker.topic)
+            loop = asyncio.get_running_loop()
+            self._timers[breaker.topic] = loop.call_later(breaker.open_for_ms / 1000, self._due, breaker)
+        elif breaker.state is BreakerState.CLOSED:
+            self._cancel(breaker.topic)
+        self.changed()
+
+    def _due(self, breaker: Breaker) -> None:
+        self._timers.pop(breaker.topic, None)
+        if self.breakers.get(breaker.topic) is breaker:
+            breaker.tick(float("inf"))
+
+    def _cancel(self, topic: str) -> None:
+        timer = self._timers.pop(topic, None)
+        if timer is not None:
+            timer.cancel()
