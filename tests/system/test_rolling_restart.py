@@ -191,7 +191,7 @@ class Fleet:
         await asyncio.to_thread(process.start)
         await self.wait_settled(f"after restarting {name}")
         back = time.time()
-        await until("every queue served again", lambda: served_since(self.pullers.log, back), 10)
+        await until("every queue served again", lambda: served_since(self.pullers.log, back), 30)
         self.restarts.append((name, "after takeover" if wait_for_takeover else "at once", stopped_at, back))
 
     async def stop(self) -> list[int]:
