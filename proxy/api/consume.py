@@ -62,7 +62,7 @@ class ConsumeApi:
         self._observe_pull = observe_pull
         self._low_level: LowLevelApi | None = None
         #: What the pulls that named a request id answered (see :mod:`ddmq.proxy.api.pull_retries`).
-        self._retries = RetriedPulls()
+        self.retries = RetriedPulls()
 
     def bound(self, rules: RequestRules) -> ConsumeApi:
         """A view with ``rules`` (one server's linger bound), sharing the registry and the counters."""
@@ -70,7 +70,7 @@ class ConsumeApi:
             self.registry, rules, waits=self._waits, observe_pull=self._observe_pull, counters=self.counters
         )
         view._low_level = self._low_level
-        view._retries = self._retries
+        view.retries = self.retries
         return view
 
     def _fetcher(self) -> LowLevelApi:
@@ -102,7 +102,7 @@ class ConsumeApi:
         memo: Answer | None = None
         if request_id is not None and lease is None:
             started = perf_counter()
-            retried = self._retries.known(group, request_id)
+            retried = self.retries.known(group, request_id)
             if retried is not None:
                 again = await self._again(retried, group, topic)
                 if again is not None:
@@ -113,7 +113,7 @@ class ConsumeApi:
                 results = []  # the first try applied them
             found = self.registry.groups.get(group)
             if found is not None and not found.removed:  # remembered before its results are applied
-                memo = self._retries.begin(found, request_id)
+                memo = self.retries.begin(found, request_id)
         try:
             return await self._pull(group, topic, max_batch, linger_ms, results, lease, max_per_key, reply, early, memo)
         finally:
@@ -125,7 +125,7 @@ class ConsumeApi:
         still waiting is waited for, never cancelled by this one."""
         if not retried.done.done():
             await asyncio.shield(retried.done)
-        return self._retries.replay(retried, self.registry.group(group).buffer, topic or None)
+        return self.retries.replay(retried, self.registry.group(group).buffer, topic or None)
 
     async def _pull(
         self,

@@ -103,6 +103,11 @@ class RetriedPulls:
     def __init__(self) -> None:
         self._groups: dict[str, _GroupAnswers] = {}
 
+    def held(self, group: str) -> tuple[int, int]:
+        """How many ids, and offsets over them, are remembered for ``group``."""
+        answers = self._groups.get(group)
+        return (len(answers.answers), answers.offsets) if answers is not None else (0, 0)
+
     def known(self, group: str, request_id: str) -> Answer | None:
         """The pull ``request_id`` of ``group`` remembered here, if any."""
         answers = self._groups.get(group)
