@@ -20,6 +20,7 @@ import pytest
 from playwright.async_api import BrowserContext, Dialog, Page, async_playwright, expect
 
 from ddmq.protocol.produce.producer import AsyncProducer
+from ddmq.protocol.redis.actions import record_action
 
 from ..http_support import ApiClient, OpenApiChecker
 from ..proxy.conftest import running_proxy
@@ -458,3 +459,70 @@ async def _fail_head_of(api: ApiClient, key: str, reason: str) -> int:
         if mine:
             return int(mine[0])
     raise AssertionError(f"{key}'s head never came")
+
+
+async def test_console_pauses_and_resumes_a_topic_and_shows_the_operator_actions(
+    redis_url: str, browser: BrowserContext
+) -> None:
+    """Pause asks first; accepted, the topic hands out nothing on the pull API; resume from the page
+    lets its messages go. Both show in the "Operator actions" panel, with who (the token's holder and
+    address) and what, and a hostile name recorded there stays text."""
+    http = {"enabled": True, "port": 0, "admin_token": TOKEN}
+    async with (
+        running_proxy(redis_url, {"order_key": "KEY"}, http=http) as service,
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": f"r{i}", "value": f"call {i}", "qid": 0} for i in range(3)])
+        assert service.redis is not None
+        await record_action(service.redis, HOSTILE_KEY, "breaker open", detail={"why": HOSTILE_BODY})
+        watched = Watched(await browser.new_page())
+        page = watched.page
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        await page.fill("#token", TOKEN)
+        await page.click("#auth button[type=submit]")
+        await expect(page.locator("#main")).to_be_visible()
+        row = page.locator('#pauses tr[data-topic="t"]')
+        await expect(row.locator("td.state")).to_have_text("running")
+        await expect(page.locator('#pauses tr[data-topic="*"] td.state')).to_have_text("running")
+        hostile = page.locator("#actions tbody tr").first
+        await expect(hostile.locator("td.who")).to_have_text(HOSTILE_KEY)
+
+        await row.locator("button.pause").click()  # dismissed: nothing changes
+        assert watched.dialogs and "Pause g/t?" in watched.dialogs[-1]
+        assert (await admin(api, "/admin/groups/g/pause"))["paused"] == []
+        watched.answer_dialogs.append(True)
+        await row.locator("button.pause").click()
+        await expect(page.locator("#pause-result")).to_have_text("paused g/t")
+        await expect(row.locator("td.state")).to_have_text("paused")
+        paused = (await admin(api, "/admin/groups/g/pause"))["paused"]
+        assert [(p["topic"], p["by"]) for p in paused] == [("t", "console")]
+        assert (await pull(api, max_batch=10, linger_ms=300))["messages"] == []
+        first = page.locator("#actions tbody tr").first
+        await expect(first).to_have_attribute("data-action", "pause")
+        await expect(first.locator("td.who")).to_have_text("admin token from 127.0.0.1")
+        await expect(first.locator("td.where")).to_have_text("g/t")
+        await expect(first.locator("td.detail")).to_contain_text('by="console"')
+        await screenshot(page, "console-paused-and-actions")
+
+        await row.locator("button.resume").click()
+        await expect(page.locator("#pause-result")).to_contain_text("resumed g/t (1 pause(s) lifted)")
+        await expect(row.locator("td.state")).to_have_text("running")
+        await expect(page.locator("#actions tbody tr").first).to_have_attribute("data-action", "resume")
+        got: list[str] = []
+
+        async def delivered() -> bool:
+            batch = await pull(api, max_batch=10, linger_ms=300)
+            got.extend(m["value_text"] for m in batch["messages"])
+            if batch["messages"]:
+                results = [{"topic": "t", "qid": batch["qid"], "success": [m["offset"] for m in batch["messages"]]}]
+                assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": results}))[0] == 200
+            return len(got) >= 3
+
+        await eventually(delivered)
+        assert sorted(got) == [f"call {i}" for i in range(3)]
+        actions = (await admin(api, "/admin/actions", limit="3"))["actions"]
+        assert [a["action"] for a in actions] == ["resume", "pause", "breaker open"]
+        await watched.assert_nothing_ran()
+        assert all("401" in error for error in watched.errors), watched.errors

@@ -436,6 +436,72 @@
     await refresh();
   }
 
+  // --- pauses and the record of operator actions ------------------------------------------------
+
+  function pauseRow(topic, pauses) {
+    const own = pauses.find((p) => p.topic === topic);
+    const everyTopic = topic !== null ? pauses.find((p) => p.topic === null) : undefined;
+    const stateText = own ? "paused" : everyTopic ? "paused (every topic)" : "running";
+    // A topic under the group's pause is resumed with the group: its own button would change nothing.
+    const button = own
+      ? el("button", { type: "button", className: "resume", onclick: () => pauseAction("resume", topic) }, "resume")
+      : everyTopic
+        ? null
+        : el("button", { type: "button", className: "pause danger", onclick: () => pauseAction("pause", topic) }, "pause");
+    return el(
+      "tr",
+      { dataset: { topic: topic === null ? "*" : topic } },
+      cell(topic === null ? "every topic" : topic),
+      cell(stateText, "state" + (own || everyTopic ? " bad" : "")),
+      cell(own ? own.by : ""),
+      cell(own ? clock(own.at_ms) : ""),
+      cell(own ? (own.until_ms === null ? "until resumed" : clock(own.until_ms)) : ""),
+      el("td", { className: "actions" }, button),
+    );
+  }
+
+  function renderPauses(detail, answer) {
+    const topics = detail.topics.map((t) => t.topic);
+    $("pauses").tBodies[0].replaceChildren(...[null, ...topics].map((topic) => pauseRow(topic, answer.paused)));
+  }
+
+  async function pauseAction(what, topic) {
+    const scope = topic === null ? `every topic of ${state.group}` : `${state.group}/${topic}`;
+    if (what === "pause" && !window.confirm(`Pause ${scope}? Every proxy of the group stops handing out its messages until it is resumed.`)) return;
+    const body = topic === null ? { by: "console" } : { topic, by: "console" };
+    try {
+      const result = await api(`/admin/groups/${enc(state.group)}/${what}`, body);
+      $("pause-result").textContent = what === "pause" ? `paused ${scope}` : `resumed ${scope} (${result.lifted} pause(s) lifted)`;
+    } catch (error) {
+      $("pause-result").textContent = `${what} failed: ${error.message}`;
+    }
+    await refresh();
+  }
+
+  function detailText(detail) {
+    const text = Object.entries(detail || {})
+      .filter(([, value]) => value !== null && value !== undefined)
+      .map(([name, value]) => `${name}=${JSON.stringify(value)}`)
+      .join(" ");
+    return text.length > 160 ? `${text.slice(0, 159)}…` : text;
+  }
+
+  function renderActions(answer) {
+    const rows = answer.actions.map((a) =>
+      el(
+        "tr",
+        { dataset: { id: a.id, action: a.action } },
+        cell(clock(a.at_ms), "when"),
+        cell(a.who, "who"),
+        cell(a.action, "what"),
+        cell(a.group === null ? "–" : a.topic === null ? a.group : `${a.group}/${a.topic}`, "where"),
+        el("td", { className: "mono detail", title: JSON.stringify(a.detail) }, detailText(a.detail)),
+      ),
+    );
+    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "5", className: "muted" }, "no operator action recorded")));
+    $("actions").tBodies[0].replaceChildren(...rows);
+  }
+
   // --- actions ----------------------------------------------------------------------------------
 
   function lettersPath() {
@@ -484,11 +550,13 @@
         return;
       }
       const g = enc(state.group);
-      const [detail, history, blocked, clients] = await Promise.all([
+      const [detail, history, blocked, clients, pauses, actions] = await Promise.all([
         api(`/admin/groups/${g}`),
         api(`/admin/groups/${g}/lag-history`),
         api(`/admin/groups/${g}/blocked-keys?limit=${PAGE}&offset=${state.blockedOffset}`),
         api(`/admin/groups/${g}/clients`),
+        api(`/admin/groups/${g}/pause`),
+        api("/admin/actions?limit=50"),
       ]);
       renderDeadTopics(detail);
       renderKeysTopics(detail);
@@ -503,6 +571,8 @@
       renderQueues(detail);
       renderMembers(detail);
       renderClients(clients);
+      renderPauses(detail, pauses);
+      renderActions(actions);
       renderBlocked(blocked);
       if (page) renderDead(page);
       if (keys) renderKeys(keys);
