@@ -15,6 +15,7 @@ from bench.scenarios.failover import failover
 from bench.scenarios.latency import latency
 from bench.scenarios.memory import memory
 from bench.scenarios.retention import retention_memory
+from bench.scenarios.retriable import retriable
 from bench.scenarios.spark import spark
 from bench.scenarios.throughput import cluster_throughput, hot_keys, isolation, isolation_parked, throughput
 from bench.scenarios.work import key_parallel_work
@@ -34,6 +35,7 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("P1", "throughput, ordered by KEY / $.k / QID (KEY, QID also with ordered runs), vs XREADGROUP+XACK",
                  throughput),
+        Scenario("P1r", "throughput ordered by KEY, every pull with a request id, vs the same without", retriable),
         Scenario("P1h", "throughput with 16 hot keys, without and with ordered runs, vs XREADGROUP+XACK", hot_keys),
         Scenario("P1c", "throughput ordered by KEY on a 3-master Redis Cluster, vs XREADGROUP+XACK on it",
                  cluster_throughput),

@@ -15,9 +15,7 @@ on this machine, whatever the proxy did.
 P1q-runs and P1-runs: P1q's and P1's data and clients, the pulls asking for ordered runs
 (``maxPerKey`` :data:`RUNS_PER_KEY`), each divided by its row's baselines. P1h / P1h-runs: a backlog
 over :data:`HOT_KEYS` keys only (a few hot keys on 8 queues), drained without and with runs, divided
-by raw drains of that backlog. P1r: P1's data and clients, every pull naming a fresh request id (as
-the project's SDK does, so a pull whose reply is lost can be retried), held to
-:data:`RETRIABLE_SHARE` of P1's ratio.
+by raw drains of that backlog. (P1r, P1 with a request id on every pull: :mod:`bench.scenarios.retriable`.)
 
 P2: the same backlog plus one key, ``poison``, as frequent as any other, whose messages the client
 never acks (its head times out after ``timeout_ms`` and is redelivered, ``max_retry`` is high). The
@@ -44,7 +42,10 @@ from ddmq.protocol.redis.hashing import queue_for_key
 from tests.harness.clientproc import ClientProcess
 from tests.harness.stack import ClusterServer, ProxyRun, RedisServer, cpu_seconds, free_port
 
-__all__ = ["cluster_throughput", "hot_keys", "isolation", "isolation_parked", "throughput"]
+__all__ = [
+    "BASELINE_RUNS", "KEYS", "Drained", "cluster_throughput", "drain_baseline", "drain_via_proxy", "hot_keys",
+    "isolation", "isolation_parked", "throughput",
+]
 
 BATCH = 64
 #: Baseline drains before and after each proxy run; the figure is the median of all of them.
@@ -59,8 +60,6 @@ RUNS_PER_KEY = 64
 TARGETS: dict[str, float] = {"P1": 0.5, "P1j": 0.45, "P1q": 0.5}
 RUNS_TARGETS: dict[str, float | None] = {"P1": None, "P1q": 0.45}  # None: at least the row without runs
 HOT_KEYS = 16
-#: P1r (P1's pulls, each naming a request id) is to reach this share of P1's ratio in the same run.
-RETRIABLE_SHARE = 0.97
 
 
 @dataclass
@@ -186,12 +185,6 @@ def throughput(settings: Settings) -> list[Row]:
                     redis_server, f"cg-{row_id}-runs", messages, {"actions": actions, "order_key": order_key},
                     max_per_key=RUNS_PER_KEY, profiler=_profiler(settings, f"{row_id}-runs"),
                 )
-            retriable = None
-            if row_id == "P1":
-                log("P1r: proxy drain, order_key KEY, every pull naming a request id")
-                retriable = drain_via_proxy(
-                    redis_server, "cg-P1r", messages, {"actions": actions, "order_key": order_key}, request_ids=True
-                )
             log(f"{row_id}: baseline drains again")
             after = drain_baseline(redis_server, [f"raw-{row_id}-b{i}" for i in range(BASELINE_RUNS)], messages)
             floor = None
@@ -202,25 +195,7 @@ def throughput(settings: Settings) -> list[Row]:
             rows.append(row)
             if runs is not None:
                 rows.append(_runs_row(row, order_key, actions, messages, before + after, runs))
-            if retriable is not None:
-                rows.append(_retriable_row(row, order_key, actions, messages, before + after, retriable))
     return rows
-
-
-def _retriable_row(
-    plain: Row, order_key: str, actions: list[str], messages: int, baselines: list[Drained], drained: Drained
-) -> Row:
-    """P1r: P1 with a request id on every pull (what the project's SDK sends), on the same data and
-    baselines; its target is :data:`RETRIABLE_SHARE` of what P1 reached in the same run."""
-    row = _throughput_row(
-        "P1r", "", order_key, actions, messages, baselines, drained,
-        title="throughput, order key KEY, every pull with a request id",
-    )
-    row.target = Target(">=", round(RETRIABLE_SHARE * (plain.ratio or 0.0), 3))
-    row.params["request_ids"] = True
-    row.data["ratio_without_request_ids"] = None if plain.ratio is None else round(plain.ratio, 3)
-    row.data["share_of_P1"] = None if not plain.ratio or row.ratio is None else round(row.ratio / plain.ratio, 3)
-    return row
 
 
 def _runs_row(
