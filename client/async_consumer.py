@@ -209,7 +209,7 @@ class AsyncPullConsumer(PullConsumerBase):
                 return
 
     async def _process(self, message: ConsumedMessage) -> Outcome:
-        if not tracing.ACTIVE:
+        if not (tracing.ACTIVE and tracing.recording()):
             return await self._outcome(message)
         with tracing.processing(self._settings.group, message) as span:
             outcome = await self._outcome(message)

@@ -113,7 +113,7 @@ def outcome_of(call: Callable[[], object], message: ConsumedMessage) -> Outcome:
 
 def handled(call: Callable[[], object], message: ConsumedMessage, group: str) -> Outcome:
     """:func:`outcome_of`, in the message's span where tracing is active (:mod:`ddmq.client.tracing`)."""
-    if not tracing.ACTIVE:
+    if not (tracing.ACTIVE and tracing.recording()):
         return outcome_of(call, message)
     with tracing.processing(group, message) as span:
         outcome = outcome_of(call, message)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
@@ -27,9 +28,11 @@ __all__ = [
     "ENV",
     "SCOPE",
     "SYSTEM",
+    "TRACER",
     "from_environment",
     "load",
     "message_id",
+    "recording_possible",
     "sending",
 ]
 
@@ -52,21 +55,44 @@ GROUP: Final = "messaging.consumer.group.name"
 ERROR_TYPE: Final = "error.type"
 
 
-def load() -> tuple[Any, Any] | None:
-    """OpenTelemetry's ``trace`` and ``propagate`` modules, or None when tracing is off or the API is
-    not installed (then nothing of it stays imported)."""
+def load() -> tuple[Any, Any, Any] | None:
+    """OpenTelemetry's ``trace``, ``propagate`` and ``context`` modules, or None when tracing is off or
+    the API is not installed (then nothing of it stays imported)."""
     if os.environ.get(ENV, "").strip().lower() in _OFF:
         return None
     try:
-        from opentelemetry import propagate, trace
+        from opentelemetry import context, propagate, trace
     except ImportError:
         return None
-    return trace, propagate
+    return trace, propagate, context
 
 
 _OTEL: Final = load()
 #: True where the API is installed and ``DDMQ_TRACING`` does not turn it off.
 ACTIVE: Final = _OTEL is not None
+#: One tracer for every span of both sides: got before an SDK is set up, it is the API's proxy tracer,
+#: which hands over to the SDK's once one is.
+TRACER: Final[Any] = None if _OTEL is None else _OTEL[0].get_tracer(SCOPE)
+
+
+#: Whether the tracer provider can record, and until when (monotonic seconds) that answer holds.
+_RECORDING: list[Any] = [False, float("-inf")]
+#: How often the provider is looked at again: an SDK set up late is seen within this time.
+PROVIDER_CHECK_S: Final = 1.0
+
+
+def recording_possible() -> bool:
+    """False while no SDK is set up (the API's proxy or no-op provider): every span would be a no-op,
+    so a consumer skips the message's span altogether. Asked per message, answered from a cache
+    renewed every :data:`PROVIDER_CHECK_S` (the API's ``get_tracer_provider`` reads the environment
+    each call, which costs more than the rest of a message's handling)."""
+    now = time.monotonic()
+    if now >= _RECORDING[1]:
+        assert _OTEL is not None
+        trace = _OTEL[0]
+        noop = isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+        _RECORDING[:] = [not noop, now + PROVIDER_CHECK_S]
+    return bool(_RECORDING[0])
 
 
 def message_id(topic: str, qid: int | str, offset: int) -> str:
@@ -115,10 +141,9 @@ def from_environment() -> Iterator[None]:
     if _OTEL is None or not parent:
         yield
         return
-    from opentelemetry import context
-
+    _, propagate, context = _OTEL
     carrier = {"traceparent": parent, "tracestate": os.environ.get("TRACESTATE", "")}
-    token = context.attach(_OTEL[1].extract(carrier))
+    token = context.attach(propagate.extract(carrier))
     try:
         yield
     finally:
@@ -135,8 +160,7 @@ def sending(topic: str, count: int) -> Iterator[SendSpan]:
     }
     if count > 1:
         attributes[BATCH_COUNT] = count
-    tracer = trace.get_tracer(SCOPE)
-    with tracer.start_as_current_span(
+    with TRACER.start_as_current_span(
         f"send {topic}", kind=trace.SpanKind.PRODUCER, attributes=attributes
     ) as span:
         try:

@@ -35,7 +35,8 @@ def _child(redis_url: str) -> None:
 
     report: dict[str, Any] = {}
     with Producer(redis_url) as producer:
-        producer.send_batch(TOPIC, [{"value": "a", "key": "k"}, {"value": "b", "properties": {"traceparent": OWN_PARENT}}])
+        own = {"value": "b", "properties": {"traceparent": OWN_PARENT}}
+        producer.send_batch(TOPIC, [{"value": "a", "key": "k"}, own])
         os.environ["TRACEPARENT"] = "00-11111111111111111111111111111111-2222222222222222-01"
         with tracing.from_environment():
             producer.send(TOPIC, "c")
