@@ -8,8 +8,9 @@ timeouts (:meth:`~ddmq.proxy.engine.redelivery.Redelivery.failed_attempt`). Thre
 - *open*: the topic hands out nothing and its failed attempts count nothing (a fail or timeout sends the
   message back to wait as its key's head, so the key's order holds); after ``open_ms`` it half-opens;
 - *half-open*: at most ``probe`` messages are out at a time (keys' heads, or their ordered runs
-  within that count, so each key's order holds), their attempts uncounted too; ``probe`` successes in a row close it (the window starts empty), one failure opens it
-  again for twice as long as before (at most ``max_open_ms``).
+  within that count, so each key's order holds), their attempts uncounted too; ``probe`` successes
+  in a row close it (the window starts empty), one failure opens it again for twice as long as
+  before (at most ``max_open_ms``).
 
 Each proxy judges the queues it serves: the outcomes are its own and the state is not shared, so a
 proxy whose clients fail opens alone, and a queue that moves to another proxy is judged there afresh.
@@ -91,6 +92,8 @@ class Breaker:
         self.since = clock()
         #: Transitions by the state they went to (a counter: exported as such).
         self.transitions: Counter[str] = Counter()
+        #: Why it last opened.
+        self.why = ""
 
     @property
     def holds(self) -> bool:
@@ -152,6 +155,7 @@ class Breaker:
 
     def _open(self, why: str) -> None:
         self._enter(BreakerState.OPEN)
+        self.why = why
         self.open_until = self.since + self.open_for_ms / 1000
         log.warning("%s/%s: breaker open for %d ms: %s; pulls get nothing, failed attempts count nothing",
                     self.group, self.topic, self.open_for_ms, why)

@@ -7,6 +7,8 @@ is applied to the pull buffer together with the operator's pauses, by the group'
 :class:`~ddmq.proxy.groups.pausing.PauseWatch` (``changed``): an open topic hands out nothing, a
 half-open one its probes, and both count no failed attempt. State is per proxy (each proxy judges the
 queues it serves) and starts closed: a restart or a reload that changes the topic starts it afresh.
+Each opening and closing is also kept in the record of operator actions
+(:mod:`ddmq.protocol.redis.actions`, by ``breaker``), once the watch has given it Redis (:attr:`redis`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import logging
 from collections.abc import Callable
 
 from ddmq.config.schema import BreakerConfig
+from ddmq.protocol.redis.actions import record_action
+from ddmq.protocol.redis.connection import AsyncRedis
+from ddmq.proxy.core.errors import DdmqError
 from ddmq.proxy.engine.breaker import Breaker, BreakerState
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 
@@ -40,6 +45,9 @@ class GroupBreakers:
         #: Called after every change of what the breakers hold (set by the group's PauseWatch).
         self.changed: Callable[[], None] = _nothing
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        #: Where openings and closings are recorded (None: not recorded).
+        self.redis: AsyncRedis | None = None
+        self._records: set[asyncio.Task[None]] = set()
 
     def configure(self, topic: str, config: BreakerConfig) -> None:
         """``topic``'s breaker settings (a new or replaced consumer): a fresh, closed breaker, or none."""
@@ -58,6 +66,8 @@ class GroupBreakers:
     def close(self) -> None:
         for topic in list(self._timers):
             self._cancel(topic)
+        for task in self._records:
+            task.cancel()
 
     # what they hold -----------------------------------------------------------------------------
 
@@ -89,9 +99,23 @@ class GroupBreakers:
             self._cancel(breaker.topic)
             loop = asyncio.get_running_loop()
             self._timers[breaker.topic] = loop.call_later(breaker.open_for_ms / 1000, self._due, breaker)
+            self._record(breaker, "breaker open", {"reason": breaker.why, "open_ms": breaker.open_for_ms})
         elif breaker.state is BreakerState.CLOSED:
             self._cancel(breaker.topic)
+            self._record(breaker, "breaker close", {"probes": breaker.probes_ok})
         self.changed()
+
+    def _record(self, breaker: Breaker, action: str, detail: dict[str, object]) -> None:
+        if self.redis is not None:
+            task = asyncio.create_task(self._write(self.redis, breaker.topic, action, detail))
+            self._records.add(task)
+            task.add_done_callback(self._records.discard)
+
+    async def _write(self, redis: AsyncRedis, topic: str, action: str, detail: dict[str, object]) -> None:
+        try:
+            await record_action(redis, "breaker", action, group=self.group, topic=topic, detail=detail)
+        except DdmqError as exc:  # the log has the action already (record_action logs it first)
+            log.warning("%s/%s: %s not recorded: %s", self.group, topic, action, exc)
 
     def _due(self, breaker: Breaker) -> None:
         self._timers.pop(breaker.topic, None)

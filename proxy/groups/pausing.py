@@ -44,6 +44,7 @@ class PauseWatch:
         self._buffer = buffer
         self.breakers = breakers if breakers is not None else GroupBreakers(group, buffer)
         self.breakers.changed = self.hold
+        self.breakers.redis = broker.redis if broker is not None else None
         self._broker = broker
         self._interval_s = interval_ms / 1000
         #: The pauses in force at the last read (None: not read yet).

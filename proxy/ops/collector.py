@@ -136,7 +136,7 @@ class EngineCollector(Collector):
         for event, count in sorted(self._counters.items()):
             proxy_events.add_metric((event,), count)
         engine = self._per_queue_families(groups) if per_queue else self._default_families(groups)
-        return [*_buffer_counters(groups, per_queue), *engine, parked, paused, proxy_events,
+        return [*_buffer_counters(groups, per_queue), *engine, parked, paused, *_breakers(groups), proxy_events,
                 *self._latencies(per_queue), *_server_metrics(self._server_stats())]
 
     def _per_queue_families(self, groups: dict[str, ConsumerGroup]) -> list[Family]:
@@ -288,6 +288,24 @@ class EngineCollector(Collector):
         add_latencies(actions, [(key if per_queue else key[2:], durations)
                                  for key, durations in sorted(self._actions.items())])
         return [pulls, actions]
+
+
+def _breakers(groups: dict[str, ConsumerGroup]) -> list[Family]:
+    """Each consumed (group, topic)'s breaker, in both label modes (a breaker is a topic's): 1 while it
+    is open or half-open, its transitions by the state they went to."""
+    held = Family("ddmq_breaker_open", GAUGE, "1 while the topic's breaker is open or half-open (it hands out "
+                  "nothing but probes, its failed attempts count nothing); 0 while closed or without one.",
+                  ["group", "topic"])
+    moves = Family("ddmq_breaker_transitions", COUNTER, "Breaker transitions by the state they went to (open, "
+                   "half_open, closed).", ["group", "topic", "to"])
+    for name, group in groups.items():
+        breakers = group.breakers.breakers
+        for topic in group.consumers:
+            breaker = breakers.get(topic)
+            held.add_metric((name, topic), 1.0 if breaker is not None and breaker.holds else 0.0)
+            for state, count in sorted(breaker.transitions.items()) if breaker is not None else ():
+                moves.add_metric((name, topic, state), count)
+    return [held, moves]
 
 
 def _buffer_counters(groups: dict[str, ConsumerGroup], per_queue: bool) -> list[Family]:

@@ -4,6 +4,7 @@ out while the group is paused (an ack of what was out before is taken), ``ddmq s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -12,10 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import wire
+from ddmq.protocol.net import free_port
 from ddmq.protocol.redis import keys
 
 from ..support import OrderChecker, ProxyProcess, check_and_ack, produce_keyed, until
@@ -113,3 +117,67 @@ async def test_pause_holds_every_proxy_through_a_restart_and_for_resumes_in_orde
     finally:
         for proxy in proxies:
             proxy.stop()
+
+
+async def test_a_deadline_that_runs_out_while_paused_counts_no_attempt_and_the_key_goes_on_in_order(
+        tmp_path: Path, redis_url: str) -> None:
+    """``max_retry: 0``: a timeout that counted its attempt would dead-letter the message. Held by a
+    client past its ``timeout_ms`` while the group is paused, it waits instead, and after the resume
+    it and its key's later messages arrive in order; nothing is dead-lettered."""
+    http_port = free_port()
+    group = {"t": {**GROUP["t"], "timeout_ms": 1000, "max_retry": 0}}
+    proxy = ProxyProcess(tmp_path, redis_url, {"g": group}, {"t": {"queues": 2}}, leases=LEASES,
+                         http={"enabled": True, "port": http_port, "host": "127.0.0.1"})
+    proxy.start()
+    try:
+        produced: dict[str, int] = {}
+        produce_keyed(redis_url, 40, produced, random.Random(7), keys=4)
+        checker = OrderChecker()
+        held = wire.PullResponse(messages=[])
+        deadline = time.monotonic() + 20
+        while not held.messages:
+            assert time.monotonic() < deadline, "nothing delivered before the pause"
+            held = await pull(proxy)
+        for message in held.messages:
+            checker.delivered(message.key, json.loads(message.value)["seq"], 0)
+        qid = int(held.context.qid)
+        pausing = asyncio.create_task(asyncio.to_thread(ddmq, redis_url, "groups", "pause", "g"))
+        # Still being worked on until the proxy has read the pause, so the deadlines run out only after it.
+        extend = {"group": "g", "results": [{"topic": "t", "qid": qid, "extend": [m.offset for m in held.messages]}]}
+        async with aiohttp.ClientSession() as session:
+            while "g paused by" not in proxy.log():
+                async with session.post(f"http://127.0.0.1:{http_port}/v1/ack", json=extend) as answer:
+                    assert answer.status == 200, await answer.text()
+                await asyncio.sleep(0.2)
+        assert (await pausing).returncode == 0
+        timed_out = 0.0
+        deadline = time.monotonic() + 10
+        while timed_out < len(held.messages):  # the held batch's deadlines run out while paused
+            assert time.monotonic() < deadline, f"{timed_out} of {len(held.messages)} timed out"
+            assert not (await pull(proxy, linger_ms=100)).messages, "delivered while paused"
+            timed_out = (await scrape(http_port)).get("ddmq_messages_timed_out_total", 0.0)
+        assert ddmq(redis_url, "groups", "resume", "g").returncode == 0
+        results: list[wire.ConsumeResult] = []
+        deadline = time.monotonic() + 20
+        while checker.missing(produced):
+            assert time.monotonic() < deadline, f"not delivered after the resume: {checker.missing(produced)}"
+            response = await pull(proxy, results)  # the timed-out heads come again, each first in its key
+            results = check_and_ack(response, checker, 0)
+        await pull(proxy, results, linger_ms=0)
+        assert checker.violations == [] and checker.missing(produced) == {}
+        figures = await scrape(http_port)
+        assert figures.get("ddmq_messages_dead_lettered_total", 0.0) == 0
+        assert figures.get("ddmq_messages_retried_total", 0.0) == 0  # no attempt counted, no retry scheduled
+    finally:
+        proxy.stop()
+
+
+async def scrape(port: int) -> dict[str, float]:
+    """Each metric of the proxy's /metrics, summed over its labels."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[sample.name] = found.get(sample.name, 0.0) + sample.value
+    return found
