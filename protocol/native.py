@@ -69,6 +69,8 @@ COMPILED: Final = (
     "ddmq.proxy.engine.delivery",
     "ddmq.proxy.engine.pull_buffer",
     "ddmq.proxy.engine.redelivery",
+    # a bisect and two additions per message delivered and acked: the end-to-end latency buckets
+    "ddmq.proxy.engine.end_to_end",
     "ddmq.proxy.core.types",
     "ddmq.actions.order",
     # with a JSONPath order key: the body parsed once per message, and the getter into it

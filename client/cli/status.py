@@ -12,6 +12,8 @@ from the stream). A member whose last heartbeat is older than
 leaving the group, and the others have already taken or will take its queues. ``stored`` is what
 the queue holds in Redis now, ``expired`` what the group never received because it was trimmed first
 (docs/retention.md); below the table, the group holding each topic's retention back, and Redis memory.
+With ``--http`` (a proxy's HTTP API), also each topic's end-to-end latency as that proxy measured it
+since it started: p50 / p99 from produce to first delivery and to ack, and the attempts at ack.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import argparse
 import json
 import time
 from dataclasses import asdict
+from typing import Any
 
 from ddmq.client.cli import patience
+from ddmq.client.cli.admin import client_for, quote
 from ddmq.client.cli.pause import describe
 from ddmq.protocol import clitools
 from ddmq.protocol.redis.connection import redact_url
@@ -113,8 +117,27 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"a member silent for longer is expired: the proxies' leases.ttl_ms (default {DEFAULT_MEMBER_TTL_MS})",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--http", metavar="URL", help="also show each topic's end-to-end latency as this proxy "
+                        "measured it (its HTTP API, e.g. http://127.0.0.1:9714; $DDMQ_ADMIN_TOKEN is sent when set)")
     patience.add_timeout(parser)
     parser.set_defaults(func=_status_command)
+
+
+def format_latency(base: str, topics: list[dict[str, Any]]) -> list[str]:
+    """Each topic's end-to-end quantiles from a proxy's group view (``GET /admin/groups/G``)."""
+    def figures(row: dict[str, Any], scale: float = 1.0, unit: str = "", digits: int = 1) -> str:
+        if not row["count"]:
+            return "-"
+        return (f"p50 {row['p50'] * scale:.{digits}f}{unit} p99 {row['p99'] * scale:.{digits}f}{unit} "
+                f"({row['count']})")
+
+    lines = [f"end to end at {base} (since it started; produce times are the producers' clocks):"]
+    for topic in topics:
+        latency = topic["end_to_end"]
+        lines.append(f"  {topic['topic']}: to first delivery {figures(latency['delivered'], 1000, 'ms', 0)}, "
+                     f"to ack {figures(latency['acked'], 1000, 'ms', 0)}, "
+                     f"attempts at ack {figures(topic['attempts']['acked'])}")
+    return lines
 
 
 def _status_command(args: argparse.Namespace) -> int:
@@ -130,8 +153,17 @@ def _status_command(args: argparse.Namespace) -> int:
             f"group {args.group!r} is unknown to {redact_url(args.redis)}: "
             "no proxy has served it and it has no committed offset"
         )
+    topics: list[dict[str, Any]] = []
+    if args.http:
+        client = client_for(args)
+        wanted = set(args.topic or ())
+        topics = [topic for topic in client.call("GET", f"/admin/groups/{quote(args.group)}")["topics"]
+                  if not wanted or topic["topic"] in wanted]
     if args.json:
-        print(json.dumps({**asdict(status), "paused": [p.as_json() for p in paused]}, indent=2))
+        latency = {"end_to_end": {t["topic"]: {"end_to_end": t["end_to_end"], "attempts": t["attempts"]}
+                                  for t in topics}} if args.http else {}
+        print(json.dumps({**asdict(status), "paused": [p.as_json() for p in paused], **latency}, indent=2))
     else:
-        print("\n".join([*(describe(p, now_ms) for p in paused), format_status(status)]))
+        latency_lines = format_latency(client.base_url, topics) if args.http else []
+        print("\n".join([*(describe(p, now_ms) for p in paused), format_status(status), *latency_lines]))
     return 0

@@ -27,6 +27,7 @@ from typing import Final
 
 from ddmq.proxy.core.pull_codec import MESSAGE_OVERHEAD_BYTES, UTF8_MAX_BYTES
 from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
+from ddmq.proxy.engine.end_to_end import EndToEnd
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.queue_slot import QueueSlot
 from ddmq.proxy.engine.redelivery import BufferStats, Redelivery
@@ -83,6 +84,11 @@ class Delivery:
         #: Topics whose breaker is half-open: how many more messages each may hand out.
         self.probes: dict[str, int] = {}
         self.redelivery = Redelivery(group, stats, self._timed_out, self.make_ready, self._finish, clock)
+        #: topic -> end-to-end latency and attempts (from its first delivery, ack or dead letter here).
+        self.end_to_end: dict[str, EndToEnd] = {}
+        #: Wall-clock milliseconds the end-to-end figures are measured with: Redis's time once the group
+        #: is wired to its lease clock, this host's until then.
+        self.wall_ms: Callable[[], int] = _host_ms
 
     def start(self) -> None:
         if self._loop is not None:
@@ -230,18 +236,37 @@ class Delivery:
                 return PullBatch(queue, [job.message for job in batch], runs)
         return EMPTY
 
+    def use_wall_clock(self, wall_ms: Callable[[], int]) -> None:
+        """Measure end-to-end latency with ``wall_ms`` (milliseconds since the epoch): Redis's time."""
+        self.wall_ms = wall_ms
+
+    def figures(self, topic: str) -> EndToEnd:
+        """``topic``'s end-to-end figures, made at their first use."""
+        figures = self.end_to_end.get(topic)
+        if figures is None:
+            figures = self.end_to_end[topic] = EndToEnd()
+        return figures
+
     def _deliver(self, batch: list[UpstreamJob], timeout_ms: int | None = None) -> None:
+        first = batch[0]
+        topic = first.queue.topic
         if timeout_ms is None:
-            timeout_ms = batch[0].consumer.config.timeout_ms
+            timeout_ms = first.consumer.config.timeout_ms
         probes = self.probes
-        if probes and batch[0].queue.topic in probes:
-            probes[batch[0].queue.topic] -= len(batch)
+        if probes and topic in probes:
+            probes[topic] -= len(batch)
+        figures = self.figures(topic)
+        now_ms = self.wall_ms()
         for job in batch:
             job.state = _IN_FLIGHT
             job.attempts += 1
             job.extensions = 0
+            # A job's deadline stays 0 until it is first timed: only a first delivery counts (a retry,
+            # a release's or a run's return and an operator's retry each go out again, not for the first time).
+            if not job.deadline:
+                figures.first_delivery(job.message.produce_ms, now_ms)
         self.redelivery.watch(batch, timeout_ms)
-        self._stats[batch[0].queue].delivered += len(batch)
+        self._stats[first.queue].delivered += len(batch)
 
     # parked pulls --------------------------------------------------------------------------------
 
@@ -322,12 +347,17 @@ class Delivery:
 
     def _finish(self, job: UpstreamJob) -> None:
         """``job`` was dead-lettered."""
+        self.figures(job.queue.topic).dead_lettered(job.attempts)
         slot = self._queues.get(job.queue)
         if slot is not None:
             slot.finish(job)
         else:  # a pushed job: never held by the buffer
             job.state = _FINISHED
             job.consumer.finish(job)
+
+
+def _host_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _resolve(future: asyncio.Future[PullBatch], batch: PullBatch) -> None:

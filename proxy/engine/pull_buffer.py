@@ -46,6 +46,7 @@ from typing import Final
 
 from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.delivery import EMPTY, Delivery
+from ddmq.proxy.engine.end_to_end import EndToEnd
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.queue_slot import QueueSlot
 from ddmq.proxy.engine.redelivery import BufferStats
@@ -79,6 +80,10 @@ class PullBuffer:
         #: An operator's pause, ``pause(everything, topics)``: from then on pulls get nothing of every topic
         #: or of ``topics``; acks, fails and the deadlines of what is in flight go on.
         self.pause = self._delivery.pause
+        #: topic -> end-to-end latency and attempts of its messages here (:mod:`ddmq.proxy.engine.end_to_end`).
+        self.end_to_end: dict[str, EndToEnd] = self._delivery.end_to_end
+        #: ``use_wall_clock(wall_ms)``: measure end-to-end latency with ``wall_ms`` (ms since the epoch).
+        self.use_wall_clock = self._delivery.use_wall_clock
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -165,6 +170,9 @@ class PullBuffer:
         members = slot.members
         stats = self.queue_stats[queue]
         redelivery = self.redelivery  # its unwatch called directly: compiled, a bound alias goes through Python
+        delivery = self._delivery
+        figures = delivery.figures(queue.topic)
+        now_ms = delivery.wall_ms()  # once per call: the end-to-end figures of the acks below
         for offset in offsets:
             job = jobs.get(offset)
             if job is None and members:
@@ -186,6 +194,7 @@ class PullBuffer:
             else:
                 stats.late_acks += 1
             stats.acked += 1
+            figures.ack(job.message.produce_ms, job.attempts, now_ms)
             slot.finish(job)
 
     def finish_elsewhere(self, queue: QueueId, offsets: Iterable[int]) -> int:

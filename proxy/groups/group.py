@@ -231,6 +231,8 @@ class ConsumerGroup:
     def __init__(self, name: str, topics: dict[str, TopicGroupConfig], parts: ProxyParts) -> None:
         self.name = name
         self.buffer = PullBuffer(name)
+        # End-to-end latency on Redis's clock: the proxy host's skew drops out of it.
+        self.buffer.use_wall_clock(parts.membership.clock.redis_now_ms)
         self.broker = parts.broker
         self._parts = parts
         self._lease_config = parts.lease_config

@@ -41,6 +41,7 @@ from ddmq.proxy.ops.families import (
     TopicFamilies,
     TopicFigures,
     chain_lengths,
+    end_to_end_families,
 )
 from ddmq.proxy.ops.lag import now_ms
 from ddmq.proxy.ops.latency import LatencyHistogram, add_latencies
@@ -137,7 +138,8 @@ class EngineCollector(Collector):
             proxy_events.add_metric((event,), count)
         engine = self._per_queue_families(groups) if per_queue else self._default_families(groups)
         return [*_buffer_counters(groups, per_queue), *engine, parked, paused, *_breakers(groups), proxy_events,
-                *self._latencies(per_queue), *_server_metrics(self._server_stats())]
+                *self._latencies(per_queue), *end_to_end_families(groups, per_queue),
+                *_server_metrics(self._server_stats())]
 
     def _per_queue_families(self, groups: dict[str, ConsumerGroup]) -> list[Family]:
         queues, topics = QueueFamilies(True), TopicFamilies()

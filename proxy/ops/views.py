@@ -13,8 +13,22 @@ from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from ddmq.proxy.engine.end_to_end import Distribution, EndToEnd
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.groups.group import ConsumerGroup
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """A distribution's count and its median and 99th percentile, read off its buckets (None when empty)."""
+
+    count: int
+    p50: float | None
+    p99: float | None
+
+
+def quantiles(distribution: Distribution) -> Quantiles:
+    return Quantiles(distribution.count(), distribution.quantile(0.5), distribution.quantile(0.99))
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,10 @@ class TopicView:
     in_flight: int
     retry_wait: int
     order_keys: int
+    #: Seconds from produce to first delivery (``delivered``) and to ack (``acked``), here since start-up.
+    end_to_end: dict[str, Quantiles]
+    #: Deliveries per message, of those ``acked`` and ``dead_lettered`` here since start-up.
+    attempts: dict[str, Quantiles]
 
 
 @dataclass(frozen=True)
@@ -115,8 +133,11 @@ def group_view(group: ConsumerGroup) -> GroupView:
             in_flight=states[topic, JobState.IN_FLIGHT],
             retry_wait=states[topic, JobState.RETRY_WAIT],
             order_keys=consumer.blocking_queue.active_keys,
+            end_to_end={"delivered": quantiles(figures.delivered), "acked": quantiles(figures.acked)},
+            attempts={"acked": quantiles(figures.attempts_acked), "dead_lettered": quantiles(figures.attempts_dead)},
         )
         for topic, consumer in sorted(group.consumers.items())
+        for figures in (group.buffer.end_to_end.get(topic) or EndToEnd(),)
     ]
     return GroupView(group.name, group.buffer.parked, topics)
 

@@ -148,6 +148,12 @@
     return svg;
   }
 
+  // A histogram's p50 / p99 (seconds, from the admin view): "–" before its first observation.
+  function quantiles(figures) {
+    if (!figures || !figures.count) return "–";
+    return `${age(figures.p50 * 1000)} / ${age(figures.p99 * 1000)}`;
+  }
+
   function chartCell(samples, intervalMs) {
     const td = el("td", { className: "chart" }, spark(samples));
     if (samples.length < 2) td.append(el("span", { className: "muted small" }, `collecting, one sample every ${intervalMs / 1000} s`));
@@ -173,6 +179,8 @@
         cell(rate(rates && rates.consumed_per_s), "num rate-out"),
         cell(num(lag), "num lag" + (lag > 0 ? " behind" : "")),
         cell(age(timeLag), "num age"),
+        cell(quantiles(t.end_to_end && t.end_to_end.delivered), "num e2e"),
+        cell(quantiles(t.end_to_end && t.end_to_end.acked), "num e2e"),
         cell(num(t.in_flight), "num"),
         cell(num(t.ready), "num"),
         cell(num(t.retry_wait), "num"),
