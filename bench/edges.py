@@ -16,6 +16,13 @@ process runs the hostile clients of the scenario:
 It prints p50 / p99 / max pull latency of the legitimate client, how many of its pulls took over
 100 ms, the proxy's largest RSS, and how many hostile requests were answered; ``--json`` writes the
 rows. The target is a legitimate pull under ~100 ms while big ack frames are handled.
+
+``python bench/edges.py --check [--json PATH]`` times ``ddmq-proxy --check --config FILE`` instead, a
+fresh process per run (wall time, and the CPU time the process used): a one-line config, the 9**9
+alias bomb, and files of ordinary content grown to just under the size bound (many groups in YAML and
+in JSON, distinct Filter expressions, distinct bracketed JSONPaths; ``tests/config/shapes.py``), each
+run ``--repeat`` times (default 3), with its exit status and the first words of its answer. The target
+is under a second for every file the loader accepts.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import resource
 import socket
 import statistics
 import struct
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -44,6 +53,7 @@ if __name__ == "__main__":  # run from a checkout: the repository root on the pa
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import wire
 from ddmq.protocol.produce.producer import Producer
+from tests.config.shapes import SHAPES
 from tests.harness.stack import ProxyRun, RedisServer, rss_mb
 
 FRAME_BYTES = 16 * 1024 * 1024
@@ -201,12 +211,56 @@ def run_scenario(kind: str, count: int, seconds: float) -> dict[str, Any]:
     }
 
 
+def time_check(name: str, text: str, repeat: int) -> dict[str, Any]:
+    """``ddmq-proxy --check`` on ``text``, ``repeat`` fresh processes: wall and CPU seconds of each."""
+    suffix = ".json" if "json" in name else ".yaml"
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"{name}{suffix}"
+        path.write_text(text)
+        walls, cpus = [], []
+        for _ in range(repeat):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "ddmq.proxy", "--check", "--config", str(path)],
+                                  capture_output=True, text=True, timeout=600)
+            walls.append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    answer = (proc.stdout or proc.stderr).strip().replace(str(path), "FILE")
+    return {
+        "shape": name, "bytes": len(text.encode()), "exit": proc.returncode,
+        "wall_s_min": round(min(walls), 3), "wall_s_max": round(max(walls), 3),
+        "cpu_s_min": round(min(cpus), 3), "cpu_s_max": round(max(cpus), 3), "answer": answer[:160],
+    }
+
+
+def check_main(args: argparse.Namespace) -> int:
+    rows = []
+    print(f"{'shape':<24} {'bytes':>9} {'exit':>4} {'wall s':>13} {'cpu s':>13}  answer")
+    for name, make in SHAPES.items():
+        if args.only and name not in args.only.split(","):
+            continue
+        row = time_check(name, make(), args.repeat)
+        rows.append(row)
+        print(f"{row['shape']:<24} {row['bytes']:>9} {row['exit']:>4} {row['wall_s_min']:>6}-{row['wall_s_max']:<6} "
+              f"{row['cpu_s_min']:>6}-{row['cpu_s_max']:<6} {row['answer'][:70]}", flush=True)
+    if args.json:
+        machine = {"load_average": list(os.getloadavg()), "cpus": os.cpu_count()}
+        args.json.write_text(json.dumps({"argv": sys.argv, "machine": machine, "rows": rows}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer hostile clients, 4 s per scenario")
     parser.add_argument("--json", type=Path, help="write the rows here")
-    parser.add_argument("--only", help="comma-separated scenarios (none,big-acks,limit-acks,half-sent,idle,over-cap)")
+    parser.add_argument("--only", help="comma-separated scenarios (none,big-acks,limit-acks,half-sent,idle,over-cap)"
+                        " or, with --check, shapes")
+    parser.add_argument("--check", action="store_true", help="time ddmq-proxy --check on config files instead")
+    parser.add_argument("--repeat", type=int, default=3, help="--check: processes per shape (default 3)")
     args = parser.parse_args(argv)
+    if args.check:
+        return check_main(args)
     _raise_descriptor_limit()  # the proxy processes inherit it
     seconds = 4.0 if args.quick else 8.0
     plan = [

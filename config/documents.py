@@ -24,9 +24,9 @@ from ddmq.config.errors import ConfigError
 #: of "billion laughs" aliases load at once, but validation walks every occurrence: without this bound
 #: it would take hours. Characters count because a long string can cost more than many values (a
 #: Filter expression is compiled at each occurrence). Written out, each value and character takes a
-#: byte or more, so this is about what a file of 1 MiB can hold: aliases cannot make a file cost more
-#: than the largest file written out by hand.
-MAX_EXPANDED: Final = 1_000_000
+#: byte or more, so this is about what a file of the loader's MAX_FILE_BYTES (256 KiB) can hold:
+#: aliases cannot make a file cost more than the largest file written out by hand.
+MAX_EXPANDED: Final = 250_000
 
 #: Whether this PyYAML was built with libyaml (``pip install pyyaml`` wheels are, on the usual platforms).
 WITH_LIBYAML: Final = bool(getattr(yaml, "__with_libyaml__", False))
@@ -92,6 +92,21 @@ class _StrictConstructor(yaml.constructor.SafeConstructor):
 
 class _StrictResolver(yaml.resolver.Resolver):
     """YAML 1.1's implicit types but for booleans: only true/false (any case of the three spellings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._scalar_tags: dict[tuple[str, tuple[bool, bool]], str] = {}
+
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: Any) -> str:
+        # A scalar's tag depends on its text alone (no path resolvers here), and a config repeats its
+        # texts (keys, action names, numbers): each resolves through the regular expressions once.
+        if kind is not yaml.ScalarNode:
+            return str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call]
+        key = (value, tuple(implicit))
+        tag = self._scalar_tags.get(key)
+        if tag is None:
+            tag = self._scalar_tags[key] = str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call]
+        return tag
 
 
 _StrictResolver.yaml_implicit_resolvers = {

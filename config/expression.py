@@ -334,7 +334,7 @@ class _Parser:
 #: Distinct expressions kept compiled: a config repeats its filters across groups, and the predicates
 #: hold no state, so one serves every occurrence.
 _CACHE_SIZE = 4096
-_compiled: dict[str, Predicate] = {}
+_compiled: dict[str, tuple[Predicate, tuple[str, ...]]] = {}  # text -> its predicate, its JSONPaths
 
 
 def compile_expression(text: str) -> Predicate:
@@ -343,10 +343,14 @@ def compile_expression(text: str) -> Predicate:
     Pass :data:`~ddmq.config.jsonpath.MISSING` as the body when there is none (not JSON): every path
     then finds nothing.
     """
-    predicate = _compiled.get(text)
-    if predicate is None:
-        predicate = _Parser(text).parse()
-        if len(_compiled) >= _CACHE_SIZE:
-            _compiled.clear()
-        _compiled[text] = predicate
+    found = _compiled.get(text)
+    if found is not None:
+        for path in found[1]:
+            check_jsonpath(path)  # counted against the config's bound as if compiled again
+        return found[0]
+    parser = _Parser(text)
+    predicate = parser.parse()
+    if len(_compiled) >= _CACHE_SIZE:
+        _compiled.clear()
+    _compiled[text] = (predicate, tuple(token.text for token in parser.tokens if token.kind == "path"))
     return predicate

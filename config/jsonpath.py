@@ -6,20 +6,32 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Final
 
 #: What a getter returns when the path finds nothing (``None`` is a JSON value: null).
 MISSING: Final[Any] = object()
 
 _SIMPLE_PATH: Final = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-#: The names jsonpath-ng's lexer takes as keywords, not fields: a dotted path through one is refused by
-#: its parser, so it is not simple (tests/config/test_jsonpath.py holds this to the installed version).
+#: Names and list indexes only (``$.items[0].sku``): what jsonpath-ng accepts unless a name is one of
+#: :data:`_RESERVED`, so a check needs no parse (tests/config/test_jsonpath.py holds both to jsonpath-ng).
+_PLAIN_PATH: Final = re.compile(r"^\$(?:\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]{1,9}\])+$")
+_NAME: Final = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)")
+#: The names jsonpath-ng's lexer takes as keywords, not fields: a path through one is refused by its
+#: parser, so it is neither simple nor plain.
 _RESERVED: Final = frozenset({"where", "wherenot"})
 
 #: Distinct paths parsed by jsonpath-ng kept for reuse: a config repeats its paths across groups and
 #: filters, and each parse costs a few hundred microseconds (a big config has thousands).
 _CACHE_SIZE: Final = 4096
 _parsed: dict[str, Any] = {}
+
+#: The most distinct JSONPaths beyond names and list indexes (filters, wildcards, slices, ``..``) one
+#: config may hold: each costs jsonpath-ng's parser about a millisecond, and a check must take under a
+#: second (a config has a handful).
+MAX_PARSED_PATHS: Final = 256
+#: While a config loads (the loader sets it): the distinct such paths seen so far; unset at run time.
+PARSED_PATHS: ContextVar[set[str] | None] = ContextVar("ddmq_parsed_paths", default=None)
 _parser: list[Any] = []  # the one jsonpath-ng parser, built at first use: its tables cost more than a parse
 _lock = threading.Lock()  # the parser keeps its state on itself; a reload may parse in a worker thread
 
@@ -50,8 +62,16 @@ def check_jsonpath(path: str) -> str:
     """Raise ``ValueError`` naming the problem when ``path`` is not a JSONPath starting with ``$``."""
     if not path.startswith("$"):
         raise ValueError(f"{path!r} is not a JSONPath (it must start with '$')")
-    if is_simple(path):
+    if _PLAIN_PATH.match(path) is not None and _RESERVED.isdisjoint(_NAME.findall(path)):
         return path
+    seen = PARSED_PATHS.get()
+    if seen is not None and path not in seen:
+        if len(seen) >= MAX_PARSED_PATHS:
+            raise ValueError(
+                f"{path!r} is one JSONPath too many: a config may hold at most {MAX_PARSED_PATHS} distinct "
+                "JSONPaths beyond names and list indexes (filters, wildcards, slices, '..')"
+            )
+        seen.add(path)
     try:
         parse_jsonpath(path)
     except Exception as exc:  # jsonpath-ng raises several unrelated types for bad input

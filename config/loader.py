@@ -12,12 +12,18 @@ from pydantic import ValidationError
 
 from ddmq.config.documents import MAX_EXPANDED, NOT_JSON, read_json, read_yaml, too_large
 from ddmq.config.errors import ConfigError
+from ddmq.config.jsonpath import PARSED_PATHS
 from ddmq.config.schema import ProxyConfig
 
 __all__ = ["MAX_EXPANDED", "MAX_FILE_BYTES", "expand_variables", "load", "parse"]
 
-#: A config is a few KiB; past this a file is refused unread (a mistaken path, a device, a log).
-MAX_FILE_BYTES: Final = 1024 * 1024
+#: A config is a few KiB; past this a file is refused unread (a mistaken path, a device, a log). The
+#: bound is what ``ddmq-proxy --check`` reads in under a second whatever the file holds (thousands of
+#: groups, distinct filters; bench/edges.py --check): PyYAML builds its objects in Python, at about a
+#: second per MiB even over libyaml's parser.
+MAX_FILE_BYTES: Final = 256 * 1024
+#: The most problems one error message lists (a file of ten thousand bad groups has ten thousand).
+MAX_PROBLEMS: Final = 20
 
 #: ``${NAME}``, ``${NAME:-default}``, and ``$${`` for a literal ``${``.
 _VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
@@ -46,7 +52,7 @@ class _Expansion:
         self.done: dict[int, tuple[Any, int]] = {}  # id of a str, dict or list -> (expanded, expanded size)
         self.entered: set[int] = set()  # the dicts and lists being walked: met again inside, they contain themselves
 
-    def expand(self, value: str, where: str) -> str:
+    def expand(self, value: str, loc: tuple[int | str, ...]) -> str:
         source, environ = self.source, self.environ
 
         def one(match: re.Match[str]) -> str:
@@ -54,6 +60,7 @@ class _Expansion:
                 return "${"
             name = match.group(1)
             if name is None:
+                where = _path(loc)
                 raise ConfigError(
                     f"{source}: {where}: '${{' must start ${{NAME}} or ${{NAME:-default}} (write $${{ for a literal)"
                 )
@@ -63,7 +70,7 @@ class _Expansion:
             if match.group(2) is not None:
                 return match.group(2)
             raise ConfigError(
-                f"{source}: {where}: environment variable {name} is not set (and ${{{name}}} has no :-default)"
+                f"{source}: {_path(loc)}: environment variable {name} is not set (and ${{{name}}} has no :-default)"
             )
 
         return _VARIABLE.sub(one, value)
@@ -71,6 +78,8 @@ class _Expansion:
     def walk(self, node: Any, loc: tuple[int | str, ...]) -> tuple[Any, int]:
         if not isinstance(node, str | dict | list):
             return node, 1
+        if isinstance(node, str) and "$" not in node:
+            return node, 1 + len(node)  # nothing to expand, and a string contains nothing: no memo needed
         known = self.done.get(id(node))
         if known is not None:
             return known
@@ -79,7 +88,7 @@ class _Expansion:
                               "(a loop)")
         result: Any
         if isinstance(node, str):
-            result = self.expand(node, _path(loc))
+            result = self.expand(node, loc)
             size = _weight(result)
         else:
             self.entered.add(id(node))
@@ -126,11 +135,17 @@ def parse(data: Any, source: str = "<config>") -> ProxyConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping, not {type(data).__name__}")
+    seen = PARSED_PATHS.set(set())  # JSONPaths counted per file, whatever earlier loads left cached
     try:
         return ProxyConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{_path(err['loc'])}: {err['msg']}" for err in exc.errors())
+        errors = exc.errors()
+        problems = "; ".join(f"{_path(err['loc'])}: {err['msg']}" for err in errors[:MAX_PROBLEMS])
+        if len(errors) > MAX_PROBLEMS:
+            problems += f"; and {len(errors) - MAX_PROBLEMS:,} more problems"
         raise ConfigError(f"{source}: {problems}") from exc
+    finally:
+        PARSED_PATHS.reset(seen)
 
 
 def load(path: str | Path) -> ProxyConfig:
@@ -144,7 +159,8 @@ def load(path: str | Path) -> ProxyConfig:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if len(raw) > MAX_FILE_BYTES:
         actual = f"{size:,} bytes" if size > MAX_FILE_BYTES else f"over {MAX_FILE_BYTES:,} bytes"
-        raise ConfigError(f"{path}: the file is {actual}; a config file may be at most {MAX_FILE_BYTES:,} (1 MiB)")
+        raise ConfigError(f"{path}: the file is {actual}; a config file may be at most {MAX_FILE_BYTES:,} bytes "
+                          f"({MAX_FILE_BYTES // 1024} KiB)")
     try:
         text = raw.decode("utf-8")  # YAML reads \r\n and \r as line breaks: no newline translation needed
     except UnicodeDecodeError as exc:

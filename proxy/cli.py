@@ -7,7 +7,7 @@ from __future__ import annotations
 
 # Imports are what ``--check`` and ``--version`` need: the service and its servers (aiohttp,
 # thriftpy2, redis-py, uvloop) load only when the proxy is to run, so a check costs the interpreter,
-# pydantic and the config alone (tests/config/test_check_speed.py holds it to that).
+# pydantic and the config alone (tests/config/test_check.py holds it to that).
 import argparse
 import logging
 import sys

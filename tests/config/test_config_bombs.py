@@ -88,7 +88,9 @@ def test_a_file_over_the_size_bound_is_refused_unparsed(tmp_path: Path) -> None:
     size = path.stat().st_size
     with pytest.raises(ConfigError) as info:
         load(path)
-    assert str(info.value) == f"{path}: the file is {size:,} bytes; a config file may be at most 1,048,576 (1 MiB)"
+    assert str(info.value) == (
+        f"{path}: the file is {size:,} bytes; a config file may be at most 262,144 bytes (256 KiB)"
+    )
 
 
 def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
