@@ -32,7 +32,17 @@ import redis.asyncio as aioredis
 from ddmq.protocol.redis import keys
 
 from ..support import ProxyProcess, acked_prefixes, check_order_by_term, check_single_reader, until
-from .test_rolling_restart import QUEUES, Pullers, backlog, longest_gaps, produce, proxy, served_since, settled
+from .test_rolling_restart import (
+    QUEUES,
+    Pullers,
+    backlog,
+    longest_gaps,
+    produce,
+    proxy,
+    served_again,
+    served_since,
+    settled,
+)
 
 PREVIOUS_RELEASE = "9fc126c8a2c9ae5bcc372cb0375ff1773a947d92"
 #: Where the previous release's venv is kept between runs (default ``~/.cache/ddmq-upgrade``).
@@ -108,7 +118,7 @@ class Deploy:
         await self.start(name, release)
         await self.settle(f"after starting {release} {name}")
         back = time.time()
-        await until("every queue served again", lambda: served_since(self.pullers.log, back), 30)
+        await served_again(self.redis, self.pullers.log, back)
         self.steps.append((f"{name} {was}->{release} beside {self.release[self.other(name)]}", stopped_at, back))
 
     @staticmethod
