@@ -28,6 +28,7 @@ from ddmq.client.cli import patience
 from ddmq.client.cli.admin import client_for, quote
 from ddmq.client.cli.pause import describe
 from ddmq.protocol import clitools
+from ddmq.protocol.redis import keys
 from ddmq.protocol.redis.connection import redact_url
 from ddmq.protocol.redis.pauses import pauses
 from ddmq.protocol.redis.status import DEFAULT_MEMBER_TTL_MS, GroupStatus, QueueStatus, group_status
@@ -140,9 +141,34 @@ def format_latency(base: str, topics: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def open_breakers(status: GroupStatus, shown: dict[bytes, bytes], topics: list[str] | None) -> list[dict[str, Any]]:
+    """The breakers that hold a topic of the group, as live proxies show them in Redis (each proxy
+    judges the queues it serves; an expired member's entries are left out)."""
+    found = []
+    for field, raw in sorted(shown.items()):
+        try:
+            proxy, topic = json.loads(field)
+            state = json.loads(raw)
+        except ValueError:
+            continue
+        if proxy in status.members and proxy not in status.expired and (not topics or topic in topics):
+            found.append({"proxy": proxy, "topic": topic, "state": state.get("state"), "why": state.get("why", "")})
+    return found
+
+
+def describe_breaker(breaker: dict[str, Any]) -> str:
+    state = "OPEN" if breaker["state"] == "open" else "HALF-OPEN (probing)"
+    return (f"BREAKER {state}: topic {breaker['topic']} on {breaker['proxy']}: {breaker['why']}; it hands out "
+            "only probes and counts no attempts until they succeed (docs/failures.md#the-breaker)")
+
+
 def _status_command(args: argparse.Namespace) -> int:
-    status, (now_ms, paused) = patience.read_redis(args, lambda client: (
-        group_status(client, args.group, args.topic, args.member_ttl_ms), pauses(client, args.group)))
+    status, (now_ms, paused), shown = patience.read_redis(args, lambda client: (
+        group_status(client, args.group, args.topic, args.member_ttl_ms), pauses(client, args.group),
+        client.hgetall(keys.breakers(args.group))))
+    held = open_breakers(status, shown, args.topic)
+    pause_rows = [p.as_json() for p in paused]
+    notes = [*(describe(p, now_ms) for p in paused), *map(describe_breaker, held)]
     if status.missing_topics:
         raise clitools.CliError(
             f"no topic {', '.join(map(repr, status.missing_topics))} in {redact_url(args.redis)}"
@@ -162,8 +188,8 @@ def _status_command(args: argparse.Namespace) -> int:
     if args.json:
         latency = {"end_to_end": {t["topic"]: {"end_to_end": t["end_to_end"], "attempts": t["attempts"]}
                                   for t in topics}} if args.http else {}
-        print(json.dumps({**asdict(status), "paused": [p.as_json() for p in paused], **latency}, indent=2))
+        print(json.dumps({**asdict(status), "paused": pause_rows, "breakers": held, **latency}, indent=2))
     else:
         latency_lines = format_latency(client.base_url, topics) if args.http else []
-        print("\n".join([*(describe(p, now_ms) for p in paused), format_status(status), *latency_lines]))
+        print("\n".join([*notes, format_status(status), *latency_lines]))
     return 0

@@ -54,6 +54,7 @@ import re
 __all__ = [
     "PREFIX",
     "actions",
+    "breakers",
     "check_name",
     "committed",
     "dead_letter_claims",
@@ -168,6 +169,12 @@ def members(group: str) -> str:
 def paused(group: str) -> str:
     """A group's pauses (hash): a topic, or ``*`` for every topic, -> the pause as JSON."""
     return f"{PREFIX}:paused:{{{group}}}"
+
+
+def breakers(group: str) -> str:
+    """A group's breakers that hold a topic (hash): ``["<instance>", "<topic>"]`` (JSON) -> the breaker's
+    state as JSON, written by the proxy whose breaker it is and deleted when it closes."""
+    return f"{PREFIX}:breakers:{{{group}}}"
 
 
 def member_events(group: str) -> str:

@@ -8,16 +8,20 @@ is applied to the pull buffer together with the operator's pauses, by the group'
 half-open one its probes, and both count no failed attempt. State is per proxy (each proxy judges the
 queues it serves) and starts closed: a restart or a reload that changes the topic starts it afresh.
 Each opening and closing is also kept in the record of operator actions
-(:mod:`ddmq.protocol.redis.actions`, by ``breaker``), once the watch has given it Redis (:attr:`redis`).
+(:mod:`ddmq.protocol.redis.actions`, by ``breaker``), and a breaker that holds its topic is shown in
+:func:`ddmq.protocol.redis.keys.breakers` under this proxy's instance id (for ``ddmq status``, which
+reads Redis), once the watch has given it Redis (:attr:`redis`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 
 from ddmq.config.schema import BreakerConfig
+from ddmq.protocol.redis import keys
 from ddmq.protocol.redis.actions import record_action
 from ddmq.protocol.redis.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
@@ -36,8 +40,9 @@ def _nothing() -> None:
 class GroupBreakers:
     """The breakers of ``group``'s topics on this proxy (see the module's docstring)."""
 
-    def __init__(self, group: str, buffer: PullBuffer) -> None:
+    def __init__(self, group: str, buffer: PullBuffer, instance: str = "") -> None:
         self.group = group
+        self.instance = instance
         #: topic -> breaker: the redelivery's own dict, so it sees every change.
         self.breakers: dict[str, Breaker] = buffer.redelivery.breakers
         #: topic -> probes a half-open breaker may still let out (the delivery counts it down).
@@ -48,6 +53,9 @@ class GroupBreakers:
         #: Where openings and closings are recorded (None: not recorded).
         self.redis: AsyncRedis | None = None
         self._records: set[asyncio.Task[None]] = set()
+        #: Topics whose state is still to be shown in Redis, and the task showing them.
+        self._unshown: set[str] = set()
+        self._showing: asyncio.Task[None] | None = None
 
     def configure(self, topic: str, config: BreakerConfig) -> None:
         """``topic``'s breaker settings (a new or replaced consumer): a fresh, closed breaker, or none."""
@@ -68,6 +76,17 @@ class GroupBreakers:
             self._cancel(topic)
         for task in self._records:
             task.cancel()
+
+    async def forget(self) -> None:
+        """Take this proxy's breakers out of Redis (it stops): they judge nothing any more."""
+        self.close()
+        if self._showing is not None:
+            self._showing.cancel()
+        if self.redis is not None and self.breakers:
+            try:
+                await self.redis.hdel(keys.breakers(self.group), *(self._field(t) for t in self.breakers))
+            except DdmqError as exc:
+                log.debug("%s: breakers left in Redis: %s", self.group, exc)
 
     # what they hold -----------------------------------------------------------------------------
 
@@ -103,7 +122,32 @@ class GroupBreakers:
         elif breaker.state is BreakerState.CLOSED:
             self._cancel(breaker.topic)
             self._record(breaker, "breaker close", {"probes": breaker.probes_ok})
+        self._show(breaker.topic)
         self.changed()
+
+    def _show(self, topic: str) -> None:
+        if self.redis is None:
+            return
+        self._unshown.add(topic)
+        if self._showing is None or self._showing.done():
+            self._showing = asyncio.create_task(self._write_states(self.redis))
+
+    async def _write_states(self, redis: AsyncRedis) -> None:
+        # One writer, reading each breaker's state as it writes: the last state wins whatever the timing.
+        while self._unshown:
+            topic = self._unshown.pop()
+            breaker = self.breakers.get(topic)
+            try:
+                if breaker is None or not breaker.holds:
+                    await redis.hdel(keys.breakers(self.group), self._field(topic))
+                else:
+                    state = {"state": breaker.state.value, "why": breaker.why, "open_ms": breaker.open_for_ms}
+                    await redis.hset(keys.breakers(self.group), self._field(topic), json.dumps(state))
+            except DdmqError as exc:
+                log.debug("%s/%s: breaker state not shown in Redis: %s", self.group, topic, exc)
+
+    def _field(self, topic: str) -> str:
+        return json.dumps([self.instance, topic])
 
     def _record(self, breaker: Breaker, action: str, detail: dict[str, object]) -> None:
         if self.redis is not None:

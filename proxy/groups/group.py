@@ -237,7 +237,7 @@ class ConsumerGroup:
         self._parts = parts
         self._lease_config = parts.lease_config
         #: The topics' breakers on this proxy (``breaker`` in their config).
-        self.breakers = GroupBreakers(name, self.buffer)
+        self.breakers = GroupBreakers(name, self.buffer, parts.membership.instance_id)
         self.consumers = {topic: self.make_consumer(topic, config) for topic, config in topics.items()}
         #: Consumers of topics removed by a config reload, until their drain is over (acks still count).
         self.retiring: dict[str, TopicConsumer] = {}

@@ -63,7 +63,7 @@ class PauseWatch:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        self.breakers.close()
+        await self.breakers.forget()
 
     async def read(self) -> None:
         """Read the pauses now and apply them (raises DdmqError)."""

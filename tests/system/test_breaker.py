@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import aiohttp
+import redis
 
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import wire
 from ddmq.protocol.net import free_port
 from ddmq.protocol.produce.producer import Producer
+from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.actions import recent_actions_sync
 
 from ..support import OrderChecker, ProxyProcess, body, until
 
@@ -129,6 +135,11 @@ async def test_a_failure_storm_opens_the_breaker_and_costs_no_retries_nor_order(
             await asyncio.sleep(0.5)
         await producing
         assert seen_open == set(GROUPS), "the breakers never showed open"
+        status = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "ddmq.client.cli", "status", "--group", "g_dl"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "DDMQ_REDIS": redis_url})
+        assert status.returncode == 0 and "BREAKER " in status.stdout, status
+        assert "topic t on e2e-proxy" in status.stdout, status
         failing.clear()  # the downstream is back
 
         def delivered() -> bool:
@@ -152,5 +163,10 @@ async def test_a_failure_storm_opens_the_breaker_and_costs_no_retries_nor_order(
         assert figures.get(("ddmq_keys:parked", "g_park"), 0) == 0  # no key parked
         log = proxy.log()
         assert "g_dl/t: breaker open" in log and "g_park/t: breaker closed" in log
+        with redis.Redis.from_url(redis_url) as client:
+            for group in GROUPS:
+                done = {action.action for action in recent_actions_sync(client, 1000, group)}
+                assert {"breaker open", "breaker close"} <= done, (group, done)
+            assert client.hlen(keys.breakers("g_dl")) == 0  # closed: no longer shown
     finally:
         proxy.stop()
