@@ -6,8 +6,10 @@ once, as a supervisor does. A clean stop and a restart hand queues over without 
 
 Checked over the whole run: nothing lost (every message acked, committed offsets equal to produce
 offsets), every key in order by lease term (the read audit), one reader per term, no message delivered
-again after it was acked, and per queue the longest time without a delivery while the restarts ran,
-which must stay under :data:`MAX_GAP_S` (printed with the run's figures).
+again after it was acked, and per queue the longest time without a delivery while the restarts ran
+(printed with the run's figures: the hand-off's cost, 0.6-1.2 s on an idle host). The check holds it
+under :data:`MAX_GAP_S`, a third of the lease TTL: what fails it is a queue waiting out a lease, not a
+slow host.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ GROUP = {"order_key": "KEY", "timeout_ms": 5000, "max_retry": 50}
 #: reads it once its topic's read-ahead (``concurrency``, full with a backlog) has room, which comes
 #: back as fast as the clients ack.
 BATCH, PAUSE_S = 24, 0.05
-MAX_GAP_S = 2.0
+#: A queue left to wait out a released lease goes 30 s (the TTL) without a delivery; a hand-off costs
+#: about a second, several on a host busy enough to take 15 s to start a proxy. The figure itself is
+#: printed, not asserted: timings are not a test's to hold.
+MAX_GAP_S = 10.0
 
 produce = functools.partial(produce_keyed, keys=KEYS, key_prefix="rider-", queues=QUEUES)
 
