@@ -138,6 +138,12 @@ async def test_every_action_kind_is_recorded_with_who_and_what(proxy: ProxyProce
                      "--to-latest", "--execute")
         assert reset.returncode == 0, reset.stderr
 
+        letters_path = f"/admin/groups/{GROUP}/topics/{TOPIC}/dead-letters"
+        for body in ({"all": True, "rate": 0}, {"all": True, "rate": 100_001}, {"all": True, "rate": "5"}):
+            assert http(proxy, "POST", letters_path + "/replay", body)[0] == 400, body  # refused: not recorded
+        assert http(proxy, "POST", letters_path + "/purge", {"all": True, "rate": 5})[0] == 400
+        assert http(proxy, "GET", "/admin/actions?group=" + "x" * 201)[0] == 400
+
         listed = ddmq(proxy, redis_url, "actions", "--json")
         assert listed.returncode == 0, listed.stderr
         found = json.loads(listed.stdout)["actions"]
