@@ -19,6 +19,7 @@ from ddmq.protocol.redis.actions import (
     record_action,
     record_action_sync,
 )
+from ddmq.protocol.redis.connection import async_redis, sync_redis
 
 
 def test_record_is_capped_and_read_newest_first(redis_url: str) -> None:
@@ -60,3 +61,17 @@ async def test_async_and_hand_written_entries(redis_url: str) -> None:
         assert found[1].detail == {"text": "[1, 2]"} and found[2].detail == {"text": "not json"}
     finally:
         await client.aclose()
+
+
+async def test_on_a_redis_cluster(cluster_url: str) -> None:
+    """One key, so one slot: the record works the same on a Redis Cluster."""
+    client = async_redis(cluster_url)
+    try:
+        await record_action(client, "bob@host", "pause", group="g", topic="t")
+        (found,) = await recent_actions(client, 5, group="g")
+        assert (found.who, found.action, found.topic) == ("bob@host", "pause", "t")
+    finally:
+        await client.aclose()
+    with sync_redis(cluster_url) as blocking:
+        record_action_sync(blocking, "bob@host", "resume", group="g")
+        assert [a.action for a in recent_actions_sync(blocking, 5)] == ["resume", "pause"]
