@@ -171,4 +171,7 @@ def load(path: str | Path) -> ProxyConfig:
         data = read_yaml(text, str(path))
     if data is None:
         raise ConfigError(f"{path}: the file is empty; a config needs at least its groups (see config/examples/)")
-    return parse(expand_variables(data, os.environ, str(path)), str(path))
+    try:
+        return parse(expand_variables(data, os.environ, str(path)), str(path))
+    except RecursionError as exc:  # both walk once per level: deeper than the parser's bound (libyaml: 1,000)
+        raise ConfigError(f"{path}: nested too deeply for a config (hundreds of levels)") from exc

@@ -71,6 +71,20 @@ def test_deep_nesting_is_refused_by_either_parser(loader: type, depth: int) -> N
         read_yaml(text, "x.yaml", loader)
 
 
+@pytest.mark.parametrize("suffix", ["yaml", "json"])
+def test_nesting_within_the_parsers_bound_but_past_pythons_is_refused(tmp_path: Path, suffix: str) -> None:
+    # libyaml and json read 900 levels; walking them for ${VAR} and validation would recurse past Python's limit.
+    path = tmp_path / f"deep.{suffix}"
+    nested = "[" * 900 + "]" * 900
+    if suffix == "json":
+        path.write_text(f'{{"groups": {{"g": {{"t": {{"actions": ["PullServer"]}}}}}}, "lol": {nested}}}\n')
+    else:
+        path.write_text(f"groups: {{g: {{t: {{actions: [PullServer]}}}}}}\nlol: {nested}\n")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value) == f"{path}: nested too deeply for a config (hundreds of levels)"
+
+
 @pytest.mark.parametrize("loader", LOADERS)
 def test_an_integer_past_pythons_digits_is_a_config_error(loader: type) -> None:
     with pytest.raises(ConfigError, match=r"^x\.yaml: not valid YAML: .*4300 digits"):
