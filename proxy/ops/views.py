@@ -47,6 +47,8 @@ class TopicView:
     end_to_end: dict[str, Quantiles]
     #: Deliveries per message, of those ``acked`` and ``dead_lettered`` here since start-up.
     attempts: dict[str, Quantiles]
+    #: The topic's breaker on this proxy: ``closed``, ``open``, ``half_open``; None without one.
+    breaker: str | None
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ def group_view(group: ConsumerGroup) -> GroupView:
             order_keys=consumer.blocking_queue.active_keys,
             end_to_end={"delivered": quantiles(figures.delivered), "acked": quantiles(figures.acked)},
             attempts={"acked": quantiles(figures.attempts_acked), "dead_lettered": quantiles(figures.attempts_dead)},
+            breaker=group.breakers.state(topic),
         )
         for topic, consumer in sorted(group.consumers.items())
         for figures in (group.buffer.end_to_end.get(topic) or EndToEnd(),)

@@ -173,7 +173,9 @@
       return el(
         "tr",
         { dataset: { topic: t.topic } },
-        cell(t.topic),
+        // A breaker that holds the topic shows beside its name (text only, like every cell).
+        t.breaker === "open" || t.breaker === "half_open"
+          ? cell(`${t.topic} [breaker ${t.breaker === "open" ? "open" : "half-open"}]`, "bad breaker") : cell(t.topic),
         cell(num(t.queues), "num"),
         cell(rate(rates && rates.produced_per_s), "num rate-in"),
         cell(rate(rates && rates.consumed_per_s), "num rate-out"),
