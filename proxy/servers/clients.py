@@ -133,6 +133,18 @@ class ClientTracker:
                                         client.pulls, client.holding))
         return sorted(found, key=lambda c: -c.last_pull_ms)
 
+    def holder(self, group: str, topic: str, qid: int, offset: int) -> tuple[str, str, str | None, int] | None:
+        """Who holds ``offset`` of the queue (protocol, peer, version or client id, ack deadline in epoch
+        ms), or None when no client does. Walks the clients (at most :data:`MAX_CLIENTS`): for one
+        operator's question, never on the message path."""
+        holding = self._held.get((group, topic, qid), {}).get(offset)
+        if holding is None or holding[1] <= self._now():
+            return None
+        for (protocol, peer, name), client in self._clients.items():
+            if client is holding[0] and name == group:
+                return protocol, peer, client.version, holding[1]
+        return None  # forgotten (the longest idle past MAX_CLIENTS): its deliveries stay counted
+
     def _expire(self, now: int) -> None:
         for key in [key for key, client in self._clients.items() if now - client.last_ms > FORGET_AFTER_MS]:
             del self._clients[key]

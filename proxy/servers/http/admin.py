@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field
 
 from ddmq.protocol.redis.status import QueueStatus
+from ddmq.proxy.api.explain import explain_key
 from ddmq.proxy.api.keys import key_action, list_keys
 from ddmq.proxy.api.requests import MAX_QID, REQUEST_BOUNDS
 from ddmq.proxy.cluster.leases import LeaseStore
@@ -184,6 +185,7 @@ class OperatorApi:
         router.add_get(letters + "/{id}", self.dead_letter)
         keys_path = "/admin/groups/{group}/topics/{topic}/keys"
         router.add_get(keys_path, self.keys)
+        router.add_get(keys_path + "/explain", self.explain_key)
         router.add_post(keys_path + "/{action}", self.key_action)
         PauseApi(self._service, self._read_body).add_routes(app)
         ActionsApi(self._service, fit, self._list_bytes).add_routes(app)
@@ -375,6 +377,17 @@ class OperatorApi:
             answer["next_offset"] = _offset(request) + len(shown)
         answer["keys"] = shown
         return web.json_response(answer)
+
+    async def explain_key(self, request: web.Request) -> web.Response:
+        """Why one key (``key``, on queue ``qid`` when given) is where it is, and what comes next."""
+        consumer = self._consumer(request)
+        key = request.query.get("key") or ""
+        if not 0 < len(key) <= _KEY.high:
+            raise BadRequestError(f"key: 1 to {_KEY.high} characters, got {len(key)}")
+        qid = query_int(request, "qid", 0, MAX_QID)
+        holder = self._service.clients.holder
+        answer = await explain_key(self._group(request), consumer, self._leases(), key, qid, holder)
+        return web.json_response({**answer, "queues": fit(answer["queues"], self._list_bytes)})
 
     async def key_action(self, request: web.Request) -> web.Response:
         consumer = self._consumer(request)

@@ -91,6 +91,8 @@ async def test_real_answers_of_every_operation_validate(redis_url: str) -> None:
             assert status == 200 and second["messages"][0]["value_text"] is None
             status, keys = await api.call("GET", "/admin/groups/g/topics/t/keys")
             assert status == 200 and keys["keys"][0]["key"] == "a" and keys["counts"]["in_flight"] == 1
+            status, explained = await api.call("GET", "/admin/groups/g/topics/t/keys/explain", params={"key": "a"})
+            assert status == 200 and explained["queues"][0]["state"] == "in_flight", explained
             status, acted = await api.call("POST", "/admin/groups/g/topics/t/keys/retry", json={"key": "a"})
             assert status == 200 and acted["applied"] == [{"qid": 0, "state": "in_flight"}]
             assert (
