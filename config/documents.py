@@ -35,6 +35,15 @@ _MERGE_TAG: Final = "tag:yaml.org,2002:merge"
 _BOOL_TAG: Final = "tag:yaml.org,2002:bool"
 
 
+#: The most characters of a key an error message shows (the file chooses its keys, however long).
+SHOWN_CHARACTERS: Final = 100
+
+
+def shown(text: str) -> str:
+    """``text`` as an error message shows it: its first :data:`SHOWN_CHARACTERS` characters."""
+    return text if len(text) <= SHOWN_CHARACTERS else f"{text[:SHOWN_CHARACTERS]}... ({len(text):,} characters)"
+
+
 def too_large(source: str, where: str) -> ConfigError:
     return ConfigError(
         f"{source}: {where}: with its aliases expanded the file holds over {MAX_EXPANDED:,} values and characters "
@@ -63,7 +72,7 @@ class _StrictConstructor(yaml.constructor.SafeConstructor):
                 continue  # an unhashable key: construct_mapping below reports it
             if first is not None:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {first})", key_node.start_mark
+                    None, None, f"duplicate key {shown(repr(key))} (first on line {first})", key_node.start_mark
                 )
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
@@ -191,7 +200,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise _JsonRefusal(f"duplicate key {key!r} in one object")
+            raise _JsonRefusal(f"duplicate key {shown(repr(key))} in one object")
         result[key] = value
     return result
 

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from ddmq.config.documents import MAX_EXPANDED, NOT_JSON, read_json, read_yaml, too_large
+from ddmq.config.documents import MAX_EXPANDED, NOT_JSON, read_json, read_yaml, shown, too_large
 from ddmq.config.errors import ConfigError
 from ddmq.config.jsonpath import PARSED_PATHS
 from ddmq.config.schema import ProxyConfig
@@ -126,7 +126,8 @@ def _weight(value: Any) -> int:
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "<top level>"
+    # A key is the file's to choose, however long: a message shows the start of each.
+    return ".".join(shown(str(part)) for part in loc) or "<top level>"
 
 
 def parse(data: Any, source: str = "<config>") -> ProxyConfig:

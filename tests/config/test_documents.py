@@ -122,3 +122,15 @@ def test_a_flow_mapping_that_is_not_json_is_read_as_yaml(tmp_path: Path) -> None
     path = tmp_path / "flow.yaml"
     path.write_text("{groups: {g: {t: {actions: [PullServer], tags: [yes]}}}}\n")
     assert load(path).groups["g"]["t"].tags == ["yes"]
+
+
+@pytest.mark.parametrize("suffix", ["yaml", "json"])
+def test_an_error_shows_the_start_of_a_long_key(tmp_path: Path, suffix: str) -> None:
+    key = "k" * 100_000
+    path = tmp_path / f"long.{suffix}"
+    path.write_text(f'{{"groups": {{"{key}": {{"t": {{"timeout_ms": 0}}}}, "{key}": {{}}}}}}' if suffix == "json"
+                    else f"groups:\n  ? {key}\n  : {{t: {{timeout_ms: 0}}}}\n")  # a plain key has 1,024 at most
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert "k" * 99 + "... (100,00" in str(info.value)  # a repr starts with its quote
+    assert len(str(info.value)) < 1_000
