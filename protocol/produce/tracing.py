@@ -14,7 +14,6 @@ Attribute names are OpenTelemetry's messaging semantic conventions; both sides t
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -130,7 +129,8 @@ def _with_context(message: OutgoingMessage, carrier: dict[str, str]) -> Outgoing
     if properties and "traceparent" in properties:
         return message
     merged = {**carrier, **properties} if properties else carrier
-    return dataclasses.replace(message, properties=merged)
+    # built directly: dataclasses.replace costs several times more, once per message
+    return OutgoingMessage(message.value, message.key, message.tag, merged, message.qid, message.dedup_id)
 
 
 @contextmanager
