@@ -22,8 +22,10 @@ __all__ = ["MAX_EXPANDED", "MAX_FILE_BYTES", "expand_variables", "load", "parse"
 #: groups, distinct filters; bench/edges.py --check): PyYAML builds its objects in Python, at about a
 #: second per MiB even over libyaml's parser.
 MAX_FILE_BYTES: Final = 256 * 1024
-#: The most problems one error message lists (a file of ten thousand bad groups has ten thousand).
+#: The most problems one error message lists (a file of ten thousand bad groups has ten thousand), and
+#: the most characters it gives them.
 MAX_PROBLEMS: Final = 20
+MAX_MESSAGE_CHARACTERS: Final = 4000
 
 #: ``${NAME}``, ``${NAME:-default}``, and ``$${`` for a literal ``${``.
 _VARIABLE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
@@ -142,6 +144,8 @@ def parse(data: Any, source: str = "<config>") -> ProxyConfig:
     except ValidationError as exc:
         errors = exc.errors()
         problems = "; ".join(f"{_path(err['loc'])}: {err['msg']}" for err in errors[:MAX_PROBLEMS])
+        if len(problems) > MAX_MESSAGE_CHARACTERS:  # a message quotes the file's text (a JSONPath, an expression)
+            problems = problems[:MAX_MESSAGE_CHARACTERS] + "..."
         if len(errors) > MAX_PROBLEMS:
             problems += f"; and {len(errors) - MAX_PROBLEMS:,} more problems"
         raise ConfigError(f"{source}: {problems}") from exc

@@ -106,3 +106,13 @@ def test_every_shape_near_the_size_bound_loads_or_is_refused_clearly(tmp_path: P
             load(path)
         return
     assert load(path).groups
+
+
+def test_an_error_quoting_long_expressions_is_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "long.yaml"
+    expression = "$.a == 1 and $.b[" + "x" * 60_000  # unclosed: the message quotes the rest of the text
+    topic = f"{{actions: [Json, Filter, PullServer], filter: {{expression: '{expression}'}}}}"
+    path.write_text("groups:\n" + "".join(f"  g{i}: {{t: {topic}}}\n" for i in range(3)))
+    with pytest.raises(ConfigError, match="unclosed") as info:
+        load(path)
+    assert len(str(info.value)) < 4_000 + 200
