@@ -10,18 +10,24 @@ user name as who asked::
     ddmq keys skip --group cg_rides --topic rides --key r42     # dead-letter the head, move the key on
     ddmq keys park --group cg_rides --topic rides --key r42     # hold the key after its in-flight message
     ddmq keys resume --group cg_rides --topic rides --key r42
+    ddmq keys explain --group cg_rides --topic rides --key r42  # why it is stuck, what comes next
+
+``explain`` (``GET .../keys/explain?key=K``) says, per queue where the key has something unfinished or
+parked: its state and since when, the head's offset and attempts, the client holding the head and its
+ack deadline, the last reason, what the proxy does next and when, and the command that acts on it.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import time
 from typing import Any, Final
 
 from ddmq.client.cli.admin import client_for, common_options, print_answer, quote, table
 from ddmq.protocol import clitools
 
-__all__ = ["ACTIONS", "STATES", "add_cli", "stuck_first"]
+__all__ = ["ACTIONS", "STATES", "add_cli", "explain_text", "stuck_first"]
 
 #: Key states, the stuck ones first: the order ``list`` shows them in.
 STATES: Final = ("parked", "failing", "in_flight", "waiting")
@@ -84,6 +90,50 @@ def _act(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d} UTC"
+
+
+def explain_text(answer: dict[str, Any]) -> str:
+    """The explanation as lines for a terminal, a block per queue."""
+    blocks = []
+    for entry in answer.get("queues") or []:
+        state = str(entry.get("state")).replace("_", " ")
+        read_by = entry.get("read_by") or "no proxy"
+        since = f" since {_when(entry['since_ms'])}" if entry.get("since_ms") else ""
+        lines = [f"key {answer['key']!r} of {answer['group']}/{answer['topic']}, qid {entry['qid']} "
+                 f"(read by {read_by}): {state}{since}"]
+        if entry.get("head_offset") is not None:
+            lines.append(f"  head offset {entry['head_offset']}, attempt {entry.get('attempts')} of "
+                         f"{entry.get('max_attempts')}; {entry.get('waiting') or 0} waiting behind it, "
+                         f"{entry.get('held_in_redis') or 0} held in Redis")
+        client = entry.get("client")
+        if client:
+            who = f"{client['protocol']} {client['peer']}"
+            if client.get("client_id"):
+                who += f" ({client['client_id']})"
+            lines.append(f"  held by client {who} until {_when(entry.get('deadline_ms'))}")
+        if entry.get("parked_by"):
+            lines.append(f"  parked by {entry['parked_by']}")
+        if entry.get("topic_hold"):
+            lines.append(f"  topic held: {entry['topic_hold']}")
+        if entry.get("reason"):
+            lines.append("  reason: " + str(entry["reason"]).replace("\n", " ")[:200])
+        lines.append(f"  next: {entry.get('next')}")
+        if entry.get("command"):
+            lines.append(f"  act: {entry['command']}")
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks) or f"key {answer.get('key')!r}: nothing known"
+
+
+def _explain(args: argparse.Namespace) -> int:
+    answer = client_for(args).call("GET", f"{_path(args)}/explain", {"key": args.key, "qid": args.qid})
+    print_answer(args, answer, explain_text(answer))
+    return 0
+
+
 def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     keys = sub.add_parser("keys", help="list a topic's keys by state; retry, skip, park or resume one (HTTP admin API)",
                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,6 +151,18 @@ def add_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing.add_argument("--key", help="only this key")
     listing.add_argument("--offset", type=int, default=0, help="skip this many keys (the previous page's next)")
     listing.set_defaults(func=_list)
+    explain = actions.add_parser(
+        "explain", help="why a key is stuck: its state, head, client, deadline, reason, what comes next",
+        description="ddmq keys explain: for each queue where the key has an unfinished or parked message, its "
+                    "state and since when, the head's offset and attempts, the client holding the head (its "
+                    "address and version or User-Agent) and its ack deadline, the last reason, what the proxy "
+                    "does next and when, and the command that acts on the key. A queue another proxy reads "
+                    "is named with that proxy: ask it (--http its address).",
+    )
+    common_options(explain, topic_required=True)
+    explain.add_argument("--key", required=True, help="the order key")
+    explain.add_argument("--qid", type=int, default=None, help="only this queue")
+    explain.set_defaults(func=_explain)
     for name, what in ACTIONS.items():
         action = actions.add_parser(
             name, help=what,
