@@ -285,7 +285,7 @@
         cell(k.topic),
         cell(k.head.qid, "num"),
         cell(num(k.head.offset), "num"),
-        cell(k.head.state.replace("_", " ")),
+        cell(k.state.replace("_", " "), "state state-" + k.state),
         cell(k.head.attempts, "num"),
         cell(num(k.chain_length), "num"),
         cell(age(k.head_age_ms), "num"),
@@ -392,6 +392,7 @@
             el("button", { type: "button", className: action + (action === "skip" ? " danger" : ""),
                            onclick: () => keyAction(action, k) }, action),
           ),
+          el("button", { type: "button", className: "explain", onclick: () => explainKey(k) }, "why?"),
         ),
       ),
     );
@@ -427,6 +428,33 @@
     if (offset) params.set("offset", String(offset));
     const query = params.toString();
     return query ? `?${query}` : "";
+  }
+
+  // Why one key is where it is (GET .../keys/explain): a block of text lines per queue.
+  async function explainKey(key) {
+    const box = $("keys-explain");
+    try {
+      const params = new URLSearchParams({ key: key.key, qid: String(key.qid) });
+      const answer = await api(`${keysPath()}/explain?${params}`);
+      box.replaceChildren(...answer.queues.map((q) => {
+        const client = q.client ? `${q.client.protocol} ${q.client.peer}${q.client.client_id ? ` (${q.client.client_id})` : ""}` : "";
+        const lines = [
+          `${answer.key} · qid ${q.qid} · read by ${q.read_by || "no proxy"}: ${String(q.state).replace("_", " ")}` +
+            (q.since_ms ? ` since ${clock(q.since_ms)}` : ""),
+          q.head_offset === null ? null : `head offset ${q.head_offset}, attempt ${q.attempts} of ${q.max_attempts}; ` +
+            `${q.waiting} waiting behind it, ${q.held_in_redis} held in Redis`,
+          client ? `held by client ${client} until ${clock(q.deadline_ms)}` : null,
+          q.topic_hold ? `topic held: ${q.topic_hold}` : null,
+          q.reason ? `reason: ${q.reason}` : null,
+          `next: ${q.next}`,
+          q.command ? `act: ${q.command}` : null,
+        ];
+        return el("pre", { className: "explain-queue", dataset: { qid: String(q.qid), state: String(q.state) } },
+                  lines.filter((line) => line !== null).join("\n"));
+      }));
+    } catch (error) {
+      box.replaceChildren(el("pre", { className: "explain-queue" }, `explain failed: ${error.message}`));
+    }
   }
 
   async function keyAction(action, key) {
