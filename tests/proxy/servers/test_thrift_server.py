@@ -111,6 +111,7 @@ class FakeService:
         lease: PullLease | None = None,
         max_per_key: int | None = None,
         early: Callable[[PullBatch], None] | None = None,
+        request_id: str | None = None,
     ) -> PullBatch:
         self.pulls.append(PullCall(group, topic, max_batch, linger_ms, results))
         if self.errors:
