@@ -84,7 +84,9 @@ class Distribution:
         return self.bounds[-1] / self.divisor
 
 
-_LATENCY_BOUNDS_MS: Final = tuple(round(bound * 1000) for bound in LATENCY_BOUNDS_S)
+#: :data:`LATENCY_BOUNDS_S` in milliseconds, written out: compiled, a Final computed from another at import is unset.
+_LATENCY_BOUNDS_MS: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000, 900_000,
+                             3_600_000)
 
 
 class EndToEnd:

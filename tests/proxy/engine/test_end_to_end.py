@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddmq.proxy.core.types import PullBatch, QueueId
-from ddmq.proxy.engine.end_to_end import LATENCY_BOUNDS_S, Distribution, EndToEnd
+from ddmq.proxy.engine.end_to_end import _LATENCY_BOUNDS_MS, LATENCY_BOUNDS_S, Distribution, EndToEnd
 from ddmq.proxy.engine.job import UpstreamJob
 from ddmq.proxy.engine.pull_buffer import PullBuffer
 
@@ -121,6 +121,7 @@ def test_quantiles_interpolate_in_their_bucket_as_histogram_quantile_does() -> N
     figures.acked.observe(0, 10_000_000)  # above every bound: the highest bound
     assert figures.acked.quantile(1.0) == LATENCY_BOUNDS_S[-1]
     assert figures.acked.les[-2:] == ["3600.0", "+Inf"]
+    assert _LATENCY_BOUNDS_MS == tuple(round(bound * 1000) for bound in LATENCY_BOUNDS_S)
     for attempts in (1, 1, 1, 2, 7):
         figures.attempts_acked.observe(0, attempts)
     # Attempts are counts: a quantile is its bucket's bound.
