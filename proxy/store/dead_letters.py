@@ -189,6 +189,8 @@ class DeadLetters:
         to ``value_cut`` bytes; fewer when their bytes would pass ``max_bytes``."""
         if not 1 <= limit <= MAX_PAGE:
             raise BadRequestError(f"limit must be 1..{MAX_PAGE}, got {limit}")
+        if after is not None and all(int(part) == (1 << 64) - 1 for part in check_id(after).split("-")):
+            return Page([], False)  # nothing comes after the largest id (and Redis refuses that range)
         start = "(" + check_id(after) if after is not None else "-"
         with self._errors("reading"):
             reply: Any = await eval_script(

@@ -155,6 +155,14 @@ def fit(items: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
     return items
 
 
+def _queue_of(consumer: TopicConsumer, qid: int | None) -> int | None:
+    """``qid`` when the topic has that queue; past its queues (yet within any topic's bound, which the
+    document gives) a 404: no such queue."""
+    if qid is not None and qid >= max(consumer.queues, 1):
+        raise UnknownEntryError(f"topic {consumer.topic!r} has queues 0..{consumer.queues - 1}, not {qid}")
+    return qid
+
+
 class OperatorApi:
     def __init__(self, service: ProxyView, read_body: BodyReader) -> None:
         self._service = service
@@ -186,7 +194,8 @@ class OperatorApi:
         keys_path = "/admin/groups/{group}/topics/{topic}/keys"
         router.add_get(keys_path, self.keys)
         router.add_get(keys_path + "/explain", self.explain_key)
-        router.add_post(keys_path + "/{action}", self.key_action)
+        # "explain" is a GET route's: a POST to it is a 405 with Allow, not a key action to refuse.
+        router.add_post(keys_path + "/{action:(?!explain$)[^{}/]+}", self.key_action)
         PauseApi(self._service, self._read_body).add_routes(app)
         ActionsApi(self._service, fit, self._list_bytes).add_routes(app)
 
@@ -384,7 +393,7 @@ class OperatorApi:
         key = request.query.get("key") or ""
         if not 0 < len(key) <= _KEY.high:
             raise BadRequestError(f"key: 1 to {_KEY.high} characters, got {len(key)}")
-        qid = query_int(request, "qid", 0, MAX_QID)
+        qid = _queue_of(consumer, query_int(request, "qid", 0, MAX_QID))
         holder = self._service.clients.holder
         answer = await explain_key(self._group(request), consumer, self._leases(), key, qid, holder)
         return web.json_response({**answer, "queues": fit(answer["queues"], self._list_bytes)})
@@ -392,9 +401,7 @@ class OperatorApi:
     async def key_action(self, request: web.Request) -> web.Response:
         consumer = self._consumer(request)
         body = parse(KeyActionIn, await self._read_body(request))
-        if body.qid is not None and body.qid >= max(consumer.queues, 1):
-            # Within any topic's bound (the document's) but past this topic's queues: no such queue.
-            raise UnknownEntryError(f"topic {consumer.topic!r} has queues 0..{consumer.queues - 1}, not {body.qid}")
+        _queue_of(consumer, body.qid)
         action = request.match_info["action"]
         answer = await key_action(consumer, self._leases(), action, body.key, body.qid, body.by or "admin api")
         log.info("%s of key %r of %s/%s by %s: %s", action, body.key, consumer.group, consumer.topic,

@@ -106,10 +106,12 @@ async def test_a_parked_a_failing_and_an_in_flight_key_explained(redis_url: str)
         assert idle["state"] == "idle" and idle["head_offset"] is None
 
         # Bad input: a clear error, nothing changed.
-        for params in ({}, {"key": ""}, {"key": "x" * 5000}, {"key": "p", "qid": "1"}, {"key": "p", "qid": "-1"},
-                       {"key": "p", "qid": "zero"}):
+        for params in ({}, {"key": ""}, {"key": "x" * 5000}, {"key": "p", "qid": "-1"}, {"key": "p", "qid": "zero"}):
             status, body = await api.call("GET", EXPLAIN, params=params)
             assert status == 400, (params, body)
+        # A qid within any topic's bound but past this topic's queues: no such queue, as for a key action.
+        status, body = await api.call("GET", EXPLAIN, params={"key": "p", "qid": "1"})
+        assert status == 404 and body["code"] == 1003, body
         assert (await explain(api, "p"))["state"] == "parked"
 
         # Everything goes on, in order per key, nothing lost: p retried, then all acked.

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import random
 import re
+from importlib import resources
 from typing import Any
 
 import aiohttp
 import jsonschema
 import pytest
+import yaml
 from openapi_spec_validator import validate
 
 from ddmq.actions.job import JobState
@@ -271,3 +273,20 @@ def test_the_entry_id_pattern_takes_exactly_the_ids_the_proxy_takes() -> None:
     ids += ["", "1", "1-", "-1", "1-0\n", "1-0 ", "+1-0", "\u0661-0", "1.0-0", "00000000000000000001-0", "1-0-0"]
     for entry_id in ids:
         assert bool(pattern.search(entry_id)) == _takes_id(entry_id), entry_id
+
+
+def test_the_document_names_no_key_twice() -> None:
+    """PyYAML keeps the last of two equal keys without a word: a schema written twice hides the first."""
+    text = resources.files("ddmq.proxy.servers.http").joinpath("openapi.yaml").read_text("utf-8")
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Strict, node: yaml.MappingNode) -> dict[Any, Any]:
+        keys = [loader.construct_object(key) for key, _ in node.value]
+        twice = sorted({str(key) for key in keys if keys.count(key) > 1})
+        assert not twice, f"{twice} twice in the mapping at {node.start_mark}"
+        return loader.construct_mapping(node)
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    assert yaml.load(text, Strict) == load_openapi()  # Strict is a SafeLoader

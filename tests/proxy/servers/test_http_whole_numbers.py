@@ -1,6 +1,7 @@
 """Whole-number floats where the HTTP API wants an integer: JSON Schema's ``integer`` admits ``60000.0``,
 and a client that writes every number as a float (JavaScript's) sends such. The pause body and the admin
-views' query integers take them as the integers they are; a fraction is still a 400 (1003)."""
+views' query integers take them as the integers they are; a fraction is still a 400 (1003). And the
+top of a query's range: a dead-letter page after the largest id."""
 
 from __future__ import annotations
 
@@ -50,3 +51,11 @@ async def test_admin_query_integers_take_whole_number_floats(
         assert got == status, body
         if status == 400:
             assert body["code"] == 1003 and next(iter(query)) in body["message"], body
+
+
+async def test_dead_letters_after_the_largest_id_is_an_empty_page(redis_url: str) -> None:
+    """Nothing can follow 18446744073709551615-18446744073709551615 (Redis refuses that range: a 503 once)."""
+    async with http_proxy(redis_url) as (_, api):
+        top = f"{2**64 - 1}-{2**64 - 1}"
+        status, page = await api.call("GET", "/admin/groups/g/topics/t/dead-letters", params={"after": top})
+        assert status == 200 and page["entries"] == [] and page["more"] is False, page
