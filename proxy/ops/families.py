@@ -219,5 +219,6 @@ def _add(family: Family, labels: tuple[str, ...], parts: list[Distribution]) -> 
     """The sum of ``parts`` (same bounds) as one histogram of ``family``, in its exported unit."""
     first = parts[0]
     counts = [sum(column) for column in zip(*(part.counts for part in parts), strict=True)]
-    total = sum(part.total for part in parts) / first.divisor
+    # Each part in the exported unit first: the same figure as the finer series' sum, to the last bit.
+    total = sum(part.total / part.divisor for part in parts)
     family.add_histogram(labels, list(zip(first.les, accumulate(counts), strict=True)), total)
