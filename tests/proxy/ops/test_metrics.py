@@ -40,7 +40,8 @@ QUEUE_LEVEL = {
 }
 #: What keeps the ``topic`` label by default (what the dashboard and the alerts follow per topic).
 DEFAULT_PER_TOPIC = {"ddmq_lag_messages", "ddmq_lag_seconds", "ddmq_messages_in_flight", "ddmq_messages_delivered",
-                     "ddmq_messages_acked", "ddmq_messages_failed", "ddmq_messages_dead_lettered"}
+                     "ddmq_messages_acked", "ddmq_messages_failed", "ddmq_messages_dead_lettered",
+                     "ddmq_breaker_open"}  # a breaker is per topic in both modes: it judges a topic, not a queue
 #: Without ``group`` and ``topic`` by default: distributions (a series per bucket), the counters of
 #: client verbs the proxy ignores or takes as a hint.
 DEFAULT_PER_PROXY = {"ddmq_order_chain_length", "ddmq_action_duration_seconds", "ddmq_pull_duration_seconds",
