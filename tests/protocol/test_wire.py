@@ -76,6 +76,7 @@ EXPECTED: dict[str, dict[int, tuple[int, str, str, Any]]] = {
         71: (I32, "leaseIndex", "optional", None),
         72: (I32, "leaseTimeoutMs", "optional", None),
         80: (I32, "maxPerKey", "optional", None),
+        90: (STRING, "requestId", "optional", None),
     },
     "PullResponse": {
         1: (STRUCT, "context", "", "Context"),
@@ -265,8 +266,8 @@ def test_unknown_body_is_skipped() -> None:
 def test_fields_of_a_newer_peer_are_ignored(tmp_path: Path) -> None:
     newer_idl = wire.IDL_PATH.read_text().replace(
         "60: optional string version;",
-        "60: optional string version;\n    90: optional list<map<string, bool>> hints;\n"
-        "    91: optional double weight;\n    92: optional bool urgent;",
+        "60: optional string version;\n    190: optional list<map<string, bool>> hints;\n"
+        "    191: optional double weight;\n    192: optional bool urgent;",
         1,
     )
     path = tmp_path / "newer.thrift"
