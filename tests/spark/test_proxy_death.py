@@ -143,6 +143,8 @@ def test_a_pull_partition_whose_proxy_is_gone_fails_when_no_proxy_takes_the_aban
 
 def test_planning_and_acks_leave_out_a_proxy_that_refuses_connections(proxy: ProxyProcess, redis_url: str) -> None:
     produce(redis_url, 10, 2)
+    # planning sees a backlog only in queues the proxy has claimed: wait for all 8, not for its port
+    wait_until(lambda: len(owners(proxy)) == 8, 60, "the proxy to claim every queue")
     dead = free_port()
     options = parse_options({"servers": f"127.0.0.1:{dead},127.0.0.1:{proxy.port}", "group": "g"})
     reader = PullStreamReader(options)
