@@ -205,9 +205,10 @@ async def test_the_sdk_retries_a_lost_reply_with_its_request_id(redis_url: str, 
         consumer = AsyncPullConsumer(f"127.0.0.1:{relay.port}", GROUP, handle, topic=TOPIC, concurrency=1,
                                      batch_size=16, linger_ms=200)
         async with consumer:
-            for _ in range(20):
-                if not checker.missing(produced):
-                    break
+            while relay.stats()["lost_replies"] < 5:
+                if not checker.missing(produced):  # drained before five losses (a fast build): more to pull
+                    await asyncio.to_thread(functools.partial(produce_keyed, keys=200, topic=TOPIC), redis_url, 500,
+                                            produced, rng)
                 lost = relay.stats()["lost_replies"]
                 relay.mode("lose-reply")
                 await until("a reply lost", lambda lost=lost: relay.stats()["lost_replies"] > lost, 10)
@@ -222,4 +223,5 @@ async def test_the_sdk_retries_a_lost_reply_with_its_request_id(redis_url: str, 
         assert checker.violations == [] and checker.duplicates == 0
         figures = await _figures(base)
         assert figures["messages_timed_out"] == 0 and figures["acks_unknown"] == 0, figures
-        assert figures["messages_delivered"] == 3000 and figures["messages_acked"] == 3000, figures
+        total = sum(produced.values())
+        assert figures["messages_delivered"] == total and figures["messages_acked"] == total, figures
