@@ -52,6 +52,8 @@ GROUP = {"order_key": "KEY", "timeout_ms": 5000, "max_retry": 50}
 #: reads it once its topic's read-ahead (``concurrency``, full with a backlog) has room, which comes
 #: back as fast as the clients ack.
 BATCH, PAUSE_S = 24, 0.05
+#: A queue with fewer messages left than this before a restart gets TOP_UP more over all queues.
+TOP_UP_BELOW, TOP_UP = 3000, 24_000
 #: A queue left to wait out a released lease goes 30 s (the TTL) without a delivery; a hand-off costs
 #: about a second, several on a host busy enough to take 15 s to start a proxy. The figure itself is
 #: printed, not asserted: timings are not a test's to hold.
@@ -226,11 +228,12 @@ class Fleet:
 
 
 @pytest.mark.timeout(240)
-async def test_a_rolling_restart_leaves_no_queue_unserved_for_more_than_two_seconds(
+async def test_a_rolling_restart_leaves_no_queue_waiting_out_a_lease(
     redis_url: str, redis_client: aioredis.Redis, tmp_path: Path
 ) -> None:
     produced: dict[str, int] = {}
-    await asyncio.to_thread(produce, redis_url, MESSAGES, produced, random.Random(46))
+    rng = random.Random(46)
+    await asyncio.to_thread(produce, redis_url, MESSAGES, produced, rng)
     fleet = Fleet(tmp_path, redis_url, redis_client)
     log = fleet.pullers.log
     try:
@@ -238,6 +241,10 @@ async def test_a_rolling_restart_leaves_no_queue_unserved_for_more_than_two_seco
         started = time.time()
         for wait_for_takeover in (True, False):  # a rolling restart of each kind
             for name in NAMES:
+                # A gap means something only while its queue has a backlog: where a slow host's restarts
+                # have used most of it, the backlog is topped up before the next one.
+                if min(await backlog(redis_client)) < TOP_UP_BELOW:
+                    await asyncio.to_thread(produce, redis_url, TOP_UP, produced, rng)
                 await fleet.restart(name, wait_for_takeover)
         ended = time.time()
         left = await backlog(redis_client)
@@ -257,8 +264,8 @@ async def test_a_rolling_restart_leaves_no_queue_unserved_for_more_than_two_seco
     assert checker.violations == [], checker.violations[:5]
     assert checker.missing(produced) == {}
     gaps = longest_gaps(log, started, ended)
-    print(f"\nrolling restart: {MESSAGES} messages, {len(log)} deliveries, {checker.duplicates} delivered again "
-          f"after their ack, {moves} queue moves, backlog left {left}; stop to back in service (s): "
+    print(f"\nrolling restart: {sum(produced.values())} messages, {len(log)} deliveries, {checker.duplicates} "
+          f"delivered again after their ack, {moves} queue moves, backlog left {left}; stop to back in service (s): "
           f"{[(n, how, round(b - a, 2)) for n, how, a, b in fleet.restarts]}; longest gap per queue (s): "
           f"{ {q: round(g, 2) for q, g in gaps.items()} }")
     assert checker.duplicates == 0, "a message acked was delivered again"
