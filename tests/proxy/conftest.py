@@ -1,4 +1,5 @@
-"""A real ProxyService (in this test's event loop) over the real Redis of the session."""
+"""A real ProxyService (in this test's event loop) over the real Redis of the session; for the unit
+tests of the engine and of what builds on it, a fake clock and a pull buffer on it (no Redis)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
+
 from ddmq.config import parse
+from ddmq.proxy.engine.pull_buffer import PullBuffer
 from ddmq.proxy.service import ProxyService
+
+from .engine_fakes import Clock
 
 
 def proxy_config(redis_url: str, topic_config: dict[str, Any] | None = None, queues: int = 4, **proxy: Any) -> Any:
@@ -36,3 +42,16 @@ async def running_proxy(
     finally:
         await service.close()
 
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def buffer(clock: Clock) -> AsyncIterator[PullBuffer]:
+    buffer = PullBuffer("g", clock)
+    buffer.start()
+    yield buffer
+    await buffer.close()

@@ -114,20 +114,7 @@ def test_bad_settings_are_refused_with_their_field() -> None:
         BreakerConfig(open_ms=1000, max_open_ms=999)
 
 
-# on a pull buffer ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def buffer(clock: Clock) -> AsyncIterator[PullBuffer]:
-    buffer = PullBuffer("g", clock)
-    buffer.start()
-    yield buffer
-    await buffer.close()
+# on a pull buffer (the clock and buffer fixtures: tests/proxy/conftest.py) ----------------------
 
 
 @pytest.fixture
