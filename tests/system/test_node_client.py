@@ -33,6 +33,35 @@ RIDES = 300
 KEYS = 20
 
 
+#: Calls submit once in each wrong set-up and prints how each call settled (or that it never did).
+WRONG_SETUP_JS = """
+const thrift = require("thrift");
+const ConsumerService = require("./gen/ConsumerService");
+const port = Number(process.argv[2]);
+const setups = [
+  ["binary-framed", thrift.TFramedTransport, thrift.TBinaryProtocol],
+  ["binary-buffered", thrift.TBufferedTransport, thrift.TBinaryProtocol],
+  ["compact-buffered", thrift.TBufferedTransport, thrift.TCompactProtocol],
+];
+function one([setup, transport, protocol]) {
+  return new Promise((resolve) => {
+    const connection = thrift.createConnection("127.0.0.1", port, { transport, protocol });
+    connection.on("error", () => {});
+    const client = thrift.createClient(ConsumerService, connection);
+    const timer = setTimeout(() => { resolve({ setup, outcome: "hung" }); connection.end(); }, 10000);
+    client.submit(null, (err, ok) => {
+      clearTimeout(timer);
+      resolve(err ? { setup, outcome: "error", message: String(err.message) } : { setup, outcome: "reply", ok });
+      connection.end();
+    });
+  });
+}
+(async () => {
+  for (const setup of setups) console.log(JSON.stringify({ event: "setup", ...(await one(setup)) }));
+})();
+"""
+
+
 def _toolchain(work: Path) -> tuple[str, Path]:
     """``node`` and a copy of the example with its code generated and its library installed."""
     node = debian_tool("node", "nodejs")
@@ -93,5 +122,14 @@ async def test_the_node_consumer_gets_every_ride_in_key_order_and_a_failure_agai
                     break
                 assert loop.time() < deadline, f"committed short of produced: {rows}"
                 await asyncio.sleep(0.1)
+        # A client set up wrong is answered, not left waiting: each of the three wrong set-ups' calls settles.
+        (app / "wrong_setup.js").write_text(WRONG_SETUP_JS)
+        run = await asyncio.to_thread(subprocess.run, [node, "wrong_setup.js", str(proxy.port)], cwd=app,
+                                      capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        outcomes = {e["setup"]: e for e in _events(run.stdout)}
+        assert set(outcomes) == {"binary-framed", "binary-buffered", "compact-buffered"}, run.stdout
+        for outcome in outcomes.values():
+            assert outcome["outcome"] == "error" and "compact protocol over framed transport" in outcome["message"], outcome
     finally:
         assert proxy.stop() == 0, proxy.log()[-5000:]

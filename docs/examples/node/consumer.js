@@ -1,8 +1,8 @@
 // A ddmq-proxy consumer in Node.js over Thrift: the service code is generated from the proxy's IDL
 // (`npm run generate`, Apache Thrift's compiler), the transport is the official `thrift` library.
 //
-// The proxy speaks framed transport + compact protocol: a client on the binary protocol or without
-// framing is closed without an answer (and the library then waits forever), so both are set here.
+// The proxy speaks framed transport + compact protocol, so both are set here: a call on the binary
+// protocol or without framing gets a PROTOCOL_ERROR saying so, and its connection is closed.
 //
 //   node consumer.js --port 9713 --group cg_rides --topic rides --count 100 [--fail-first]
 //

@@ -102,6 +102,10 @@ class FrameChannel:
         """The length the buffered frame header declares (at least FRAME_HEADER_BYTES are buffered)."""
         return frame_length(bytes(self._buffer[:FRAME_HEADER_BYTES]))
 
+    def head(self) -> bytes:
+        """A copy of every byte buffered (for a connection that is about to be closed)."""
+        return bytes(self._buffer)
+
     async def wait_for(self, size: int) -> None:
         """Until ``size`` bytes are buffered; ChannelClosedError when the peer closed first."""
         while len(self._buffer) < size:

@@ -22,6 +22,7 @@ from ddmq.protocol.wire import FRAME_HEADER_BYTES, Envelope, FrameDecodeError, F
 from ddmq.proxy.api.surface import MAX_RESULT_OFFSETS
 from ddmq.proxy.servers.thrift.channel import ChannelClosedError, FrameChannel
 from ddmq.proxy.servers.thrift.handler import ThriftHandler, args_for
+from ddmq.proxy.servers.thrift.wrong_protocol import answer_refused
 
 __all__ = ["BUSY", "FRAME", "IDLE", "INLINE_DECODE_MAX_BYTES", "REPLY", "Connection", "FrameLoop"]
 
@@ -76,6 +77,16 @@ class FrameLoop:
         #: Payloads that did not decode.
         self.decode_errors = 0
 
+    @staticmethod
+    async def _answer_wrong_call(channel: FrameChannel, payload: bytes | None, peer: str) -> None:
+        """Answer a refused client whose bytes are a call in a wrong set-up (``wrong_protocol``)."""
+        call = await answer_refused(channel, payload)
+        if call is not None:
+            log.warning(
+                "%s called %r over the %s protocol%s: answered that this port speaks framed compact",
+                peer, call.name, call.protocol, "" if call.framed else " without framing",
+            )
+
     async def serve(self, channel: FrameChannel, connection: Connection) -> None:
         """Until the peer closes or sends what closes the connection (logged here); raises what the
         connection's task handles (cancellation, a lost connection)."""
@@ -103,7 +114,9 @@ class FrameLoop:
                     length,
                     self._max_frame_bytes,
                 )
+                await self._answer_wrong_call(channel, None, peer)
                 return
+            payload = b""
             try:
                 if length > INLINE_DECODE_MAX_BYTES:
                     envelope = await self._big_frame(channel, length, connection)
@@ -122,6 +135,8 @@ class FrameLoop:
             except FrameDecodeError as exc:
                 self.decode_errors += 1
                 log.warning("closing thrift connection from %s: undecodable %d-byte frame: %s", peer, length, exc)
+                if payload:
+                    await self._answer_wrong_call(channel, payload, peer)
                 return
             else:
                 reply = await self._handler.dispatch(envelope, peer, channel.write)

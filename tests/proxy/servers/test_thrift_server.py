@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 
 import pytest
 import thriftpy2
-from thriftpy2.protocol import TCompactProtocolFactory
+from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
-from thriftpy2.transport import TFramedTransportFactory
+from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
 from ddmq.client import consumer as consumer_module
 from ddmq.client.cli import consume as consume_cli
@@ -380,6 +380,54 @@ async def test_undecodable_payload_closes_only_that_connection(server: ThriftSer
     finally:
         await _close(writer)
     assert server.decode_errors == 1
+    await _still_serves(server)
+
+
+def _wrong_setup_call(port: int, protocol: Any, transport: Any) -> tuple[int, str]:
+    """What thriftpy2's stock client, set up with ``protocol`` and ``transport``, gets from a submit."""
+    client = make_client(STOCK.ConsumerService, "127.0.0.1", port, proto_factory=protocol, trans_factory=transport,
+                         timeout=GUARD_S * 1000)
+    try:
+        client.submit(None)
+    except TApplicationException as exc:
+        return exc.type, exc.message
+    finally:
+        client.close()
+    raise AssertionError("a call in the wrong set-up was answered as a call")
+
+
+@pytest.mark.parametrize(
+    ("protocol", "transport", "rejected"),
+    [
+        (TBinaryProtocolFactory(), TFramedTransportFactory(), (0, 1)),
+        (TBinaryProtocolFactory(), TBufferedTransportFactory(), (1, 0)),
+        (TCompactProtocolFactory(), TBufferedTransportFactory(), (1, 0)),
+    ],
+    ids=["binary-framed", "binary-unframed", "compact-unframed"],
+)
+async def test_a_client_on_the_wrong_protocol_or_transport_is_told_what_the_port_speaks(
+    server: ThriftServer, protocol: Any, transport: Any, rejected: tuple[int, int]
+) -> None:
+    type_, message = await asyncio.to_thread(_wrong_setup_call, server.port, protocol, transport)
+    assert type_ == TApplicationException.PROTOCOL_ERROR
+    assert "compact protocol over framed transport" in message
+    assert (server.frames_rejected, server.decode_errors) == rejected
+    await _still_serves(server)
+
+
+@pytest.mark.parametrize(
+    "data", [b"\x80\x01\x00\x01\x00\x00\x10\x00" + b"x" * 64, b"\x82\x21\xff\xff\xff\xff\xff\xff"],
+    ids=["binary-name-too-long", "compact-varint-too-long"],
+)
+async def test_what_only_looks_like_a_wrong_call_is_closed_without_an_answer(server: ThriftServer, data: bytes) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        assert await _closed_by_server(reader)  # nothing read before the close
+    finally:
+        await _close(writer)
+    assert server.frames_rejected == 1
     await _still_serves(server)
 
 
