@@ -51,6 +51,9 @@ __all__ = [
 COMPILED: Final = (
     "ddmq.proxy.store.broker",
     "ddmq.proxy.api.fetch",
+    # what a pull with a request id remembers (every pull of the project's SDK names one): the answer's
+    # deliveries, one buffer lookup per message
+    "ddmq.proxy.api.pull_retries",
     "ddmq.proxy.api.consume",
     # a request's acks and fails, from the request to the buffers
     "ddmq.proxy.api.results",

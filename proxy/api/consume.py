@@ -123,8 +123,8 @@ class ConsumeApi:
     async def _again(self, retried: Answer, group: str, topic: str | None) -> PullBatch | None:
         """What a retry of ``retried`` answers (None: nothing of it is left in flight). A first try
         still waiting is waited for, never cancelled by this one."""
-        if not retried.done.done():
-            await asyncio.shield(retried.done)
+        if not retried.settled:
+            await asyncio.shield(retried.waiter())
         return self.retries.replay(retried, self.registry.group(group).buffer, topic or None)
 
     async def _pull(

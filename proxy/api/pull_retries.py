@@ -53,24 +53,38 @@ Sent = tuple[int, int, int, int]
 
 
 class Answer:
-    """One remembered pull: ``done`` once it was answered (or failed), then the queue it answered from,
-    that queue's tracker (which names the read: a queue dropped and read again has a new one), its
+    """One remembered pull: ``settled`` once it was answered (or failed), then the queue it answered
+    from, that queue's tracker (which names the read: a queue dropped and read again has a new one), its
     messages' deliveries and its runs."""
 
-    __slots__ = ("done", "owner", "queue", "request_id", "runs", "sent", "tracker")
+    __slots__ = ("_waiter", "owner", "queue", "request_id", "runs", "sent", "settled", "tracker")
 
     def __init__(self, request_id: str, owner: _GroupAnswers) -> None:
         self.request_id = request_id
         self.owner = owner
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.settled = False
+        # Made only when a retry finds its first try still waiting: every pull of the SDK names an id,
+        # and almost none is ever retried, so a future per pull would be paid for nothing.
+        self._waiter: asyncio.Future[None] | None = None
         self.queue: QueueId | None = None
         self.tracker: OffsetTracker | None = None
         self.sent: list[Sent] = []
         self.runs: list[int] | None = None
 
+    def waiter(self) -> asyncio.Future[None]:
+        """A future done once this pull is settled (for a retry that arrives while it still waits)."""
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            if self.settled:
+                self._waiter.set_result(None)
+        return self._waiter
+
     def settle(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
+        if self.settled:
+            return
+        self.settled = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 class _GroupAnswers:
@@ -126,7 +140,7 @@ class RetriedPulls:
     def answered(answer: Answer, batch: PullBatch) -> None:
         """``answer``'s pull answered ``batch``: remember each message's delivery as it is now."""
         queue = batch.queue
-        if answer.done.done():
+        if answer.settled:
             return
         owner = answer.owner
         if queue is not None and batch.messages and owner.holds(answer):
