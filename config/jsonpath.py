@@ -27,9 +27,9 @@ _CACHE_SIZE: Final = 4096
 _parsed: dict[str, Any] = {}
 
 #: The most distinct JSONPaths beyond names and list indexes (filters, wildcards, slices, ``..``) one
-#: config may hold: each costs jsonpath-ng's parser about a millisecond, and a check must take under a
+#: config may hold: each costs jsonpath-ng's parser up to a few milliseconds, and a check must take under a
 #: second (a config has a handful).
-MAX_PARSED_PATHS: Final = 256
+MAX_PARSED_PATHS: Final = 128
 #: While a config loads (the loader sets it): the distinct such paths seen so far; unset at run time.
 PARSED_PATHS: ContextVar[set[str] | None] = ContextVar("ddmq_parsed_paths", default=None)
 _parser: list[Any] = []  # the one jsonpath-ng parser, built at first use: its tables cost more than a parse
