@@ -90,8 +90,10 @@ class Answer:
 class _GroupAnswers:
     """A group's remembered pulls, oldest first, and how many offsets they hold."""
 
-    def __init__(self, group: ConsumerGroup) -> None:
+    def __init__(self, group: ConsumerGroup, max_ids: int, max_offsets: int) -> None:
         self.group = group
+        self.max_ids = max_ids
+        self.max_offsets = max_offsets
         self.answers: OrderedDict[str, Answer] = OrderedDict()
         self.offsets = 0
 
@@ -106,15 +108,18 @@ class _GroupAnswers:
         return self.answers.get(answer.request_id) is answer
 
     def trim(self) -> None:
-        while len(self.answers) > MAX_IDS or (self.offsets > MAX_OFFSETS and len(self.answers) > 1):
+        while len(self.answers) > self.max_ids or (self.offsets > self.max_offsets and len(self.answers) > 1):
             _, oldest = self.answers.popitem(last=False)
             self.offsets -= len(oldest.sent)
 
 
 class RetriedPulls:
-    """Every group's remembered pulls on this proxy (shared by the Thrift and HTTP views of the API)."""
+    """Every group's remembered pulls on this proxy (shared by the Thrift and HTTP views of the API), at
+    most ``max_ids`` ids and ``max_offsets`` offsets per group."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_ids: int = MAX_IDS, max_offsets: int = MAX_OFFSETS) -> None:
+        self.max_ids = max_ids
+        self.max_offsets = max_offsets
         self._groups: dict[str, _GroupAnswers] = {}
 
     def held(self, group: str) -> tuple[int, int]:
@@ -131,7 +136,7 @@ class RetriedPulls:
         """Remember pull ``request_id`` of ``group`` from now on (before its results are applied)."""
         answers = self._groups.get(group.name)
         if answers is None or answers.group is not group:  # a group rebuilt by a reload starts afresh
-            answers = self._groups[group.name] = _GroupAnswers(group)
+            answers = self._groups[group.name] = _GroupAnswers(group, self.max_ids, self.max_offsets)
         answer = Answer(request_id, answers)
         answers.add(answer)
         return answer

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from ddmq.proxy.api import pull_retries
 from ddmq.proxy.core.errors import BadRequestError
 from ddmq.proxy.core.types import PullBatch, QueueResult
 from ddmq.proxy.service import ProxyService
@@ -72,11 +71,10 @@ async def test_a_request_id_is_bounded(redis_url: str) -> None:
         assert service.api.retries.held("g") == (0, 0)
 
 
-async def test_the_memory_of_a_group_is_bounded_oldest_first(redis_url: str, monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
-    monkeypatch.setattr(pull_retries, "MAX_IDS", 50)
-    monkeypatch.setattr(pull_retries, "MAX_OFFSETS", 8)
+async def test_the_memory_of_a_group_is_bounded_oldest_first(redis_url: str) -> None:
     async with running_proxy(redis_url, TOPIC, queues=1) as service:
+        # the bounds are the instance's (a compiled module's constants cannot be patched)
+        service.api.retries.max_ids, service.api.retries.max_offsets = 50, 8
         for i in range(200):  # a client inventing ids: only the newest are kept
             await pull(service, f"idle-{i}", linger_ms=0)
         assert service.api.retries.held("g") == (50, 0)
