@@ -130,6 +130,7 @@ async def test_the_node_consumer_gets_every_ride_in_key_order_and_a_failure_agai
         outcomes = {e["setup"]: e for e in _events(run.stdout)}
         assert set(outcomes) == {"binary-framed", "binary-buffered", "compact-buffered"}, run.stdout
         for outcome in outcomes.values():
-            assert outcome["outcome"] == "error" and "compact protocol over framed transport" in outcome["message"], outcome
+            assert outcome["outcome"] == "error", outcome
+            assert "compact protocol over framed transport" in outcome["message"], outcome
     finally:
         assert proxy.stop() == 0, proxy.log()[-5000:]
