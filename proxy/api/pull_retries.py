@@ -83,7 +83,7 @@ class Answer:
         if self.settled:
             return
         self.settled = True
-        if self._waiter is not None and not self._waiter.done():
+        if self._waiter is not None:  # made before this settled, so not done yet
             self._waiter.set_result(None)
 
 

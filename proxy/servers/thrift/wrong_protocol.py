@@ -18,6 +18,8 @@ import asyncio
 import struct
 from typing import Final, NamedTuple
 
+from ddmq.protocol.wire import FRAME_HEADER_BYTES, TApplicationException, TMessageType, encode
+from ddmq.protocol.wire.layout import MAX_SEQID, VarintTooLongError, read_varint
 from ddmq.proxy.servers.thrift.channel import ChannelClosedError, FrameChannel
 
 __all__ = ["MAX_NAME_BYTES", "MESSAGE", "WrongCall", "answer", "answer_refused", "parse"]
@@ -30,8 +32,6 @@ MESSAGE: Final = "this port speaks the compact protocol over framed transport (T
 #: How long a refused connection is given for the rest of a call's header, and for its answer to go out.
 WAIT_S: Final = 1.0
 
-_PROTOCOL_ERROR: Final = 7  # TApplicationException.PROTOCOL_ERROR
-_EXCEPTION: Final = 3  # TMessageType.EXCEPTION
 _BINARY_VERSION: Final = 0x80010000
 _COMPACT_ID: Final = 0x82
 _COMPACT_VERSION: Final = 1
@@ -96,62 +96,30 @@ def _parse_binary(data: bytes, framed: bool) -> WrongCall | int | None:
 
 
 def _parse_compact(data: bytes) -> WrongCall | int | None:
-    seqid, at = _varint(data, 2)
-    if seqid is None:
-        return None if at < 0 else len(data) + 1
-    size, at = _varint(data, at)
-    if size is None:
-        return None if at < 0 else len(data) + 1
-    if not 0 < size <= MAX_NAME_BYTES:
+    try:
+        seqid, at = read_varint(data, 2)
+        size, at = read_varint(data, at)
+    except IndexError:  # the data ends inside a varint
+        return len(data) + 1
+    except VarintTooLongError:
+        return None
+    if seqid > MAX_SEQID or not 0 < size <= MAX_NAME_BYTES:
         return None
     if len(data) < at + size:
         return at + size
-    return WrongCall("compact", False, data[at:at + size].decode("utf-8", "replace"), _as_i32(seqid))
-
-
-def _varint(data: bytes, at: int) -> tuple[int | None, int]:
-    """The unsigned varint at ``at`` and where it ends; (None, -1) when it is too long for an i32,
-    (None, at) when ``data`` ends inside it."""
-    value = shift = 0
-    for i in range(at, min(len(data), at + 5)):
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i + 1
-        shift += 7
-    return (None, -1) if len(data) >= at + 5 else (None, at)
-
-
-def _as_i32(value: int) -> int:
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
+    return WrongCall("compact", False, data[at:at + size].decode("utf-8", "replace"), seqid)
 
 
 def answer(call: WrongCall) -> bytes:
     """The call's answer: a ``TApplicationException`` (``PROTOCOL_ERROR``, :data:`MESSAGE`) in its
     protocol and transport."""
+    if call.protocol == "compact":  # the codec's own frame, sent without its header
+        return encode(call.name, TMessageType.EXCEPTION, call.seqid,
+                      TApplicationException(TApplicationException.PROTOCOL_ERROR, MESSAGE))[FRAME_HEADER_BYTES:]
     name, message = call.name.encode(), MESSAGE.encode()
-    if call.protocol == "binary":
-        body = (
-            struct.pack(">Ii", _BINARY_VERSION | _EXCEPTION, len(name)) + name + struct.pack(">i", call.seqid)
-            + struct.pack(">bhi", 11, 1, len(message)) + message  # field 1, string: message
-            + struct.pack(">bhi", 8, 2, _PROTOCOL_ERROR) + b"\x00"  # field 2, i32: type; stop
-        )
-    else:
-        body = (
-            bytes((_COMPACT_ID, _EXCEPTION << 5 | _COMPACT_VERSION)) + _uvarint(call.seqid & 0xFFFFFFFF)
-            + _uvarint(len(name)) + name
-            + b"\x18" + _uvarint(len(message)) + message  # field 1 (delta 1), binary
-            + b"\x15" + _uvarint(_PROTOCOL_ERROR << 1) + b"\x00"  # field 2 (delta 1), i32 zigzag; stop
-        )
+    body = (
+        struct.pack(">Ii", _BINARY_VERSION | TMessageType.EXCEPTION, len(name)) + name + struct.pack(">i", call.seqid)
+        + struct.pack(">bhi", 11, 1, len(message)) + message  # field 1, string: message
+        + struct.pack(">bhi", 8, 2, TApplicationException.PROTOCOL_ERROR) + b"\x00"  # field 2, i32: type; stop
+    )
     return struct.pack(">i", len(body)) + body if call.framed else body
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        if value < 0x80:
-            out.append(value)
-            return bytes(out)
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
