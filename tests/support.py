@@ -305,12 +305,18 @@ def acked_prefixes(log: list[Delivery]) -> dict[str, int]:
     return acked
 
 
-def term_of(reads: dict[tuple[str, int], list[dict[str, Any]]], delivery: Delivery) -> int:
-    """The lease term under which ``delivery``'s owner read that offset: its latest read covering it (that
-    happened before the delivery, when its time is known). ``reads`` lists each owner's reads in time order."""
+def term_of(reads: dict[tuple[str, int], list[dict[str, Any]]], delivery: Delivery, clock: str = "t",
+            slack_s: float = 0.0) -> int:
+    """The lease term under which ``delivery``'s owner read that offset: its latest read covering it that
+    happened before the client received it (within ``slack_s``: what the audit's ``clock`` may be off
+    from this host's), by the audit's ``clock`` (see :func:`check_single_reader`). Without the receive
+    time, a delivery of an earlier term would take the term of a later re-read of the same offset by the
+    same owner, and a replay that is legal would look out of order. ``reads`` lists each owner's reads in
+    ``clock`` order."""
+    at = delivery.t if delivery.t is not None else (delivery.received or None)
     term = None
     for record in reads[(delivery.owner, delivery.qid)]:
-        if delivery.t is not None and record["t"] > delivery.t:
+        if at is not None and record[clock] > at + slack_s:
             break
         if record["first"] <= delivery.offset <= record["last"]:
             term = record["term"]
@@ -368,15 +374,16 @@ def stale_deliveries(records: list[dict[str, Any]], log: list[Delivery], slack_s
     return stale
 
 
-def check_order_by_term(records: list[dict[str, Any]], log: list[Delivery]) -> OrderChecker:
+def check_order_by_term(records: list[dict[str, Any]], log: list[Delivery], clock: str = "t",
+                        slack_s: float = 0.0) -> OrderChecker:
     """Replay ``log`` through an OrderChecker whose epoch for each delivery is the lease term its
-    owner read it under (from the read audit ``records``)."""
+    owner read it under (from the read audit ``records``, dated by ``clock``: see :func:`term_of`)."""
     reads: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for record in sorted(records, key=lambda r: r["t"]):
+    for record in sorted(records, key=lambda r: r[clock]):
         reads[(record["owner"], record["qid"])].append(record)
     checker = OrderChecker()
     for d in log:
-        term = term_of(reads, d)
+        term = term_of(reads, d, clock, slack_s)
         checker.delivered(d.key, d.seq, term)
         if d.acked:
             checker.acked(d.key, d.seq, term)

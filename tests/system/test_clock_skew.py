@@ -135,7 +135,9 @@ async def test_a_skewed_clock_costs_no_overlap_and_failover_takes_the_ttl(
     check_single_reader(records, clock="rt")  # the skewed proxy's wall clock is off: Redis's time
     stale = stale_deliveries(records, log, clock="rt")
     assert stale == [], stale[:5]
-    checker = check_order_by_term(records, log)
+    # A proxy's idea of Redis's time is off by up to a few tens of ms while its clock runs at another
+    # rate (it is set again at each renewal); its re-reads of an offset are a lease move (seconds) apart.
+    checker = check_order_by_term(records, log, clock="rt", slack_s=0.5)
     assert checker.violations == [], checker.violations[:5]
     assert checker.missing(produced) == {}
     for dead, took in failovers.items():
