@@ -48,6 +48,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,10 @@ def engine_config(url: str, order_key: str = "KEY", topic: str = "t") -> Any:
     )
 
 
-async def drain_engine(service: Any, messages: int, max_per_key: int | None = None, topic: str = "t") -> None:
+async def drain_engine(service: Any, messages: int, max_per_key: int | None = None, topic: str = "t",
+                       request_ids: bool = False) -> None:
     """:data:`PULLERS` pullers call ``pull`` on the request surface (acks on their next pull) until
-    ``messages`` arrived."""
+    ``messages`` arrived; with ``request_ids`` every pull names a fresh request id, as the SDK's do."""
     try:
         from ddmq.proxy.core.types import QueueResult
     except ImportError:  # a release from before proxy/ had subpackages
@@ -112,7 +114,8 @@ async def drain_engine(service: Any, messages: int, max_per_key: int | None = No
         nonlocal received
         results: list[Any] = []
         while received < messages:
-            batch = await service.pull("g", topic, BATCH, 200, results, max_per_key=max_per_key)
+            named = {"request_id": uuid.uuid4().hex} if request_ids else {}  # older releases know no ids
+            batch = await service.pull("g", topic, BATCH, 200, results, max_per_key=max_per_key, **named)
             received += len(batch.messages)
             results = []
             if batch.queue is not None:

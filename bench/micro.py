@@ -10,7 +10,8 @@
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
   ``Order, PullServer`` by KEY, drained through ``ProxyService.api.pull`` by 8 pullers acking on their next
   pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks;
-  ``engine_runs``: the same with the pulls asking for ordered runs (``max_per_key`` 64).
+  ``engine_runs``: the same with the pulls asking for ordered runs (``max_per_key`` 64);
+  ``engine_request_ids``: the same with a fresh request id on every pull, as the project's SDK sends.
 """
 
 from __future__ import annotations
@@ -116,21 +117,22 @@ def codec(repeat: int = 300) -> dict[str, float]:
     }
 
 
-async def _engine(url: str, messages: int, max_per_key: int | None = None) -> float:
+async def _engine(url: str, messages: int, max_per_key: int | None = None, request_ids: bool = False) -> float:
     await produce_engine_backlog(url, messages)
     async with ProxyService(engine_config(url)) as service:
         began = time.process_time()
-        await drain_engine(service.api, messages, max_per_key)
+        await drain_engine(service.api, messages, max_per_key, request_ids=request_ids)
         return (time.process_time() - began) / messages * 1e6
 
 
 def engine(messages: int) -> dict[str, float]:
     figures = {}
-    for name, max_per_key in (("engine_cpu_us", None), ("engine_runs_cpu_us", 64)):
+    runs = (("engine_cpu_us", None, False), ("engine_runs_cpu_us", 64, False), ("engine_request_ids_cpu_us", None, True))
+    for name, max_per_key, request_ids in runs:
         with tempfile.TemporaryDirectory() as data_dir:
             redis_server = EmbeddedRedis(data_dir).start()
             try:
-                figures[name] = asyncio.run(_engine(redis_server.url, messages, max_per_key))
+                figures[name] = asyncio.run(_engine(redis_server.url, messages, max_per_key, request_ids))
             finally:
                 redis_server.stop()
     return figures

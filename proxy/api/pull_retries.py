@@ -37,6 +37,7 @@ from ddmq.proxy.core.types import PullBatch, QueueId
 from ddmq.proxy.engine.job import JobState
 from ddmq.proxy.engine.offsets import OffsetTracker
 from ddmq.proxy.engine.pull_buffer import PullBuffer
+from ddmq.proxy.engine.queue_slot import DELIVERY_FIELDS, not_held
 from ddmq.proxy.groups.group import ConsumerGroup
 
 __all__ = ["MAX_IDS", "MAX_OFFSETS", "Answer", "RetriedPulls"]
@@ -48,16 +49,13 @@ MAX_OFFSETS: Final = 32_768
 
 _IN_FLIGHT: Final = JobState.IN_FLIGHT
 
-#: One message of an answer: its offset and its delivery (attempts, deadline tick, extensions).
-Sent = tuple[int, int, int, int]
-
 
 class Answer:
     """One remembered pull: ``settled`` once it was answered (or failed), then the queue it answered
     from, that queue's tracker (which names the read: a queue dropped and read again has a new one), its
     messages' deliveries and its runs."""
 
-    __slots__ = ("_waiter", "owner", "queue", "request_id", "runs", "sent", "settled", "tracker")
+    __slots__ = ("_waiter", "count", "owner", "queue", "request_id", "runs", "sent", "settled", "tracker")
 
     def __init__(self, request_id: str, owner: _GroupAnswers) -> None:
         self.request_id = request_id
@@ -68,7 +66,10 @@ class Answer:
         self._waiter: asyncio.Future[None] | None = None
         self.queue: QueueId | None = None
         self.tracker: OffsetTracker | None = None
-        self.sent: list[Sent] = []
+        #: Its messages' deliveries, :data:`DELIVERY_FIELDS` ints each (``QueueSlot.deliveries``), and how
+        #: many messages that is.
+        self.sent: list[int] = []
+        self.count = 0
         self.runs: list[int] | None = None
 
     def waiter(self) -> asyncio.Future[None]:
@@ -100,7 +101,7 @@ class _GroupAnswers:
     def add(self, answer: Answer) -> None:
         old = self.answers.pop(answer.request_id, None)
         if old is not None:
-            self.offsets -= len(old.sent)
+            self.offsets -= old.count
         self.answers[answer.request_id] = answer
         self.trim()
 
@@ -110,7 +111,7 @@ class _GroupAnswers:
     def trim(self) -> None:
         while len(self.answers) > self.max_ids or (self.offsets > self.max_offsets and len(self.answers) > 1):
             _, oldest = self.answers.popitem(last=False)
-            self.offsets -= len(oldest.sent)
+            self.offsets -= oldest.count
 
 
 class RetriedPulls:
@@ -149,18 +150,14 @@ class RetriedPulls:
             return
         owner = answer.owner
         if queue is not None and batch.messages and owner.holds(answer):
-            buffer = owner.group.buffer
-            sent: list[Sent] = []
-            tracker = None
-            for message in batch.messages:
-                job = buffer.job(queue, message.offset)
-                if job is None:  # kept in place, never live: the runs' sizes count by position
-                    sent.append((message.offset, -1, -1, -1))
-                    continue
-                tracker = job.tracker
-                sent.append((job.offset, job.attempts, job.deadline, job.extensions))
+            slot = owner.group.buffer.slot(queue)
+            if slot is None:
+                tracker, sent = None, not_held(batch.messages)
+            else:
+                tracker, sent = slot.deliveries(batch.messages)
             answer.queue, answer.tracker, answer.sent, answer.runs = queue, tracker, sent, batch.runs
-            owner.offsets += len(sent)
+            answer.count = len(batch.messages)
+            owner.offsets += answer.count
             owner.trim()
         answer.settle()
 
@@ -173,11 +170,12 @@ class RetriedPulls:
             return None
         live: list[bool] = []
         messages = []
-        for offset, attempts, deadline, extensions in answer.sent:
-            job = buffer.job(queue, offset)
+        sent = answer.sent
+        for i in range(0, len(sent), DELIVERY_FIELDS):
+            job = buffer.job(queue, sent[i])
             same = (
                 job is not None and job.tracker is answer.tracker and job.state is _IN_FLIGHT
-                and job.attempts == attempts and job.deadline == deadline and job.extensions == extensions
+                and job.attempts == sent[i + 1] and job.deadline == sent[i + 2] and job.extensions == sent[i + 3]
             )
             live.append(same)
             if same and job is not None:

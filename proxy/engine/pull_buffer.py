@@ -327,6 +327,10 @@ class PullBuffer:
         slot = self._queues.get(queue)
         return slot.job(offset) if slot is not None else None
 
+    def slot(self, queue: QueueId) -> QueueSlot | None:
+        """What the buffer holds of ``queue``, if anything (for many lookups in one queue at once)."""
+        return self._queues.get(queue)
+
     def jobs(self) -> Iterator[UpstreamJob]:
         """Every unfinished job the buffer holds (ready, in flight, waiting for a retry, parked)."""
         for slot in self._queues.values():
@@ -352,11 +356,6 @@ class PullBuffer:
     def in_flight_of(self, topic: str) -> int:
         """Jobs of ``topic`` handed to clients and not acked or failed yet."""
         return sum(1 for job in self.jobs() if job.queue.topic == topic and job.state is _IN_FLIGHT)
-
-    def in_flight_of_queue(self, queue: QueueId) -> int:
-        """Jobs of ``queue`` handed to clients and not acked or failed yet (what a hand-off waits for)."""
-        slot = self._queues.get(queue)
-        return sum(1 for job in slot.jobs() if job.state is _IN_FLIGHT) if slot is not None else 0
 
     @property
     def held(self) -> int:

@@ -14,15 +14,32 @@ to the heads once it is its key's head, putting a run back in its keys' chains (
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final
 
-from ddmq.proxy.core.types import QueueId
+from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.ready_line import ReadyLine
 from ddmq.proxy.engine.redelivery import Redelivery
 
-__all__ = ["QueueSlot"]
+if TYPE_CHECKING:
+    from ddmq.proxy.engine.offsets import OffsetTracker
+
+__all__ = ["DELIVERY_FIELDS", "QueueSlot", "not_held"]
+
+#: What :meth:`QueueSlot.deliveries` writes per message, one after another in one flat list of ints: its
+#: offset, attempts, deadline tick and extensions (-1 for each of the last three when the slot does not
+#: hold it). Flat: a tuple per message made every pull's record cost an allocation and GC work per
+#: message, which the retry memo of every SDK pull paid for.
+DELIVERY_FIELDS: Final = 4
+
+
+def not_held(messages: Sequence[StoredMessage]) -> list[int]:
+    """:meth:`QueueSlot.deliveries`' record of ``messages`` when no slot holds any of them."""
+    sent: list[int] = []
+    for message in messages:
+        sent += (message.offset, -1, -1, -1)
+    return sent
 
 # Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
 # Final: the compiled build keeps them in C statics, where a plain global is a dict lookup per use.
@@ -56,6 +73,30 @@ class QueueSlot:
             job = self.members.get(offset)
         return job
 
+    def deliveries(self, messages: Sequence[StoredMessage]) -> tuple[OffsetTracker | None, list[int]]:
+        """How each of ``messages`` is delivered now (:data:`DELIVERY_FIELDS` ints each), and the tracker
+        of the read they came from (None when the slot holds none of them): what a retry of the pull that
+        answered them compares with."""
+        heads, members = self.heads, self.members
+        tracker = None
+        sent: list[int] = []
+        for message in messages:
+            offset = message.offset
+            job = heads.get(offset)
+            if job is None and members:
+                job = members.get(offset)
+            sent.append(offset)
+            if job is None:  # kept in place, never live: the runs' sizes count by position
+                sent.append(-1)
+                sent.append(-1)
+                sent.append(-1)
+            else:
+                tracker = job.tracker
+                sent.append(job.attempts)
+                sent.append(job.deadline)
+                sent.append(job.extensions)
+        return tracker, sent
+
     def jobs(self) -> Iterator[UpstreamJob]:
         """Every unfinished job of the queue: the heads, then the run members in their chains' order."""
         yield from self.heads.values()
@@ -63,6 +104,10 @@ class QueueSlot:
 
     def held(self) -> int:
         return len(self.heads) + len(self.members)
+
+    def in_flight(self) -> int:
+        """Jobs handed to clients and not acked or failed yet (what a hand-off of the queue waits for)."""
+        return sum(1 for job in self.jobs() if job.state is _IN_FLIGHT)
 
     def finish(self, job: UpstreamJob) -> None:
         """``job`` is done (acked, finished elsewhere, dead-lettered): its consumer releases its key."""

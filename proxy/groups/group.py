@@ -112,7 +112,8 @@ class TopicConsumer:
         handed out is read again by the next owner). Pushed: every job read, as a push sink does not
         ask for the lease before it pushes (its pushes go on until done)."""
         if self.chain and isinstance(self.chain[-1], PullServerAction):
-            return self.buffer.in_flight_of_queue(QueueId(self.topic, qid))
+            slot = self.buffer.slot(QueueId(self.topic, qid))
+            return slot.in_flight() if slot is not None else 0
         tracker = self.owned.tracker(qid)
         return tracker.unfinished if tracker is not None else 0
 
