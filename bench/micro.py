@@ -127,7 +127,9 @@ async def _engine(url: str, messages: int, max_per_key: int | None = None, reque
 
 def engine(messages: int) -> dict[str, float]:
     figures = {}
-    runs = (("engine_cpu_us", None, False), ("engine_runs_cpu_us", 64, False), ("engine_request_ids_cpu_us", None, True))
+    runs = (
+        ("engine_cpu_us", None, False), ("engine_runs_cpu_us", 64, False), ("engine_request_ids_cpu_us", None, True),
+    )
     for name, max_per_key, request_ids in runs:
         with tempfile.TemporaryDirectory() as data_dir:
             redis_server = EmbeddedRedis(data_dir).start()
