@@ -1,4 +1,5 @@
-"""The scenarios P1-P6 and R1 (and P1c, P1 on a Redis Cluster; P1h, a few hot keys), by id, in the order they run.
+"""The scenarios P1-P6 and R1 (and P1r, request ids; P1c, P1 on a Redis Cluster; P1h, a few hot keys; P6d,
+a rolling restart), by id, in the order they run.
 
 A scenario is a function ``(Settings) -> list[Row]`` that starts its own Redis and proxy, runs its
 loads, stops both and returns its rows (P1 returns three: KEY, JSONPath and QID order keys).
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from bench.report import Row
 from bench.scenarios.base import Settings
+from bench.scenarios.deploy import rolling_restart
 from bench.scenarios.failover import failover
 from bench.scenarios.latency import latency
 from bench.scenarios.memory import memory
@@ -48,6 +50,8 @@ SCENARIOS: dict[str, Scenario] = {
                  retention_memory),
         Scenario("P6", "failover: kill -9 and graceful moves, redelivery with/without persisted completions",
                  failover),
+        Scenario("P6d", "rolling restart with the default leases: the longest a queue goes without a delivery",
+                 rolling_restart),
         Scenario("S1", "Spark availableNow -> parquet via format(\"ddmq\") pull/queue, vs an in-memory source", spark),
     )
 }
