@@ -30,9 +30,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from ddmq.protocol.redis import keys
-
-from ..support import ProxyProcess, acked_prefixes, check_order_by_term, check_single_reader, until
-from .test_rolling_restart import (
+from tests.harness.rolling import (
     QUEUES,
     Pullers,
     backlog,
@@ -43,6 +41,8 @@ from .test_rolling_restart import (
     served_since,
     settled,
 )
+
+from ..support import ProxyProcess, acked_prefixes, check_order_by_term, check_single_reader, until
 
 PREVIOUS_RELEASE = "9fc126c8a2c9ae5bcc372cb0375ff1773a947d92"
 #: Where the previous release's venv is kept between runs (default ``~/.cache/ddmq-upgrade``).
