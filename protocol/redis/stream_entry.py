@@ -14,6 +14,11 @@ field   value
 
 The entry id is ``0-<offset>`` (:func:`ddmq.protocol.redis.keys.offset_of`). A dead letter is the same entry
 plus fields of its own (``qid``, ``offset``, ``attempts``, ``error``, ``dead_ms``).
+
+One property name is the project's own: :data:`REPLAY_GROUP`. A dead-letter replay produces its messages
+back into the topic with it, naming the group whose dead letters they were; every other group of the
+topic takes such a message as finished without delivering it (the proxy's chain does, and its low-level
+``fetch`` leaves it out).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "KEY",
     "PRODUCE_TIME",
     "PROPERTIES",
+    "REPLAY_GROUP",
     "TAG",
     "VALUE",
     "StoredMessage",
@@ -39,6 +45,9 @@ KEY: Final = b"k"
 TAG: Final = b"t"
 PROPERTIES: Final = b"p"
 PRODUCE_TIME: Final = b"ts"
+#: The property a replayed dead letter carries: the group it is for. Other groups never deliver it, so a
+#: group that already finished the message does not get it again after its key's later messages.
+REPLAY_GROUP: Final = "ddmq.replay.group"
 
 
 class StoredMessage(NamedTuple):

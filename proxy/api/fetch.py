@@ -17,7 +17,8 @@ was stored). A request names at most ``MAX_FETCH_QUEUES`` queues of topics the g
 queue at most ``max_batch`` messages (``0..MAX_FETCH_BATCH``; 0 answers the start positions only),
 and a response stops adding messages once ``MAX_FETCH_BYTES`` of values were added (its first
 message always fits), so a page does not outgrow a frame unless one message does; ``next_offset``
-picks up exactly where it stopped, past entries that are not messages of ours too.
+picks up exactly where it stopped, past entries that are not messages of ours too, and past other groups'
+replayed dead letters (:data:`~ddmq.protocol.redis.stream_entry.REPLAY_GROUP`), which a group never sees.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.stream_entry import REPLAY_GROUP
 from ddmq.proxy.core.errors import BadRequestError, UnknownTopicError
 from ddmq.proxy.core.types import FetchedQueue, QueueId, StoredMessage
 from ddmq.proxy.groups.group import ConsumerGroup
@@ -42,6 +44,7 @@ MAX_FETCH_BYTES: Final = 4 * 1024 * 1024
 #: ``fetchOffset`` value meaning "from the stored position".
 FROM_STORED: Final = -1
 FIRST_OFFSET: Final = 1
+_REPLAY_GROUP: Final = REPLAY_GROUP
 
 
 class LowLevelApi:
@@ -69,19 +72,25 @@ class LowLevelApi:
         if linger_ms > 0 and not any(seen for _, seen in pages.values()):
             pages = await self._read(starts, count, block_ms=linger_ms)
         budget = MAX_FETCH_BYTES
+        name = group.name
         answer = []
         for queue, start in starts.items():
             messages, seen = pages.get(queue, ([], 0))
             taken: list[StoredMessage] = []
+            looked = 0  # messages looked at, other groups' replays included
             for message in messages:
                 if budget <= 0:
                     break
+                looked += 1
+                properties = message.properties
+                if properties and properties.get(_REPLAY_GROUP, name) != name:
+                    continue
                 taken.append(message)
                 budget -= len(message.value)
-            if len(taken) == len(messages):  # the whole page: continue after foreign entries left out too
+            if looked == len(messages):  # the whole page: continue after foreign entries left out too
                 next_offset = max(start, seen + 1)
             else:
-                next_offset = taken[-1].offset + 1 if taken else start
+                next_offset = messages[looked - 1].offset + 1 if looked else start
             answer.append(FetchedQueue(queue.topic, queue.qid, next_offset, taken))
         return answer
 

@@ -22,6 +22,7 @@ from typing import Final
 
 from ddmq.actions import Action, Status, build_chain
 from ddmq.config.schema import TopicGroupConfig
+from ddmq.protocol.redis.stream_entry import REPLAY_GROUP
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.supervise import Backoff, supervised
 from ddmq.proxy.core.types import QueueId, StoredMessage
@@ -41,6 +42,7 @@ _CONTINUE: Final = Status.CONTINUE
 _ASYNC: Final = Status.ASYNC
 _FAIL: Final = Status.FAIL
 _FINISHED: Final = JobState.FINISHED
+_REPLAY_GROUP: Final = REPLAY_GROUP
 
 
 class ChainRun:
@@ -86,6 +88,7 @@ class ChainRun:
         tags = jobs.tags
         counters = jobs.counters
         concurrency = jobs.config.concurrency
+        group = self.group
         read = 0
         try:
             for message in messages:
@@ -100,6 +103,13 @@ class ChainRun:
                 if tags and message.tag not in tags:
                     tracker.finish(message.offset)
                     counters["filtered"] += 1
+                    continue
+                properties = message.properties
+                if properties and properties.get(_REPLAY_GROUP, group) != group:
+                    # Another group's replayed dead letter: this group finished that message long ago,
+                    # and delivering it again now would put it after its key's later messages.
+                    tracker.finish(message.offset)
+                    counters["other_groups_replays"] += 1
                     continue
                 jobs.unfinished += 1
                 read += 1

@@ -21,8 +21,11 @@ A crash after 1 leaves the entries claimed, not lost: every replay first finishe
 (anyone's: 2 is idempotent), so a crash between 2 and 3 produces nothing twice either. A replayed
 message goes to the queue it came from (by its key's hash, or its dead-letter id's, when the topic
 has fewer queues now), and is a new message at the end of it, so it comes after any later message of
-its key that is already consumed. Replays of one (group, topic) in one proxy run one at a time, so
-the dead letters of a key are produced in their order.
+its key that is already consumed. It carries the property
+:data:`~ddmq.protocol.redis.stream_entry.REPLAY_GROUP` with the group's name: the topic's other groups,
+which finished the message when it first came, take it as finished and never deliver it. Replays of
+one (group, topic) in one proxy run one at a time, so the dead letters of a key are produced in their
+order.
 
 "All" means the entries present when the call starts: a replayed message that fails again and comes
 back is not replayed a second time by the same call.
@@ -291,9 +294,9 @@ class DeadLetters:
     async def _produce(self, qid: int, letters: list[DeadLetter], now_ms: int) -> int:
         args: list[bytes | int | str] = [len(letters), b""]
         for letter in letters:
-            items = stream_entry.encode_entry(
-                letter.value, letter.key or None, letter.tag or None, letter.properties or None, now_ms
-            )
+            # Addressed to this group alone: the topic's other groups finished the message long ago.
+            properties = {**letter.properties, stream_entry.REPLAY_GROUP: self.group}
+            items = stream_entry.encode_entry(letter.value, letter.key or None, letter.tag or None, properties, now_ms)
             args.append(len(items))
             args.extend(items)
         args.extend(letter.id for letter in letters)

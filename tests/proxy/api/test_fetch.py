@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from ddmq.client.thrift_client import AsyncProxyClient, RemoteApplicationError
 from ddmq.protocol.produce.producer import AsyncProducer, OutgoingMessage
 from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.stream_entry import REPLAY_GROUP
 from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest, FetchResponse
 from ddmq.proxy.api.fetch import MAX_FETCH_BYTES
 from ddmq.proxy.core.types import QueueResult
@@ -217,3 +218,28 @@ async def test_fetch_leaves_foreign_entries_out_and_moves_past_them(redis_url: s
                 position = page.nextRequestOffset
         assert values == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
         assert position == 14  # after 0-10, the renumbered automatic id, and b0..b2 at 0-11..0-13
+
+
+async def test_fetch_leaves_other_groups_replays_out_and_moves_past_them(redis_url: str) -> None:
+    """A dead letter replayed for another group is not this group's: never returned, and pages continue
+    past it, also when a whole page holds nothing else."""
+    for_other, for_g = {REPLAY_GROUP: "other"}, {REPLAY_GROUP: "g"}
+    sent = [("a0", None), ("x0", for_other), ("x1", for_other), ("x2", for_other), ("a1", for_g), ("x3", for_other),
+            ("a2", {"traceparent": "00-1-2-01"}), ("x4", for_other)]
+    async with running_proxy(redis_url, queues=1) as service:
+        assert service.thrift_port is not None
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [OutgoingMessage(v, qid=0, properties=p) for v, p in sent])
+        values: list[bytes] = []
+        position = 1
+        async with AsyncProxyClient("127.0.0.1", service.thrift_port) as proxy:
+            for _ in range(10):
+                response = await proxy.fetch(request({"t": {"0": position}}, batch=2))
+                (page,) = response.results
+                values += [m.value for m in page.messages]
+                if page.nextRequestOffset == position:
+                    break
+                position = page.nextRequestOffset
+        assert values == [b"a0", b"a1", b"a2"]
+        assert position == len(sent) + 1
+

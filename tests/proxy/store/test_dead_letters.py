@@ -58,6 +58,15 @@ async def queue_entries(redis_client: redis.asyncio.Redis, queues: int = 4) -> i
     return sum([int(await redis_client.xlen(keys.stream("t", qid))) for qid in range(queues)])
 
 
+async def replayed_for(redis_client: redis.asyncio.Redis, queues: int = 4) -> set[str | None]:
+    """The groups the queues' entries are addressed to (None: every group)."""
+    groups: set[str | None] = set()
+    for qid in range(queues):
+        for _, fields in await redis_client.xrange(keys.stream("t", qid)):
+            groups.add(stream_entry.decode_properties(fields.get(stream_entry.PROPERTIES)).get(stream_entry.REPLAY_GROUP))
+    return groups
+
+
 async def test_pages_stop_at_the_byte_cap_and_say_where_to_go_on(redis_url: str) -> None:
     http = {"max_answer_bytes": CAP, "max_listed_value_bytes": 1024}
     async with http_proxy(redis_url, {"order_key": "KEY"}, http=http) as (service, api):
@@ -180,6 +189,8 @@ async def test_a_crash_between_steps_loses_nothing_and_duplicates_nothing(
             assert answer["replayed"] == 40 - (len(claimed) if produced_before_crash else 0)
             assert await queue_entries(redis_client) == before + answer["replayed"]
             assert await redis_client.xlen(keys.dead_letter_claims("g", "t")) == 0
+            # a claim finished by the next replay is addressed to the group like the rest
+            assert await replayed_for(redis_client) == {"g"}
             assert_once_in_order(await consume_all(api, 40), sent)
 
 
