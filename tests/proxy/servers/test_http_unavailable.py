@@ -1,6 +1,7 @@
 """Redis gone: every admin operation answers a status its document lists, and exactly the operations
 that read or write Redis answer 503 (code 1006, retriable), the ones served from this proxy's memory
-still 200. The proxy has a Redis server of its own here, killed under it."""
+still 200 (a key's explanation is served from memory when the proxy reads every queue). The proxy has a
+Redis server of its own here, killed under it."""
 
 from __future__ import annotations
 
@@ -66,6 +67,11 @@ async def test_without_redis_each_admin_operation_answers_a_documented_status_50
                     params = dict(part.split("=") for part in query.split("&")) if query else None
                     status, answer = await api.call(method, path, json=body, params=params)  # held to the document
                     needs_redis = "503" in document[_template(path)][method.lower()]["responses"]
+                    if path.endswith("/explain"):
+                        # Answered from memory when this proxy reads every queue (it may have claimed
+                        # them all before the kill); Redis is asked only about the queues it does not read.
+                        consumer = service.groups["g"].consumers["t"]
+                        needs_redis = len(set(consumer.held)) < consumer.queues
                     if needs_redis:
                         assert status == 503 and answer["retriable"], (method, path, status, answer)
                     else:
