@@ -28,6 +28,7 @@ satisfies: this folder imports nothing of the proxy.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
@@ -64,6 +65,11 @@ class PullSink(Protocol):
     """The consumer's pull buffer, where ``PullServer`` leaves a job for the pull clients."""
 
     def add(self, job: Any) -> None: ...
+
+    def push_hold(self, topic: str) -> asyncio.Event | None:
+        """None while ``topic``'s messages may be pushed; else an event set when an operator's pause
+        is lifted (ask again then: another pause may hold it still)."""
+        ...
 
 
 class Retries(Protocol):

@@ -15,6 +15,10 @@ Per-key order holds as in a pull group: only key heads leave the blocking queue,
 unfinished (in flight, waiting for a retry, being dead-lettered) until one of the outcomes above.
 Nothing grows with a slow upstream but the ready queue, and that is bounded by ``concurrency``: the
 readers stop reading when that many jobs are unfinished. There is no task per message.
+
+An operator's pause of the topic (``ddmq groups pause``) holds the workers before they push: each holds
+the job it took, the rest wait in the ready queue, nothing is pushed and so no attempt is counted; a
+push under way when the pause came finishes as usual. They go on when the pause lifts.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class PushAction(ABC):
         self._ready: asyncio.Queue[Job] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0
+        self._held = 0
         ctx.redelivery.route_retries(ctx.topic, self._enqueue)
 
     # lifecycle ---------------------------------------------------------------------------------
@@ -106,6 +111,11 @@ class PushAction(ABC):
         return self._ready.qsize()
 
     @property
+    def held(self) -> int:
+        """Workers holding a job while an operator's pause holds the topic."""
+        return self._held
+
+    @property
     def in_flight(self) -> int:
         """Workers pushing right now (at most ``max_in_flight``)."""
         return self._busy
@@ -125,8 +135,18 @@ class PushAction(ABC):
 
     async def _work(self) -> None:
         ctx = self._ctx
+        hold_of = ctx.buffer.push_hold
         while True:
-            batch = self._take_batch(await self._ready.get())
+            first = await self._ready.get()
+            while (hold := hold_of(ctx.topic)) is not None:
+                # Paused by an operator: the job waits here as its key's head, not pushed, no attempt
+                # counted, until the pause lifts (its queue may have moved meanwhile: _take_batch sees it).
+                self._held += 1
+                try:
+                    await hold.wait()
+                finally:
+                    self._held -= 1
+            batch = self._take_batch(first)
             if not batch:
                 continue
             for job in batch:

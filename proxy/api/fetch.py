@@ -23,6 +23,7 @@ replayed dead letters (:data:`~ddmq.protocol.redis.stream_entry.REPLAY_GROUP`), 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Final
 
@@ -68,9 +69,15 @@ class LowLevelApi:
         starts = await self._resolve(group.name, wanted)
         if count == 0:
             return [FetchedQueue(q.topic, q.qid, start, []) for q, start in starts.items()]
-        pages = await self._read(starts, count, block_ms=None)
+        # An operator's pause holds its topics here too: their queues answer no messages, positions unchanged.
+        held = {topic for topic in {q.topic for q in starts} if await group.pause_watch.holds(topic)}
+        readable = {q: start for q, start in starts.items() if q.topic not in held}
+        if not readable:
+            await asyncio.sleep(linger_ms / 1000)  # a paused group's fetch lingers as a pull does
+            return [FetchedQueue(q.topic, q.qid, start, []) for q, start in starts.items()]
+        pages = await self._read(readable, count, block_ms=None)
         if linger_ms > 0 and not any(seen for _, seen in pages.values()):
-            pages = await self._read(starts, count, block_ms=linger_ms)
+            pages = await self._read(readable, count, block_ms=linger_ms)
         budget = MAX_FETCH_BYTES
         name = group.name
         answer = []

@@ -83,6 +83,8 @@ class Delivery:
         self.paused: frozenset[str] = frozenset()
         #: Topics whose breaker is half-open: how many more messages each may hand out.
         self.probes: dict[str, int] = {}
+        #: Set (and replaced) at every change of the pauses: push workers of a paused topic wait on it.
+        self._pauses_changed: asyncio.Event | None = None
         self.redelivery = Redelivery(group, stats, self._timed_out, self.make_ready, self._finish, clock)
         #: topic -> end-to-end latency and attempts (from its first delivery, ack or dead letter here).
         self.end_to_end: dict[str, EndToEnd] = {}
@@ -298,8 +300,21 @@ class Delivery:
         lifted = (self.all_paused and not everything) or not topics >= self.paused or bool(probes)
         self.all_paused, self.paused = everything, topics
         self.probes = probes if probes is not None else {}
+        if lifted and self._pauses_changed is not None:
+            self._pauses_changed.set()
+            self._pauses_changed = None
         if lifted and self._waiters and self.count and self._wake is None and self._loop is not None:
             self._wake = self._loop.call_soon(self._wake_waiters)
+
+    def push_hold(self, topic: str) -> asyncio.Event | None:
+        """None when ``topic``'s messages may be pushed; else an event set when a pause is lifted (a
+        push worker waits on it, then asks again): an operator's pause holds push chains as it holds
+        pulls, with nothing pushed and so no attempt counted."""
+        if not self.all_paused and topic not in self.paused:
+            return None
+        if self._pauses_changed is None:
+            self._pauses_changed = asyncio.Event()
+        return self._pauses_changed
 
     def answer_parked(self) -> None:
         """Answer parked pulls now, if jobs were made ready since they parked."""

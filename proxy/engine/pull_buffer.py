@@ -80,6 +80,8 @@ class PullBuffer:
         #: An operator's pause, ``pause(everything, topics)``: from then on pulls get nothing of every topic
         #: or of ``topics``; acks, fails and the deadlines of what is in flight go on.
         self.pause = self._delivery.pause
+        #: ``push_hold(topic)``: None while ``topic`` may be pushed, else an event set when a pause lifts.
+        self.push_hold = self._delivery.push_hold
         #: topic -> end-to-end latency and attempts of its messages here (:mod:`ddmq.proxy.engine.end_to_end`).
         self.end_to_end: dict[str, EndToEnd] = self._delivery.end_to_end
         #: ``use_wall_clock(wall_ms)``: measure end-to-end latency with ``wall_ms`` (ms since the epoch).

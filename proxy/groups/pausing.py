@@ -74,6 +74,13 @@ class PauseWatch:
         self._read_at = (now_ms, time.monotonic())
         self._apply(found)
 
+    async def holds(self, topic: str) -> bool:
+        """True while an operator's pause holds ``topic``; reads the pauses first when they were not read
+        yet (raises DdmqError when that read fails)."""
+        if self.pauses is None:
+            await self.read()
+        return covers(self.pauses or [], topic) is not None
+
     def paused_s(self, topic: str) -> float:
         """How long ``topic`` has been paused, in seconds (Redis's clock at the last read, carried on by
         this host's); 0 when it is not."""
@@ -98,8 +105,8 @@ class PauseWatch:
         for topic, p in now.items():
             if before.get(topic) != p:
                 until = f" until {p.until_ms} (ms, Redis time)" if p.until_ms is not None else " until resumed"
-                log.warning("%s%s paused by %s%s: pulls get nothing; in-flight messages keep their deadlines",
-                            self.group, f"/{topic}" if topic else "", p.by or "?", until)
+                log.warning("%s%s paused by %s%s: pulls get nothing, pushes wait; in-flight messages keep their "
+                            "deadlines", self.group, f"/{topic}" if topic else "", p.by or "?", until)
         for topic in before.keys() - now.keys():
             log.warning("%s%s resumed", self.group, f"/{topic}" if topic else "")
         self.pauses = found

@@ -14,11 +14,13 @@ import redis.asyncio as aioredis
 from ddmq.client.thrift_client import AsyncProxyClient, RemoteApplicationError
 from ddmq.protocol.produce.producer import AsyncProducer, OutgoingMessage
 from ddmq.protocol.redis import keys
+from ddmq.protocol.redis.pauses import pause_async, resume_async
 from ddmq.protocol.redis.stream_entry import REPLAY_GROUP
 from ddmq.protocol.wire import AckResult, ConsumeStatsRequest, FetchRequest, FetchResponse
 from ddmq.proxy.api.fetch import MAX_FETCH_BYTES
 from ddmq.proxy.core.types import QueueResult
 
+from ...support import until
 from ..conftest import running_proxy
 
 QUEUES = 4
@@ -243,3 +245,29 @@ async def test_fetch_leaves_other_groups_replays_out_and_moves_past_them(redis_u
         assert values == [b"a0", b"a1", b"a2"]
         assert position == len(sent) + 1
 
+
+async def test_a_paused_topic_answers_no_messages_and_keeps_its_positions(redis_url: str) -> None:
+    """An operator's pause holds the low-level fetch as it holds pulls; the resume serves from where it was."""
+    await produce(redis_url, 40)
+    async with running_proxy(redis_url, queues=QUEUES, leases={"claim_interval_ms": 50}) as service:
+        assert service.thrift_port is not None
+        watch = service.groups["g"].pause_watch
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await pause_async(client, "g", "t", "alice")
+            await until("the proxy follows the pause", lambda: bool(watch.pauses), 30)
+            async with AsyncProxyClient("127.0.0.1", service.thrift_port) as proxy:
+                positions = {str(q): 1 for q in range(QUEUES)}
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                held = await proxy.fetch(request({"t": positions}, linger_ms=200))
+                assert loop.time() - started >= 0.2  # it lingered, as a pull of a paused topic does
+                assert sorted((p.qid, p.nextRequestOffset, len(p.messages)) for p in held.results) == [
+                    (str(q), 1, 0) for q in range(QUEUES)]
+                await resume_async(client, "g", "t")
+                await until("the proxy follows the resume", lambda: watch.pauses == [], 30)
+                seen: dict[int, list[tuple[int, bytes]]] = {}
+                await drain(proxy, positions, seen)
+        finally:
+            await client.aclose()
+    assert sum(map(len, seen.values())) == 40
