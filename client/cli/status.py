@@ -13,7 +13,9 @@ leaving the group, and the others have already taken or will take its queues. ``
 the queue holds in Redis now, ``expired`` what the group never received because it was trimmed first
 (docs/retention.md); below the table, the group holding each topic's retention back, and Redis memory.
 With ``--http`` (a proxy's HTTP API), also each topic's end-to-end latency as that proxy measured it
-since it started: p50 / p99 from produce to first delivery and to ack, and the attempts at ack.
+since it started: p50 / p99 from produce to first delivery and to ack, and the attempts at ack; and
+the keys at their ``key_buffer`` cap on the queues that proxy reads, with the messages they left in
+Redis, per queue (docs/consuming.md, "A burst of one key").
 """
 
 from __future__ import annotations
@@ -141,6 +143,20 @@ def format_latency(base: str, topics: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def format_held(topics: list[dict[str, Any]], queues: list[dict[str, Any]]) -> list[str]:
+    """A line per topic with keys at their ``key_buffer`` cap on the proxy asked: how many, and the messages
+    they left in Redis, per queue (its group view's topics and queue rows)."""
+    lines = []
+    for topic in topics:
+        if not topic["keys_at_cap"]:
+            continue
+        per_queue = ", ".join(f"#{q['qid']}: {q['held_in_redis']:,}" for q in queues
+                              if q["topic"] == topic["topic"] and q.get("held_in_redis"))
+        lines.append(f"  {topic['topic']}: {topic['keys_at_cap']:,} key(s) at their key_buffer cap, "
+                     f"{topic['held_in_redis']:,} message(s) held in Redis to read again ({per_queue})")
+    return lines
+
+
 def open_breakers(status: GroupStatus, shown: dict[bytes, bytes], topics: list[str] | None) -> list[dict[str, Any]]:
     """The breakers that hold a topic of the group, as live proxies show them in Redis (each proxy
     judges the queues it serves; an expired member's entries are left out)."""
@@ -180,16 +196,29 @@ def _status_command(args: argparse.Namespace) -> int:
             "no proxy has served it and it has no committed offset"
         )
     topics: list[dict[str, Any]] = []
+    queues: list[dict[str, Any]] = []
     if args.http:
         client = client_for(args)
         wanted = set(args.topic or ())
-        topics = [topic for topic in client.call("GET", f"/admin/groups/{quote(args.group)}")["topics"]
-                  if not wanted or topic["topic"] in wanted]
+        view = client.call("GET", f"/admin/groups/{quote(args.group)}")
+        topics = [topic for topic in view["topics"] if not wanted or topic["topic"] in wanted]
+        queues = view["queues"]
     if args.json:
-        latency = {"end_to_end": {t["topic"]: {"end_to_end": t["end_to_end"], "attempts": t["attempts"]}
-                                  for t in topics}} if args.http else {}
-        print(json.dumps({**asdict(status), "paused": pause_rows, "breakers": held, **latency}, indent=2))
+        proxy = {
+            "end_to_end": {t["topic"]: {"end_to_end": t["end_to_end"], "attempts": t["attempts"]} for t in topics},
+            "keys_at_cap": {t["topic"]: {
+                "keys": t["keys_at_cap"], "held_in_redis": t["held_in_redis"],
+                "per_queue": {str(q["qid"]): q["held_in_redis"] for q in queues
+                              if q["topic"] == t["topic"] and q.get("held_in_redis")},
+            } for t in topics},
+        } if args.http else {}
+        print(json.dumps({**asdict(status), "paused": pause_rows, "breakers": held, **proxy}, indent=2))
     else:
-        latency_lines = format_latency(client.base_url, topics) if args.http else []
-        print("\n".join([*notes, format_status(status), *latency_lines]))
+        proxy_lines = []
+        if args.http:
+            proxy_lines = format_latency(client.base_url, topics)
+            at_cap = format_held(topics, queues)
+            if at_cap:
+                proxy_lines += [f"keys at their key_buffer cap at {client.base_url} (the queues it reads):", *at_cap]
+        print("\n".join([*notes, format_status(status), *proxy_lines]))
     return 0

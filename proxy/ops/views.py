@@ -49,6 +49,10 @@ class TopicView:
     attempts: dict[str, Quantiles]
     #: The topic's breaker on this proxy: ``closed``, ``open``, ``half_open``; None without one.
     breaker: str | None
+    #: Order keys at their ``key_buffer`` cap with messages left in Redis, and those messages (to be
+    #: read again by offset when the key drains), over the queues this proxy reads.
+    keys_at_cap: int
+    held_in_redis: int
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ def group_view(group: ConsumerGroup) -> GroupView:
             end_to_end={"delivered": quantiles(figures.delivered), "acked": quantiles(figures.acked)},
             attempts={"acked": quantiles(figures.attempts_acked), "dead_lettered": quantiles(figures.attempts_dead)},
             breaker=group.breakers.state(topic),
+            keys_at_cap=len(consumer.jobs.held),
+            held_in_redis=sum(consumer.jobs.held.per_queue.values()),
         )
         for topic, consumer in sorted(group.consumers.items())
         for figures in (group.buffer.end_to_end.get(topic) or EndToEnd(),)
@@ -190,19 +196,22 @@ class QueueCounts:
     in_flight: int
     ready: int
     retry_wait: int
-
-
-_COUNTED = (JobState.IN_FLIGHT, JobState.READY, JobState.RETRY_WAIT)  # QueueCounts' fields, in order
+    #: Keys of this queue at their ``key_buffer`` cap, and the queue's messages they left in Redis.
+    keys_at_cap: int
+    held_in_redis: int
 
 
 def queue_counts(group: ConsumerGroup) -> dict[tuple[str, int], QueueCounts]:
-    """(topic, qid) -> this proxy's jobs by state, for every queue it holds."""
+    """(topic, qid) -> this proxy's jobs by state and its keys held at their cap, for every queue it reads."""
     states: Counter[tuple[str, int, JobState]] = Counter(
         (job.queue.topic, job.qid, job.state) for job in group.buffer.jobs()
     )
-    return {
-        (topic, qid): QueueCounts(*(states[topic, qid, state] for state in _COUNTED))
-        for topic, consumer in group.consumers.items()
-        for qid in consumer.held
-    }
+    counts = {}
+    for topic, consumer in group.consumers.items():
+        held = consumer.jobs.held
+        at_cap = Counter(qid for queues in held.keys.values() for qid in queues)
+        for qid in consumer.held:
+            counts[topic, qid] = QueueCounts(states[topic, qid, JobState.IN_FLIGHT], states[topic, qid, JobState.READY],
+                                             states[topic, qid, JobState.RETRY_WAIT], at_cap[qid], held.per_queue[qid])
+    return counts
 

@@ -526,3 +526,34 @@ async def test_console_pauses_and_resumes_a_topic_and_shows_the_operator_actions
         assert [a["action"] for a in actions] == ["resume", "pause", "breaker open"]
         await watched.assert_nothing_ran()
         assert all("401" in error for error in watched.errors), watched.errors
+
+
+async def test_console_shows_keys_at_their_cap_and_the_messages_they_left_in_redis(
+    redis_url: str, browser: BrowserContext
+) -> None:
+    """Nobody pulls a key with 50 messages and a cap of 5: the topic's and its queue's rows say one key
+    at its cap and the 45 messages it left in Redis, as /admin does; the other queues say none."""
+    http = {"enabled": True, "port": 0}
+    async with (
+        running_proxy(redis_url, {"order_key": "KEY", "key_buffer": 5}, http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            results = await producer.send_batch("t", [{"key": "hot", "value": f"v{i}"} for i in range(50)])
+        qid = results[0].qid
+
+        async def held() -> bool:
+            topics = (await admin(api, "/admin/groups/g"))["topics"]
+            return bool((topics[0]["keys_at_cap"], topics[0]["held_in_redis"]) == (1, 45))
+
+        await eventually(held)
+        watched = Watched(await browser.new_page())
+        page = watched.page
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        await expect(page.locator("#topics tr[data-topic=t] td.at-cap")).to_have_text("1 / 45")
+        await expect(page.locator(f'#queues tr[data-qid="{qid}"] td.at-cap')).to_have_text("1 / 45")
+        for other in {0, 1, 2, 3} - {qid}:
+            await expect(page.locator(f'#queues tr[data-qid="{other}"] td.at-cap')).to_have_text("0 / 0")
+        await screenshot(page, "console-keys-at-cap")
+        assert not watched.errors, watched.errors

@@ -7,7 +7,12 @@ committed offsets at the end of every queue."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +22,7 @@ import redis.asyncio as aioredis
 from ddmq.client import Producer
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol import wire
+from ddmq.protocol.net import free_port
 from ddmq.protocol.redis import keys
 
 from ..support import OrderChecker, ProxyProcess, body, check_and_ack
@@ -41,6 +47,25 @@ def produce(redis_url: str, produced: dict[str, int]) -> list[int]:
             producer.send_batch("t", [message(HOT, 0) for _ in range(min(500, BURST - start))])
         producer.send_batch("t", [message(f"k{i}", i % 2) for i in range(OTHERS)])
     return [BURST + OTHERS // 2, OTHERS // 2]
+
+
+def shows_the_held_burst(redis_url: str, http_url: str) -> int:
+    """The admin API and ``ddmq status --http`` both show one key at its cap and its messages held in
+    Redis, all in queue 0; returns how many are held."""
+    with urllib.request.urlopen(http_url + "/admin/groups/g", timeout=30) as answer:
+        view = json.load(answer)
+    (topic,) = view["topics"]
+    rows = {row["qid"]: row for row in view["queues"]}
+    held = topic["held_in_redis"]
+    assert (topic["keys_at_cap"], rows[0]["keys_at_cap"], rows[1]["keys_at_cap"]) == (1, 1, 0), view
+    assert (rows[0]["held_in_redis"], rows[1]["held_in_redis"]) == (held, 0), view
+    env = {**os.environ, "DDMQ_REDIS": redis_url}
+    env.pop("DDMQ_ADMIN_TOKEN", None)
+    status = subprocess.run([sys.executable, "-m", "ddmq.client.cli", "status", "--group", "g", "--http", http_url],
+                            capture_output=True, text=True, timeout=60, env=env, check=True)
+    assert f"t: 1 key(s) at their key_buffer cap, {held:,} message(s) held in Redis to read again (#0: {held:,})" \
+        in status.stdout, status.stdout
+    return int(held)
 
 
 async def pull_until(client: AsyncProxyClient, checker: OrderChecker, epoch: int, produced: dict[str, int],
@@ -68,12 +93,17 @@ async def test_a_burst_of_one_key_through_a_kill_9_holds_back_no_other_key_and_l
     others = {key: n for key, n in produced.items() if key != HOT}
     checker = OrderChecker()
     config = {"actions": ["Json", "Order", "PullServer"], "order_key": order_key}
-    proxy = ProxyProcess(tmp_path, redis_url, {"g": {"t": config}}, {"t": {"queues": 2}}, leases=LEASES).start()
+    http = {"enabled": True, "host": "127.0.0.1", "port": free_port()}
+    proxy = ProxyProcess(tmp_path, redis_url, {"g": {"t": config}}, {"t": {"queues": 2}}, leases=LEASES,
+                         http=http).start()
     try:
         async with AsyncProxyClient("127.0.0.1", proxy.port) as client:
             await pull_until(client, checker, 1, produced, lambda: not checker.missing(others), 120)
         hot_done = checker.acked_upto.get(HOT, 0)
         assert hot_done <= BURST // 10, f"the other keys were done after {hot_done} of the burst"
+        # Nobody pulls now, so nothing drains: what the operator sees of the burst held in Redis.
+        held = shows_the_held_burst(redis_url, f"http://127.0.0.1:{http['port']}")
+        assert BURST // 2 < held < BURST, held
         async with AsyncProxyClient("127.0.0.1", proxy.port) as client:
             await pull_until(client, checker, 1, produced, lambda: checker.acked_upto.get(HOT, 0) >= BURST // 4, 120)
         proxy.kill()  # mid-burst: most of it held in Redis, the commit point at the hot key's head

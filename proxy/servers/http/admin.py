@@ -260,7 +260,7 @@ class OperatorApi:
     async def _queue_rows(self, group: ConsumerGroup, queues: list[QueueStatus]) -> list[dict[str, Any]]:
         """``ddmq status``'s rows (time lag included), and this proxy's job counts for queues it holds."""
         counts = queue_counts(group)
-        empty = {"in_flight": None, "ready": None, "retry_wait": None}
+        empty = {"in_flight": None, "ready": None, "retry_wait": None, "keys_at_cap": None, "held_in_redis": None}
         return [{**asdict(row), **(asdict(counts[row.topic, row.qid]) if (row.topic, row.qid) in counts else empty)}
                 for row in queues]
 

@@ -160,6 +160,12 @@
     return td;
   }
 
+  // Keys at their key_buffer cap and the messages they left in Redis (null: a queue another proxy reads).
+  function atCap(keys, held) {
+    if (keys === null || keys === undefined) return cell(null, "num at-cap");
+    return cell(`${num(keys)} / ${num(held)}`, "num at-cap" + (keys > 0 ? " behind" : ""));
+  }
+
   function renderTopics(detail, history) {
     const rows = detail.topics.map((t) => {
       const rates = (history.rates || {})[t.topic] || null;
@@ -186,6 +192,7 @@
         cell(num(t.in_flight), "num"),
         cell(num(t.ready), "num"),
         cell(num(t.retry_wait), "num"),
+        atCap(t.keys_at_cap, t.held_in_redis),
         cell(num(dead), "num dead" + (dead > 0 ? " bad" : "")),
         cell(t.held.length ? `${t.held.length} of ${t.queues}` : "none", "num"),
         cell(num(queues.reduce((sum, q) => sum + q.stored, 0)), "num stored"),
@@ -219,6 +226,7 @@
         cell(num(q.in_flight), "num"),
         cell(num(q.ready), "num"),
         cell(num(q.retry_wait), "num"),
+        atCap(q.keys_at_cap, q.held_in_redis),
         cell(num(q.stored), "num stored"),
         cell(num(q.expired), "num expired" + (q.expired > 0 ? " bad" : "")),
       ),
@@ -227,7 +235,7 @@
       // The answer stopped at its byte cap: say so rather than show a table that looks complete.
       const next = detail.next_queue_offset;
       const rest = `${num(next)} queues shown; the rest: /admin/groups/${state.group}?queue_offset=${next}`;
-      rows.push(el("tr", {}, el("td", { colspan: "14", className: "muted" }, rest)));
+      rows.push(el("tr", {}, el("td", { colspan: "15", className: "muted" }, rest)));
     }
     $("queues").tBodies[0].replaceChildren(...rows);
   }
