@@ -99,7 +99,7 @@ def group_keys(topic: str, queues: int, group: str, with_dead_letters: bool = Tr
                   keys.expired(group, topic, qid)]
         if with_terms:
             found.append(keys.lease_term(group, topic, qid))
-    found.append(keys.lag_history(group, topic))
+    found += [keys.lag_history(group, topic), keys.local_history(group, topic)]
     if with_dead_letters:
         found += [keys.dead_letters(group, topic), keys.dead_letter_claims(group, topic)]
     return found

@@ -199,6 +199,12 @@ def lag_history(group: str, topic: str) -> str:
     return f"{PREFIX}:lag:{{{group}:{topic}}}"
 
 
+def local_history(group: str, topic: str) -> str:
+    """The console's samples of what each proxy alone knows (its keys by state, its end-to-end
+    latency), one capped stream per group and topic, each entry naming its proxy."""
+    return f"{PREFIX}:lagl:{{{group}:{topic}}}"
+
+
 def parked_keys(group: str, topic: str) -> str:
     return f"{PREFIX}:parked:{{{group}:{topic}}}"
 

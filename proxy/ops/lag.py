@@ -11,7 +11,13 @@ last hour without a Prometheus server. Memory is ``points`` samples per (group, 
 also goes to a capped Redis stream per (group, topic) (``ddmq:lag:{<g>:<t>}``, ``points`` entries),
 read back when the series starts here: the history survives a restart and is shared by the group's
 proxies (one sample per interval between them); a sample equal to the last one stored is left out
-for up to a minute. All series are read in two round trips per sample, whatever their number.
+for up to a minute. A sample also counts the (group, topic)'s dead letters. All series are read in
+three round trips per sample, whatever their number.
+
+What only a proxy knows, its keys by state and its end-to-end latency (produce to ack, p50 and p99 of
+the messages acked here since its previous sample), goes into :class:`LocalSample` series, kept the same
+way in one capped stream per (group, topic) (``ddmq:lagl:{<g>:<t>}``, each entry naming its proxy),
+from which a proxy reads back its own entries when it starts.
 
 >>> times = await produce_times(redis, "rides", {0: 41, 3: 7})      # {0: 1763776220123, 3: ...}
 >>> history = LagHistory(registry, interval_s=5, points=720)
@@ -31,6 +37,8 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 from ddmq.protocol.redis import keys
 from ddmq.protocol.redis.connection import AsyncRedis
 from ddmq.proxy.core.errors import DdmqError
+from ddmq.proxy.engine.end_to_end import Distribution
+from ddmq.proxy.engine.parking import KEY_STATES
 from ddmq.proxy.store.broker import get_many
 
 if TYPE_CHECKING:
@@ -43,8 +51,11 @@ SAMPLE_INTERVAL_S: Final = 5.0
 SAMPLE_POINTS: Final = 720
 #: A sample equal to the last one stored is stored again only this long after it (idle series).
 STORE_EVERY_S: Final = 60.0
-#: The fields of a lag-history stream entry (its id holds the sample's time).
-_FIELDS: Final = ("m", "a", "p", "c")
+#: The fields of a lag-history stream entry (its id holds the sample's time); ``d`` is optional (entries
+#: written before samples counted dead letters lack it).
+_FIELDS: Final = ("m", "a", "p", "c", "d")
+#: Local samples kept per (group, topic) in Redis: enough for a few proxies' hour each.
+LOCAL_PROXIES: Final = 8
 
 
 def now_ms() -> int:
@@ -142,6 +153,22 @@ class LagSample(NamedTuple):
     #: two samples give the rates in and out.
     produced: int = 0
     consumed: int = 0
+    #: Dead letters of the group's topic (its dead-letter stream's length) at ``at_ms``.
+    dead: int = 0
+
+
+class LocalSample(NamedTuple):
+    """What one proxy alone knows of a (group, topic) at ``at_ms``: its order keys by state (the queues it
+    reads) and the end-to-end latency, produce to ack, of the messages acked here since its previous
+    sample (milliseconds, -1 when none was)."""
+
+    at_ms: int
+    parked: int
+    failing: int
+    in_flight: int
+    waiting: int
+    acked_p50_ms: int
+    acked_p99_ms: int
 
 
 def rates(samples: list[LagSample], window_ms: int = 60_000) -> tuple[float, float] | None:
@@ -169,6 +196,10 @@ class LagHistory:
         self._series: dict[tuple[str, str], deque[LagSample]] = {}
         #: Per (group, topic): the last sample this proxy stored in Redis.
         self._last_stored: dict[tuple[str, str], LagSample] = {}
+        self._local: dict[tuple[str, str], deque[LocalSample]] = {}
+        self._last_local: dict[tuple[str, str], LocalSample] = {}
+        #: Per (group, topic): the acked latency buckets at the previous sample (this interval's are the difference).
+        self._acked_before: dict[tuple[str, str], list[int]] = {}
 
     async def run(self) -> None:
         """Sample until cancelled; a failed sample is logged and the next one tried on time."""
@@ -192,10 +223,13 @@ class LagHistory:
         pairs = [(group_name, topic, consumer.queues) for group_name, group in list(registry.groups.items())
                  for topic, consumer in list(group.consumers.items()) if consumer.queues]
         to_store: list[tuple[str, str, LagSample]] = []
-        for (group_name, topic, _), rows in zip(pairs, await topic_lags(registry.redis, pairs), strict=True):
+        lags = await topic_lags(registry.redis, pairs)
+        dead = await dead_letter_counts(registry.redis, [(group_name, topic) for group_name, topic, _ in pairs])
+        for (group_name, topic, _), rows, letters in zip(pairs, lags, dead, strict=True):
             ages = [at - row.oldest_ms for row in rows if row.oldest_ms is not None]
             sample = LagSample(at, sum(row.lag for row in rows), max(0, max(ages, default=0)),
-                               sum(row.produced - 1 for row in rows), sum(row.committed - 1 for row in rows))
+                               sum(row.produced - 1 for row in rows), sum(row.committed - 1 for row in rows),
+                               letters)
             series = self._series.get((group_name, topic))
             if series is None:
                 series = self._series[group_name, topic] = deque(
@@ -205,10 +239,87 @@ class LagHistory:
             if last is None or last[1:] != sample[1:] or at - last.at_ms >= STORE_EVERY_S * 1000:
                 to_store.append((group_name, topic, sample))
         await self._store(to_store)
+        await self._sample_local(at, [(group, topic) for group, topic, _ in pairs])
         # A group or topic removed by a reload stops taking memory.
-        for gone in self._series.keys() - {(group, topic) for group, topic, _ in pairs}:
+        served = {(group, topic) for group, topic, _ in pairs}
+        for gone in self._series.keys() - served:
             del self._series[gone]
             self._last_stored.pop(gone, None)
+        for gone in self._local.keys() - served:
+            del self._local[gone]
+            self._last_local.pop(gone, None)
+            self._acked_before.pop(gone, None)
+
+    async def _sample_local(self, at: int, pairs: list[tuple[str, str]]) -> None:
+        """This proxy's keys by state and latency of each (group, topic), into memory and, when it
+        changed or a minute passed, into Redis."""
+        registry = self._registry
+        to_store: list[tuple[str, str, LocalSample]] = []
+        for group_name, topic in pairs:
+            group = registry.groups.get(group_name)
+            consumer = group.consumers.get(topic) if group is not None else None
+            if group is None or consumer is None:
+                continue
+            states = consumer.parking.counts()
+            figures = group.buffer.end_to_end.get(topic)
+            p50 = p99 = -1
+            if figures is not None:
+                counts = list(figures.acked.counts)
+                before = self._acked_before.get((group_name, topic))
+                self._acked_before[group_name, topic] = counts
+                interval = Distribution(figures.acked.bounds, figures.acked.divisor)
+                interval.counts = [now - then for now, then in zip(counts, before or [0] * len(counts), strict=True)]
+                found = interval.quantile(0.5), interval.quantile(0.99)
+                if found[0] is not None and found[1] is not None:
+                    p50, p99 = round(found[0] * 1000), round(found[1] * 1000)
+            parked, failing, in_flight, waiting = (states[state] for state in KEY_STATES)
+            sample = LocalSample(at, parked, failing, in_flight, waiting, p50, p99)
+            series = self._local.get((group_name, topic))
+            if series is None:
+                series = self._local[group_name, topic] = deque(await self._stored_local(group_name, topic),
+                                                                maxlen=self.points)
+            series.append(sample)
+            last = self._last_local.get((group_name, topic))
+            if last is None or last[1:] != sample[1:] or at - last.at_ms >= STORE_EVERY_S * 1000:
+                to_store.append((group_name, topic, sample))
+        await self._store_local(to_store)
+
+    def _instance(self) -> str:
+        return self._registry.config.instance_id
+
+    async def _stored_local(self, group: str, topic: str) -> list[LocalSample]:
+        """This proxy's own local samples kept in Redis (before a restart), oldest first."""
+        assert self._registry.redis is not None
+        entries = await self._registry.redis.xrevrange(keys.local_history(group, topic), "+", "-",
+                                                       count=self.points * LOCAL_PROXIES)
+        me = self._instance().encode()
+        samples = []
+        for _, fields in reversed(entries):
+            if fields.get(b"i") != me:
+                continue
+            try:
+                parked, failing, in_flight, waiting, p50, p99 = (int(part) for part in fields[b"s"].split())
+                samples.append(LocalSample(int(fields[b"t"]), parked, failing, in_flight, waiting, p50, p99))
+            except (KeyError, ValueError):  # not six numbers: not written by a proxy
+                continue  # not written by a proxy: skipped
+        return samples[-self.points:]
+
+    async def _store_local(self, samples: list[tuple[str, str, LocalSample]]) -> None:
+        redis = self._registry.redis
+        if not samples or redis is None:
+            return
+        me = self._instance()
+        async with redis.pipeline(transaction=False) as pipe:
+            for group, topic, sample in samples:
+                pipe.xadd(keys.local_history(group, topic),
+                          {"i": me, "t": sample.at_ms, "s": " ".join(map(str, sample[1:]))},
+                          maxlen=self.points * LOCAL_PROXIES, approximate=True)
+            replies = await pipe.execute(raise_on_error=False)
+        for (group, topic, sample), reply in zip(samples, replies, strict=True):
+            if isinstance(reply, Exception):
+                log.warning("local history of %s/%s: %s", group, topic, reply)
+            else:
+                self._last_local[group, topic] = sample
 
     async def _stored(self, group: str, topic: str) -> list[LagSample]:
         """The samples kept in Redis (by this proxy before a restart, or by another proxy of the
@@ -218,8 +329,9 @@ class LagHistory:
         samples = []
         for entry_id, fields in reversed(entries):
             try:
-                values = (int(fields[name.encode()]) for name in _FIELDS)
-                samples.append(LagSample(int(entry_id.split(b"-")[0]), *values))
+                messages, age, produced, consumed = (int(fields[name.encode()]) for name in _FIELDS[:4])
+                samples.append(LagSample(int(entry_id.split(b"-")[0]), messages, age, produced, consumed,
+                                         int(fields.get(b"d", 0))))
             except (KeyError, ValueError):
                 continue  # not written by a proxy: skipped
         return samples
@@ -249,3 +361,17 @@ class LagHistory:
     def series(self, group: str) -> dict[str, list[LagSample]]:
         """topic -> samples, oldest first."""
         return {topic: list(samples) for (name, topic), samples in sorted(self._series.items()) if name == group}
+
+    def local_series(self, group: str) -> dict[str, list[LocalSample]]:
+        """topic -> this proxy's local samples, oldest first."""
+        return {topic: list(samples) for (name, topic), samples in sorted(self._local.items()) if name == group}
+
+
+async def dead_letter_counts(redis: AsyncRedis, pairs: list[tuple[str, str]]) -> list[int]:
+    """The length of each (group, topic)'s dead-letter stream, in one pipeline."""
+    if not pairs:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for group, topic in pairs:
+            pipe.xlen(keys.dead_letters(group, topic))
+        return [int(n) for n in await pipe.execute()]

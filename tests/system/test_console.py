@@ -378,7 +378,7 @@ async def test_console_shows_rates_dead_letters_clients_one_time_format_and_lag_
         await eventually(restored)
         page = await browser.new_page()
         await page.goto(f"http://127.0.0.1:{service.http_port}/")
-        await expect(page.locator("#topics tr[data-topic=t] td.chart polyline.msgs")).to_have_count(1)
+        await expect(page.locator('#charts [data-topic=t] [data-chart=lag] polyline.msgs')).to_have_count(1)
 
 
 async def test_console_keys_panel_retries_and_skips_a_parked_key(redis_url: str, browser: BrowserContext) -> None:
@@ -556,4 +556,54 @@ async def test_console_shows_keys_at_their_cap_and_the_messages_they_left_in_red
         for other in {0, 1, 2, 3} - {qid}:
             await expect(page.locator(f'#queues tr[data-qid="{other}"] td.at-cap')).to_have_text("0 / 0")
         await screenshot(page, "console-keys-at-cap")
+        assert not watched.errors, watched.errors
+
+
+async def test_console_charts_each_topics_last_hour_and_fits_1280_px_without_scrolling_sideways(
+    redis_url: str, browser: BrowserContext
+) -> None:
+    """Traffic over a few samples: in and out, lag, a dead letter, acks (produce to ack) and a key left in
+    flight; the page draws the six charts of the topic from /admin/groups/g/lag-history, and at 1280 px
+    nothing on it is wider than the window."""
+    config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 0}
+    http = {"enabled": True, "port": 0}
+    async with (
+        running_proxy(redis_url, config, http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": f"k{i}", "value": f"v{i}", "qid": 0} for i in range(20)])
+        batch = await pull(api, topic="t", max_batch=12, linger_ms=5000)
+        offsets = [m["offset"] for m in batch["messages"]]
+        # ten acked, one failed (a dead letter at once), one left in flight
+        results = [{"topic": "t", "qid": batch["qid"], "success": offsets[:10], "fail": offsets[10:11]}]
+        assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": results}))[0] == 200
+
+        async def charted() -> bool:
+            history = await admin(api, "/admin/groups/g/lag-history")
+            samples, local = history["topics"].get("t", []), history["local"].get("t", [])
+            return (len(samples) >= 2 and samples[-1][5] == 1 and any(row[5] is not None for row in local)
+                    and local[-1][3] == 1)
+
+        await eventually(charted, timeout_s=30)  # a sample every 5 s
+        watched = Watched(await browser.new_page())
+        page = watched.page
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        charts = page.locator("#charts [data-topic=t]")
+        await expect(charts.locator(".chart-card")).to_have_count(6)
+        for chart in ("rates", "lag", "age", "keys", "dead"):
+            await expect(charts.locator(f"[data-chart={chart}] :is(polyline, circle)").first).to_be_attached()
+        await expect(charts.locator("[data-chart=dead] .legend")).to_have_text("now 1")
+        await expect(charts.locator("[data-chart=keys] .legend")).to_contain_text("in flight 1")
+        await expect(charts.locator("[data-chart=e2e] .legend")).to_contain_text(re.compile(r"p50 \d"))
+        await expect(charts.locator("[data-chart=lag] .legend")).to_have_text(re.compile(r"^now \d+$"))
+        await screenshot(page, "console-charts")
+        page_width, window_width, *parts = await page.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth,"
+            " ...[...document.querySelectorAll('table, .chart-grid')]"
+            "   .map((node) => [node.id || node.className, node.scrollWidth])]")
+        assert window_width == 1280 and page_width <= window_width, (page_width, parts)
+        assert max(width for _, width in parts) <= window_width, parts
+        await watched.assert_nothing_ran()
         assert not watched.errors, watched.errors

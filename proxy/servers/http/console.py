@@ -6,8 +6,9 @@ in the browser tab only). The script builds the DOM from text nodes, and the pag
 Content Security Policy that allows only its own files, so no key or message body can run as code.
 
 ``/admin/groups/{group}/lag-history`` answers the samples :class:`~ddmq.proxy.ops.lag.LagHistory` keeps
-(every 5 s for the last hour, in memory and in Redis) and the rates in and out they give; the
-sampler runs while the HTTP server does.
+(every 5 s for the last hour, in memory and in Redis: lag, totals in and out, dead letters; and this
+proxy's keys by state and end-to-end latency) and the rates in and out they give; the console draws
+its charts from it. The sampler runs while the HTTP server does.
 
 >>> ConsoleApi(service).add_routes(app)
 """
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Final
 from aiohttp import web
 
 from ddmq.proxy.core.errors import UnknownGroupError
-from ddmq.proxy.ops.lag import LagHistory, LagSample, rates
+from ddmq.proxy.ops.lag import LagHistory, LagSample, LocalSample, rates
 
 if TYPE_CHECKING:
     from ddmq.proxy.servers.http.view import ProxyView
@@ -89,14 +90,22 @@ class ConsoleApi:
         if name not in self._service.groups:
             raise UnknownGroupError(f"unknown group {name!r}; this proxy serves {sorted(self._service.groups)}")
         series = self.history.series(name)
+        local = self.history.local_series(name)
         return web.json_response(
             {
                 "group": name,
                 "interval_ms": int(self.history.interval_s * 1000),
                 "topics": {topic: [list(s) for s in samples] for topic, samples in series.items()},
                 "rates": {topic: _rates_json(samples) for topic, samples in series.items()},
+                "local": {topic: [_local_json(s) for s in samples] for topic, samples in local.items()},
             }
         )
+
+
+def _local_json(sample: LocalSample) -> list[int | None]:
+    """A local sample as the API gives it: its latency figures null when nothing was acked meanwhile."""
+    *counts, p50, p99 = sample
+    return [*counts, p50 if p50 >= 0 else None, p99 if p99 >= 0 else None]
 
 
 def _rates_json(samples: list[LagSample]) -> dict[str, float] | None:

@@ -98,3 +98,59 @@ async def test_lag_history_survives_a_restart_bounded_in_redis_with_rates(redis_
         await shared.sample()
         async with redis.asyncio.Redis.from_url(redis_url) as client:
             assert await client.xlen(keys.lag_history("g", "t")) == 4
+
+
+async def test_local_samples_hold_this_proxys_keys_by_state_and_latency_and_survive_a_restart(
+    redis_url: str,
+) -> None:
+    """Each sample also counts the group's dead letters, and this proxy's keys by state and the latency
+    (produce to ack) of the messages acked since its previous sample; a new history reads back its own
+    proxy's local samples, never another's."""
+    config = {"order_key": "KEY", "timeout_ms": 60_000, "max_retry": 0}
+    http = {"enabled": True, "port": 0}
+    async with running_proxy(redis_url, config, queues=1, http=http) as service, aiohttp.ClientSession() as session:
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": f"k{i}", "value": "v"} for i in range(6)])
+        consumer = service.groups["g"].consumers["t"]
+
+        async def read() -> bool:
+            return consumer.parking.counts()["waiting"] == 6
+
+        await eventually(read)
+        history = LagHistory(service.registry, interval_s=0.01, points=10)
+        await history.sample()
+        (first,) = history.local_series("g")["t"]
+        assert (first.parked, first.failing, first.in_flight, first.waiting) == (0, 0, 0, 6)
+        assert (first.acked_p50_ms, first.acked_p99_ms) == (-1, -1)  # nothing acked yet
+
+        batch = await pull(api, max_batch=6)
+        offsets = [m["offset"] for m in batch["messages"]]
+        results = [{"topic": "t", "qid": 0, "success": offsets[:4], "fail": offsets[4:5]}]
+        assert (await api.call("POST", "/v1/ack", json={"group": "g", "results": results}))[0] == 200
+        async with redis.asyncio.Redis.from_url(redis_url) as client:
+
+            async def dead_lettered() -> bool:
+                return int(await client.xlen(keys.dead_letters("g", "t"))) == 1
+
+            await eventually(dead_lettered)
+        await asyncio.sleep(0.02)
+        await history.sample()
+        second = history.local_series("g")["t"][-1]
+        assert (second.parked, second.failing, second.in_flight, second.waiting) == (0, 0, 1, 0)
+        assert 0 <= second.acked_p50_ms <= second.acked_p99_ms < 60_000  # four acked in this interval
+        assert history.series("g")["t"][-1].dead == 1
+        await asyncio.sleep(0.02)
+        await history.sample()
+        assert history.local_series("g")["t"][-1].acked_p50_ms == -1  # none acked since
+
+        async with redis.asyncio.Redis.from_url(redis_url) as client:
+            await client.xadd(keys.local_history("g", "t"), {"i": "another-proxy", "t": 1, "s": "9 9 9 9 9 9"})
+        restarted = LagHistory(service.registry, interval_s=0.01, points=10)
+        await asyncio.sleep(0.02)
+        await restarted.sample()
+        restored = restarted.local_series("g")["t"]
+        # (the proxy's own sampler, same instance, may have stored some of its own as well)
+        assert {s.at_ms for s in history.local_series("g")["t"]} <= {s.at_ms for s in restored}
+        assert all(s.parked != 9 for s in restored)
+

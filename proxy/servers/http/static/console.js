@@ -122,42 +122,102 @@
     select.value = state.group || "";
   }
 
-  function spark(samples) {
-    const width = 240, height = 40, pad = 2;
-    const svg = document.createElementNS(SVG_NS, "svg");
-    svg.setAttribute("class", "spark");
-    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-    svg.setAttribute("preserveAspectRatio", "none");
-    if (samples.length > 1) {
-      const t0 = samples[0][0], t1 = samples[samples.length - 1][0];
-      const x = (t) => pad + ((t - t0) / Math.max(1, t1 - t0)) * (width - 2 * pad);
-      for (const [index, className] of [[2, "age"], [1, "msgs"]]) {
-        const top = Math.max(1, ...samples.map((s) => s[index]));
-        const y = (v) => height - pad - (v / top) * (height - 2 * pad);
-        const line = document.createElementNS(SVG_NS, "polyline");
-        line.setAttribute("class", className);
-        line.setAttribute("points", samples.map((s) => `${x(s[0]).toFixed(1)},${y(s[index]).toFixed(1)}`).join(" "));
-        svg.append(line);
+  // --- charts: each topic's last hour, SVG polylines of numbers (no text from producers) ---------
+
+  const CHART_W = 300, CHART_H = 72, CHART_PAD = 3, HOUR_MS = 3600 * 1000;
+
+  function svgNode(tag, attrs) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, value);
+    return node;
+  }
+
+  // One chart of the last hour up to `now`: `lines` are {name, className, points: [[t, v]]}, a null v
+  // being a gap; `format` writes a value.
+  function lineChart(id, title, lines, format, now) {
+    const t0 = now - HOUR_MS;
+    const seen = lines.flatMap((line) => line.points).filter(([t, v]) => v !== null && t >= t0).map(([, v]) => v);
+    const top = Math.max(0, ...seen);
+    const x = (t) => CHART_PAD + ((t - t0) / HOUR_MS) * (CHART_W - 2 * CHART_PAD);
+    const y = (v) => CHART_H - CHART_PAD - (top > 0 ? v / top : 0) * (CHART_H - 2 * CHART_PAD);
+    const svg = svgNode("svg", { class: "chart", viewBox: `0 0 ${CHART_W} ${CHART_H}`, preserveAspectRatio: "none" });
+    for (const line of lines) {
+      let run = [];
+      const flush = () => {
+        // A point alone (no neighbour before a gap) is a dot, so a first sample shows too.
+        if (run.length > 1) svg.append(svgNode("polyline", { class: line.className, points: run.map((p) => p.join(",")).join(" ") }));
+        else if (run.length === 1) svg.append(svgNode("circle", { class: line.className, cx: run[0][0], cy: run[0][1], r: 1.5 }));
+        run = [];
+      };
+      for (const [t, v] of line.points) {
+        if (v === null || t < t0) flush();
+        else run.push([x(t).toFixed(1), y(v).toFixed(1)]);
       }
+      flush();
     }
-    const last = samples.length ? samples[samples.length - 1] : null;
-    const title = document.createElementNS(SVG_NS, "title");
-    const peak = Math.max(0, ...samples.map((s) => s[1]));
-    title.textContent = last ? `now ${num(last[1])} msgs, ${age(last[2])}; peak ${num(peak)} msgs` : "no samples yet";
-    svg.append(title);
-    return svg;
+    const tooltip = svgNode("title", {});
+    tooltip.textContent = `${title}: the last hour, highest ${format(top)}`;
+    svg.append(tooltip);
+    const last = (line) => {
+      const found = line.points.filter(([, v]) => v !== null);
+      return found.length ? found[found.length - 1][1] : null;
+    };
+    const legend = lines.map((line) => el("span", { className: "key " + line.className }, `${line.name} ${format(last(line))}`));
+    return el(
+      "div",
+      { className: "chart-card", dataset: { chart: id } },
+      el("div", { className: "chart-title" }, title, el("span", { className: "muted small top" }, `max ${format(top)}`)),
+      svg,
+      el("div", { className: "axis" }, el("span", {}, "1 h ago"), el("span", {}, "now")),
+      el("div", { className: "legend" }, ...legend),
+    );
+  }
+
+  // Messages a second between consecutive samples of a running total (index `at` of each sample).
+  function perSecond(samples, at) {
+    const points = [];
+    for (let i = 1; i < samples.length; i++) {
+      const seconds = (samples[i][0] - samples[i - 1][0]) / 1000;
+      if (seconds > 0) points.push([samples[i][0], Math.max(0, samples[i][at] - samples[i - 1][at]) / seconds]);
+    }
+    return points;
+  }
+
+  function topicCharts(topic, samples, local, intervalMs) {
+    const now = Math.max(samples.length ? samples[samples.length - 1][0] : 0, local.length ? local[local.length - 1][0] : 0);
+    const column = (rows, at) => rows.map((row) => [row[0], row[at]]);
+    const rates = (value) => (value === null ? "–" : rate(value) + "/s");
+    const cards = [
+      lineChart("rates", "in / out, messages a second", [
+        { name: "in", className: "rate-in", points: perSecond(samples, 3) },
+        { name: "out", className: "rate-out", points: perSecond(samples, 4) },
+      ], rates, now),
+      lineChart("lag", "lag, messages", [{ name: "now", className: "msgs", points: column(samples, 1) }], num, now),
+      lineChart("age", "lag, time", [{ name: "now", className: "age", points: column(samples, 2) }], age, now),
+      lineChart("e2e", "produce to ack (this proxy)", [
+        { name: "p50", className: "p50", points: column(local, 5) },
+        { name: "p99", className: "p99", points: column(local, 6) },
+      ], (v) => (v === null ? "–" : age(v)), now),
+      lineChart("keys", "keys by state (this proxy)", KEY_STATES.map((name, i) => (
+        { name: name.replace("_", " "), className: "state-" + name, points: column(local, i + 1) })), num, now),
+      lineChart("dead", "dead letters", [{ name: "now", className: "dead-line", points: column(samples, 5) }], num, now),
+    ];
+    const note = samples.length < 2
+      ? el("span", { className: "muted small" }, ` collecting, one sample every ${intervalMs / 1000} s`) : null;
+    return el("div", { className: "topic-charts", dataset: { topic } }, el("h3", {}, topic, note),
+      el("div", { className: "chart-grid" }, ...cards));
+  }
+
+  function renderCharts(detail, history) {
+    const blocks = detail.topics.map((t) => topicCharts(
+      t.topic, history.topics[t.topic] || [], (history.local || {})[t.topic] || [], history.interval_ms));
+    $("charts").replaceChildren(...blocks);
   }
 
   // A histogram's p50 / p99 (seconds, from the admin view): "–" before its first observation.
   function quantiles(figures) {
     if (!figures || !figures.count) return "–";
     return `${age(figures.p50 * 1000)} / ${age(figures.p99 * 1000)}`;
-  }
-
-  function chartCell(samples, intervalMs) {
-    const td = el("td", { className: "chart" }, spark(samples));
-    if (samples.length < 2) td.append(el("span", { className: "muted small" }, `collecting, one sample every ${intervalMs / 1000} s`));
-    return td;
   }
 
   // Keys at their key_buffer cap and the messages they left in Redis (null: a queue another proxy reads).
@@ -189,16 +249,13 @@
         cell(age(timeLag), "num age"),
         cell(quantiles(t.end_to_end && t.end_to_end.delivered), "num e2e"),
         cell(quantiles(t.end_to_end && t.end_to_end.acked), "num e2e"),
-        cell(num(t.in_flight), "num"),
-        cell(num(t.ready), "num"),
-        cell(num(t.retry_wait), "num"),
+        cell(`${num(t.in_flight)} / ${num(t.ready)} / ${num(t.retry_wait)}`, "num jobs"),
         atCap(t.keys_at_cap, t.held_in_redis),
         cell(num(dead), "num dead" + (dead > 0 ? " bad" : "")),
         cell(t.held.length ? `${t.held.length} of ${t.queues}` : "none", "num"),
         cell(num(queues.reduce((sum, q) => sum + q.stored, 0)), "num stored"),
         cell(num(expired), "num expired" + (expired > 0 ? " bad" : "")),
         cell(holder ? `${holder.group}: ${num(holder.retained)} msgs, oldest ${holder.oldest_ms ? age(Date.now() - holder.oldest_ms) : "?"}` : "-", "retention"),
-        chartCell(history.topics[t.topic] || [], history.interval_ms),
       );
     });
     $("topics").tBodies[0].replaceChildren(...rows);
@@ -614,6 +671,7 @@
         page = await api(`${lettersPath()}?limit=${PAGE}` + (after ? `&after=${enc(after)}` : ""));
       }
       renderTopics(detail, history);
+      renderCharts(detail, history);
       renderQueues(detail);
       renderMembers(detail);
       renderClients(clients);
