@@ -147,6 +147,19 @@ def produce(redis_url: str, riders: list[str]) -> None:
         producer.send_batch(TOPIC, [{"key": rider, "value": event} for event in STORY for rider in riders])
 
 
+async def produce_and_settle(url: str, riders: list[str], topic: Topic, a: Recorder, b: Recorder,
+                             letters: int) -> None:
+    """Each rider's story produced; then, before any replay: cg_b acked and committed everything, cg_a
+    dead-lettered ``letters`` messages, acked the rest and committed everything."""
+    produce(url, riders)
+    everything = len(riders) * len(STORY)
+    await until("cg_b finished and committed every message",
+                lambda: b.acked() == everything and topic.committed_everything(B), 60)
+    await until(f"cg_a dead-lettered {letters} messages", lambda: topic.dead() == letters, 60)
+    await until("cg_a acked the rest", lambda: a.acked() == everything - letters, 60)
+    await until("cg_a committed every message", lambda: topic.committed_everything(A), 60)
+
+
 @pytest.fixture(params=["redis", "cluster"])
 def broker_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("redis_url" if request.param == "redis" else "cluster_url"))
@@ -166,13 +179,8 @@ async def test_a_replay_reaches_its_group_once_and_no_other_group(
     a, b = Recorder(broken), Recorder()
     try:
         with consuming(proxy, A, a), consuming(proxy, B, b):
-            produce(broker_url, riders)
             everything = len(riders) * len(STORY)
-            await until("cg_b finished and committed every message",
-                        lambda: b.acked() == everything and topic.committed_everything(B), 60)
-            await until(f"cg_a dead-lettered {letters} messages", lambda: topic.dead() == letters, 60)
-            await until("cg_a acked the rest", lambda: a.acked() == everything - letters, 60)
-            await until("cg_a committed every message", lambda: topic.committed_everything(A), 60)
+            await produce_and_settle(broker_url, riders, topic, a, b, letters)
             a.failing = False
             before = topic.produced()
 
@@ -219,13 +227,8 @@ async def test_a_proxy_killed_mid_replay_loses_and_doubles_nothing_and_other_gro
     a, b = Recorder(set(riders)), Recorder()
     try:
         with consuming(proxy, A, a), consuming(proxy, B, b):
-            produce(redis_url, riders)
             everything = len(riders) * len(STORY)
-            await until("cg_b finished and committed every message",
-                        lambda: b.acked() == everything and topic.committed_everything(B), 60)
-            await until("every pickup dead-lettered", lambda: topic.dead() == len(riders), 60)
-            await until("cg_a acked the rest", lambda: a.acked() == everything - len(riders), 60)
-            await until("cg_a committed every message", lambda: topic.committed_everything(A), 60)
+            await produce_and_settle(redis_url, riders, topic, a, b, len(riders))
             a.failing = False
             before = topic.produced()
             # 200 at 40 a second: five seconds, in steps of four

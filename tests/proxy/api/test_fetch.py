@@ -65,6 +65,22 @@ async def drain(client: AsyncProxyClient, positions: dict[str, int], seen: dict[
         pages += 1
 
 
+async def page_through(port: int) -> tuple[list[bytes], int]:
+    """Queue 0 of ``t`` in pages of 2 from offset 1 until a page moves no further: the values, and the
+    offset it stopped at."""
+    values: list[bytes] = []
+    position = 1
+    async with AsyncProxyClient("127.0.0.1", port) as proxy:
+        for _ in range(10):
+            response = await proxy.fetch(request({"t": {"0": position}}, batch=2))
+            (page,) = response.results
+            values += [m.value for m in page.messages]
+            if page.nextRequestOffset == position:
+                break
+            position = page.nextRequestOffset
+    return values, position
+
+
 async def test_fetch_in_pages_ack_restart_and_continue(redis_url: str) -> None:
     produced = await produce(redis_url, 300)
     seen: dict[int, list[tuple[int, bytes]]] = {}
@@ -208,16 +224,7 @@ async def test_fetch_leaves_foreign_entries_out_and_moves_past_them(redis_url: s
             await client.xadd(keys.stream("t", 0), {"x": "auto id"})
             await client.aclose()
             await producer.send_batch("t", [OutgoingMessage(f"b{i}", qid=0) for i in range(3)])
-        values: list[bytes] = []
-        position = 1
-        async with AsyncProxyClient("127.0.0.1", service.thrift_port) as proxy:
-            for _ in range(10):
-                response = await proxy.fetch(request({"t": {"0": position}}, batch=2))
-                (page,) = response.results
-                values += [m.value for m in page.messages]
-                if page.nextRequestOffset == position:
-                    break
-                position = page.nextRequestOffset
+        values, position = await page_through(service.thrift_port)
         assert values == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
         assert position == 14  # after 0-10, the renumbered automatic id, and b0..b2 at 0-11..0-13
 
@@ -232,16 +239,7 @@ async def test_fetch_leaves_other_groups_replays_out_and_moves_past_them(redis_u
         assert service.thrift_port is not None
         async with AsyncProducer(redis_url) as producer:
             await producer.send_batch("t", [OutgoingMessage(v, qid=0, properties=p) for v, p in sent])
-        values: list[bytes] = []
-        position = 1
-        async with AsyncProxyClient("127.0.0.1", service.thrift_port) as proxy:
-            for _ in range(10):
-                response = await proxy.fetch(request({"t": {"0": position}}, batch=2))
-                (page,) = response.results
-                values += [m.value for m in page.messages]
-                if page.nextRequestOffset == position:
-                    break
-                position = page.nextRequestOffset
+        values, position = await page_through(service.thrift_port)
         assert values == [b"a0", b"a1", b"a2"]
         assert position == len(sent) + 1
 
