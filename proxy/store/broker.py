@@ -37,7 +37,7 @@ from ddmq.protocol.redis import keys, stream_entry
 from ddmq.protocol.redis.connection import REDIS_FAILURES, AsyncRedis, eval_script
 from ddmq.protocol.redis.queues import ProduceError, repair_queue
 from ddmq.protocol.redis.scripts import CHECK_STREAM_LUA, RAISE_SEQUENCE_LUA
-from ddmq.protocol.redis.stream_entry import KEY, PRODUCE_TIME, TAG, VALUE
+from ddmq.protocol.redis.stream_entry import KEY, PRODUCE_TIME, PROPERTIES, TAG, VALUE
 from ddmq.proxy.core.errors import BrokerError
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.store.idle_watch import IdleWatcher
@@ -49,6 +49,7 @@ _EMPTY_PROPERTIES: Final[dict[str, str]] = {}
 _VALUE: Final = VALUE
 _KEY: Final = KEY
 _TAG: Final = TAG
+_PROPERTIES: Final = PROPERTIES
 _PRODUCE_TIME: Final = PRODUCE_TIME
 #: ``StoredMessage(*fields)`` without the generated ``__new__``'s Python frame (once per message read).
 _new_message: Final[Callable[[tuple[int, bytes, str, str, dict[str, str], int]], StoredMessage]] = functools.partial(
@@ -132,19 +133,21 @@ def decode_fields(entry_id: bytes, fields: list[bytes] | None) -> StoredMessage:
     """One entry from XREAD's flat ``[name, value, ...]`` list; ValueError when it cannot be read."""
     if fields is None:
         raise ValueError("the entry has no fields")
-    if (len(fields) == 8 and fields[0] == _VALUE and fields[2] == _KEY and fields[4] == _TAG
-            and fields[6] == _PRODUCE_TIME):
-        # The producer's layout for a message without properties: no dict needed.
+    n = len(fields)
+    if ((n == 8 or (n == 10 and fields[6] == _PROPERTIES)) and fields[0] == _VALUE and fields[2] == _KEY
+            and fields[4] == _TAG and fields[n - 2] == _PRODUCE_TIME):
+        # The producer's layout (``v k t [p] ts``): no dict needed. Properties (a trace context on every
+        # message of a traced producer) are the one JSON parse left.
         if entry_id[:2] != b"0-":
             raise ValueError(f"stream entry {entry_id!r} was not written by the ddmq producer")
-        ts = fields[7]
+        ts = fields[n - 1]
         return _new_message(
             (
                 int(entry_id[2:]),
                 fields[1],
                 fields[3].decode("utf-8", "replace"),
                 fields[5].decode("utf-8", "replace"),
-                _EMPTY_PROPERTIES,
+                _EMPTY_PROPERTIES if n == 8 else stream_entry.decode_properties(fields[7]),
                 int(ts) if ts else 0,
             )
         )

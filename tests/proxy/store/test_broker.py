@@ -21,6 +21,9 @@ def test_the_producers_layout_and_any_other_order_decode_alike() -> None:
     assert decode_fields(b"0-42", with_properties) == expected._replace(properties={"x": "y"})
     fields = dict(zip(with_properties[::2], with_properties[1::2], strict=True))
     assert decode_fields(b"0-42", with_properties) == decode_entry(b"0-42", fields)
+    # the same fields in another order go the long way round, to the same message
+    reordered = [*with_properties[6:8], *with_properties[:6], *with_properties[8:]]
+    assert decode_fields(b"0-42", reordered) == decode_fields(b"0-42", with_properties)
 
 
 @pytest.mark.parametrize(
@@ -30,6 +33,9 @@ def test_the_producers_layout_and_any_other_order_decode_alike() -> None:
         (b"0-1", [b"v", b"x", b"k", b"", b"t", b"", b"ts", b"soon"]),  # produce time not a number
         (b"0-1", [b"v", b"x", b"p"]),  # odd field list
         (b"0-1", [b"v", b"x", b"p", b"{not json"]),
+        (b"0-1", [b"v", b"x", b"k", b"", b"t", b"", b"p", b"{not json", b"ts", b"1"]),  # the producer's layout
+        (b"0-1", [b"v", b"x", b"k", b"", b"t", b"", b"p", b"[1]", b"ts", b"1"]),  # properties not an object
+        (b"9-1", [b"v", b"x", b"k", b"", b"t", b"", b"p", b"{}", b"ts", b"1"]),  # not the producer's id
         (b"0-1", None),  # a deleted entry
     ],
 )
