@@ -6,7 +6,8 @@
   thriftpy2 server spends), with ``wire.encode`` from thriftpy2 structs, and with
   :mod:`ddmq.proxy.core.pull_codec`; the client's decoding of that reply; a pull request carrying 64 acks,
   encoded and decoded; one carrying a single ack, decoded (QID ordering's request: its whole cost
-  falls on one message); a stream entry as XREAD returns it, decoded into the engine's message;
+  falls on one message); a stream entry as XREAD returns it, decoded into the engine's message, without
+  properties and with a ``traceparent`` (``stream_entry_traced_decode_us``);
 - ``engine``: a real :class:`~ddmq.proxy.service.ProxyService` on an embedded Redis, chain
   ``Order, PullServer`` by KEY, drained through ``ProxyService.api.pull`` by 8 pullers acking on their next
   pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks;
@@ -84,6 +85,12 @@ def codec(repeat: int = 300) -> dict[str, float]:
         (f"0-{m.offset}".encode(), [b"v", m.value, b"k", m.key.encode(), b"t", b"", b"ts", b"1763776220123"])
         for m in messages
     ]
+    # the same with a trace context, as every message of a traced producer carries one
+    traced = [
+        (entry_id, [*fields[:6], b"p", b'{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}',
+                    *fields[6:]])
+        for entry_id, fields in entries
+    ]
 
     def structs_reply() -> bytes:
         frame: bytes = encode(
@@ -114,6 +121,7 @@ def codec(repeat: int = 300) -> dict[str, float]:
             lambda: decode(one_ack_frame[4:], lambda name, mtype: ConsumerService.pull_args()), repeat * 20, 1
         ),
         "stream_entry_decode_us": _cpu_us(lambda: [decode_fields(i, f) for i, f in entries], repeat, BATCH),
+        "stream_entry_traced_decode_us": _cpu_us(lambda: [decode_fields(i, f) for i, f in traced], repeat, BATCH),
     }
 
 
