@@ -17,6 +17,8 @@ from ddmq.config.schema.actions import (
 )
 from ddmq.config.schema.base import (
     ACTION_NAMES,
+    FAIR_KEY_KEY,
+    FAIR_KEY_TAG,
     ORDER_KEY_KEY,
     ORDER_KEY_NONE,
     ORDER_KEY_QID,
@@ -47,6 +49,8 @@ from ddmq.config.schema.topics import (
 
 __all__ = [
     "ACTION_NAMES",
+    "FAIR_KEY_KEY",
+    "FAIR_KEY_TAG",
     "ORDER_KEY_KEY",
     "ORDER_KEY_NONE",
     "ORDER_KEY_QID",

@@ -16,6 +16,9 @@ SINK_ACTIONS: tuple[str, ...] = ("PullServer", "AsyncHttp", "Redis")
 ORDER_KEY_QID: Final = "QID"
 ORDER_KEY_KEY: Final = "KEY"
 ORDER_KEY_NONE: Final = "NONE"
+#: Tenant expressions that are not JSONPaths: the message key, the message tag.
+FAIR_KEY_KEY: Final = "KEY"
+FAIR_KEY_TAG: Final = "TAG"
 
 
 class Model(BaseModel):

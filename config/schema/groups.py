@@ -9,6 +9,8 @@ from pydantic import Field, field_validator, model_validator
 from ddmq.config.schema.actions import AsyncHttpConfig, FilterConfig, RedisActionConfig, TransitConfig
 from ddmq.config.schema.base import (
     ACTION_NAMES,
+    FAIR_KEY_KEY,
+    FAIR_KEY_TAG,
     ORDER_KEY_KEY,
     ORDER_KEY_NONE,
     ORDER_KEY_QID,
@@ -69,6 +71,18 @@ class TopicGroupConfig(Model):
     #: key's later messages stay in Redis, their offsets remembered, and are read again in order as the
     #: key drains, so a burst of one key never fills ``concurrency`` and the other keys keep flowing.
     key_buffer: Annotated[int, Field(ge=1, le=100_000)] = 100
+    #: Tenants, off by default: what names a message's tenant, ``KEY`` (the message key), ``TAG`` (its
+    #: tag) or a JSONPath into the JSON body, e.g. ``$.customer``. While several tenants have messages
+    #: here, each holds at most its weighted share of ``concurrency`` in memory; the rest of its messages
+    #: stay in Redis (remembered by offset, as for a key past ``key_buffer``) and are read again, in key
+    #: order, as it drains, so a tenant with most of the traffic does not raise the others' latency. A
+    #: message the expression finds nothing in is of the tenant ``""``. Needs the Order action.
+    fair_key: str | None = None
+    #: Weight of a tenant (1 when not named): its share of the window is its weight over the sum of the
+    #: weights of the tenants with messages here.
+    fair_weights: Annotated[
+        dict[str, Annotated[float, Field(gt=0, le=1_000_000)]], Field(max_length=10_000)
+    ] = {}
     #: Messages read per second from all queues of the topic; None = unlimited.
     max_tps: Annotated[float, Field(gt=0)] | None = None
     #: A pulled message not acked within this is redelivered as a failed attempt.
@@ -170,6 +184,34 @@ class TopicGroupConfig(Model):
         if self.is_jsonpath_key and "Order" in self.actions:
             if "Json" not in self.actions or self.actions.index("Json") > self.actions.index("Order"):
                 raise ValueError("a JSONPath order_key needs the Json action before Order")
+        return self
+
+    @field_validator("fair_key")
+    @classmethod
+    def _fair_key(cls, value: str | None) -> str | None:
+        if value is None or value in (FAIR_KEY_KEY, FAIR_KEY_TAG):
+            return value
+        if not value.startswith("$"):
+            raise ValueError("fair_key must be KEY, TAG or a JSONPath starting with '$'")
+        from ddmq.config.jsonpath import check_jsonpath
+
+        return check_jsonpath(value)
+
+    @model_validator(mode="after")
+    def _tenants(self) -> TopicGroupConfig:
+        if self.fair_key is None:
+            if self.fair_weights:
+                raise ValueError("fair_weights is set but fair_key is not: weights need tenants")
+            return self
+        if "Order" not in self.actions:
+            raise ValueError("fair_key: tenants take their share in the Order action; add Order to actions")
+        if self.order_key == ORDER_KEY_QID:
+            raise ValueError("fair_key: with order_key QID a queue is one key, and no tenant may overtake "
+                             "another in it; order by KEY or a JSONPath to share between tenants")
+        if self.fair_key.startswith("$") and (
+            "Json" not in self.actions or self.actions.index("Json") > self.actions.index("Order")
+        ):
+            raise ValueError("a JSONPath fair_key needs the Json action before Order")
         return self
 
     @property

@@ -80,6 +80,18 @@ def test_the_documented_shape_loads_with_defaults(tmp_path: Path) -> None:
         ("", "the file is empty"),
         ("# only a comment\n", "the file is empty"),
         ("thrift: {max_frame_bytes: 2048, max_buffered_bytes: 1024}", "at least max_frame_bytes"),
+        # tenants: the expression, the weights, and what they need of the chain
+        ("groups: {g: {t: {fair_key: customer}}}", "fair_key must be KEY, TAG or a JSONPath"),
+        ("groups: {g: {t: {fair_key: '$[[['}}}", "invalid JSONPath"),
+        ("groups: {g: {t: {fair_weights: {a: 2}}}}", "fair_weights is set but fair_key is not"),
+        ("groups: {g: {t: {fair_key: KEY, fair_weights: {a: 0}}}}", "groups.g.t.fair_weights.a"),
+        ("groups: {g: {t: {fair_key: KEY, fair_weights: {a: -1}}}}", "greater than 0"),
+        ("groups: {g: {t: {fair_key: KEY, fair_weights: {a: 2000000}}}}", "less than or equal to 1000000"),
+        ("groups: {g: {t: {fair_key: KEY, fair_weights: {a: heavy}}}}", "groups.g.t.fair_weights.a"),
+        ("groups: {g: {t: {fair_key: KEY, order_key: QID}}}", "with order_key QID a queue is one key"),
+        ("groups: {g: {t: {fair_key: KEY, actions: [Json, PullServer]}}}", "add Order to actions"),
+        ("groups: {g: {t: {fair_key: '$.c', actions: [Order, PullServer]}}}", "JSONPath fair_key needs the Json"),
+        ("groups: {g: {t: {key_buffer: 0}}}", "groups.g.t.key_buffer"),
     ],
 )
 def test_broken_files_name_the_problem(tmp_path: Path, text: str, expected: str) -> None:
