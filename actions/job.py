@@ -44,7 +44,7 @@ NOT_PARSED: Final[Any] = object()
 class Job:
     """A message plus its progress through the chain (``index``: the next action to run)."""
 
-    __slots__ = ("attempts", "data", "index", "last_error", "message", "offset", "order_key", "qid", "state")
+    __slots__ = ("attempts", "data", "index", "last_error", "message", "offset", "order_key", "qid", "state", "tenant")
 
     def __init__(self, qid: int, message: StoredMessage) -> None:
         self.qid = qid
@@ -54,6 +54,8 @@ class Job:
         self.state = _NEW
         self.data: Any = NOT_PARSED
         self.order_key: Hashable | None = None
+        #: The tenant ``Order`` names with ``fair_key`` (None without tenants).
+        self.tenant: str | None = None
         self.attempts = 0
         self.last_error = ""
 

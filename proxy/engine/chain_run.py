@@ -44,6 +44,11 @@ _FAIL: Final = Status.FAIL
 _FINISHED: Final = JobState.FINISHED
 _REPLAY_GROUP: Final = REPLAY_GROUP
 
+#: Most held keys read again in one round (one read per queue for all of them): a tenant's share split
+#: between many keys comes back a message or two per key, and one round trip per key would cap its
+#: throughput at the round trips the resumer makes.
+RESUME_KEYS: Final = 256
+
 
 class ChainRun:
     """The chain of ``jobs``' topic (built from ``actions``) and what runs jobs down it;
@@ -171,55 +176,105 @@ class ChainRun:
     # held keys ----------------------------------------------------------------------------------
 
     async def resume_held(self) -> None:
-        """Read the held messages of each key the gate wants again, oldest want first (see
-        :mod:`ddmq.proxy.engine.held_keys`); Redis failing is retried with backoff. Runs until cancelled."""
+        """Read the held messages of the keys the gate wants again, oldest want first, up to
+        :data:`RESUME_KEYS` keys per round (see :mod:`ddmq.proxy.engine.held_keys`); Redis failing is
+        retried with backoff. Runs until cancelled."""
         held = self.jobs.held
         backoff = Backoff(0.1, 5.0)
         while True:
-            key = await held.next_wanted()
+            keys = await held.next_wanted(RESUME_KEYS)
             try:
-                resumed = await self._resume(key)
+                resumed = await self._resume(keys)
             except BrokerError as exc:
                 log.warning("%s/%s: %s; retrying", self.group, self.topic, exc)
-                held.want(key)
+                for key in keys:
+                    held.want(key)
                 await asyncio.sleep(backoff.take())
                 continue
             backoff.reset()
-            # Still short of its cap with messages held (a refill cut short by filtered or gone ones):
-            # no release of the key may come to want it again.
+            # Still short of its cap with messages held (a refill cut short by filtered or gone ones, or
+            # by its tenant's share): no release of the key may come to want it again.
             gate = self.blocking_queue
-            if resumed and key in held.keys and gate.chain_length(key) <= gate.key_cap // 2:
-                held.want(key)
+            for key in resumed:
+                if key in held.keys and gate.chain_length(key) <= gate.key_cap // 2:
+                    held.want(key)
 
-    async def _resume(self, key: Hashable) -> bool:
-        """Run up to the room under ``key``'s cap of its oldest held messages down the chain, in order;
-        False when there was nothing to run (no room, nothing held, the queue dropped meanwhile)."""
+    async def _resume(self, keys: list[Hashable]) -> list[Hashable]:
+        """Run, for each of ``keys``, its oldest held messages down the chain, in order: up to the room
+        under its cap (and with tenants its part of its tenant's room), the round's messages one key's
+        cap past the window at most; one read per queue for the round. Returns the keys that ran any."""
         jobs, gate, held = self.jobs, self.blocking_queue, self.jobs.held
         cap = gate.key_cap
-        room = cap - gate.chain_length(key)
-        if room <= 0:
-            return False  # the key drains first; releasing its jobs wants it again
         # Held keys come before new reads, up to one key's cap past the window, so they never starve.
         while jobs.unfinished >= jobs.config.concurrency + cap:
             await jobs.wait_for_room()
-        oldest = held.oldest(key, room)
-        if oldest is None:
-            return False
-        qid, offsets = oldest
-        tracker = self._tracker_of(qid)
-        if tracker is None:
-            return False  # the queue was dropped: its held offsets go with it (HeldKeys.forget)
-        messages = await read_offsets(jobs.broker, self.topic, qid, offsets)
-        if self._tracker_of(qid) is not tracker or tracker.dropped or not held.taken(key, qid, offsets):
-            return False  # dropped while the read was out: the queue's next owner reads them
-        queue = QueueId(self.topic, qid)
+        plans, later = self._plan(keys, jobs.config.concurrency + cap - jobs.unfinished)
+        if later:  # no room left in this round: the next one (after a wait for room) takes them
+            jobs.count("resume_deferred", len(later))
+            for key in later:
+                held.want(key)
+        by_queue: dict[int, list[int]] = {}
+        for _, qid, offsets in plans:
+            by_queue.setdefault(qid, []).extend(offsets)
+        read: dict[int, tuple[OffsetTracker, dict[int, StoredMessage]]] = {}
+        for qid, offsets in by_queue.items():
+            tracker = self._tracker_of(qid)
+            if tracker is not None:  # else dropped: its held offsets go with it (HeldKeys.forget)
+                read[qid] = tracker, await read_offsets(jobs.broker, self.topic, qid, sorted(offsets))
+        resumed = []
+        try:
+            for key, qid, offsets in plans:
+                tracker, messages = read.get(qid, (None, {}))
+                if tracker is None or self._tracker_of(qid) is not tracker or tracker.dropped \
+                        or not held.taken(key, qid, offsets):
+                    continue  # dropped while the read was out: the queue's next owner reads them
+                self._run_held(key, QueueId(self.topic, qid), tracker, offsets, messages)
+                resumed.append(key)
+        finally:
+            self.buffer.answer_parked()
+        return resumed
+
+    def _plan(
+        self, keys: list[Hashable], total: int
+    ) -> tuple[list[tuple[Hashable, int, list[int]]], list[Hashable]]:
+        """Which held offsets of ``keys`` to read now, ``total`` at most: (key, qid, offsets) each; and
+        the keys left for a later round once ``total`` is used up (a key whose chain is empty may have
+        no release left to want it again)."""
+        gate, held, tenants = self.blocking_queue, self.jobs.held, self.blocking_queue.tenants
+        budgets: dict[str, int] = {}  # each tenant's room left in this round
+        plans: list[tuple[Hashable, int, list[int]]] = []
+        for index, key in enumerate(keys):
+            if total <= 0:
+                return plans, keys[index:]
+            room = min(gate.key_cap - gate.chain_length(key), total)
+            if tenants is not None:
+                tenant = held.tenant_of.get(key, "")
+                budget = budgets.get(tenant)
+                if budget is None:
+                    budget = tenants.room(tenant)
+                # A key's part counts what it holds already: its messages behind a head are not ready,
+                # and another key's head in their place would be.
+                room = min(room, budget, tenants.part(tenant) - gate.chain_length(key))
+                budgets[tenant] = budget - max(room, 0)
+            if room <= 0:
+                continue  # the key (or its tenant) drains first; releasing its jobs wants it again
+            oldest = held.oldest(key, room)
+            if oldest is not None:
+                plans.append((key, *oldest))
+                total -= len(oldest[1])
+        return plans, []
+
+    def _run_held(self, key: Hashable, queue: QueueId, tracker: OffsetTracker, offsets: list[int],
+                  messages: dict[int, StoredMessage]) -> None:
+        """Run ``key``'s held ``offsets``, read again as ``messages``, down the chain in order."""
+        jobs, gate = self.jobs, self.blocking_queue
         gate.resuming = key
         try:
             for offset in offsets:
                 message = messages.get(offset)
                 if message is None:  # trimmed meanwhile (retention by age or length): nothing to deliver
                     log.warning("%s/%s#%d: held offset %d is gone from the stream", self.group, self.topic,
-                                qid, offset)
+                                queue.qid, offset)
                     jobs.count("held_gone")
                     tracker.finish(offset)
                     continue
@@ -227,6 +282,4 @@ class ChainRun:
                 self.run(UpstreamJob(jobs, queue, message, tracker))
         finally:
             gate.resuming = None
-            self.buffer.answer_parked()
         jobs.count("resumed", len(offsets))
-        return True

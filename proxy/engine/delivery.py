@@ -30,6 +30,7 @@ from ddmq.proxy.core.types import THRIFT_REPLY, PullBatch, QueueId, ReplySize
 from ddmq.proxy.engine.end_to_end import EndToEnd
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.queue_slot import QueueSlot
+from ddmq.proxy.engine.ready_line import FairReadyLine
 from ddmq.proxy.engine.redelivery import BufferStats, Redelivery
 from ddmq.proxy.engine.runs import log_alone, may_continue, with_runs
 
@@ -117,6 +118,9 @@ class Delivery:
         """``job``, of ``slot``'s queue, waits for a pull."""
         job.state = _READY
         ready = slot.ready
+        if job.tenant is not None and not isinstance(ready, FairReadyLine):
+            slot.make_fair(job.consumer.config.fair_weights)
+            ready = slot.ready
         if not ready:
             self.order.append(slot)
         ready.append(job)

@@ -24,8 +24,10 @@ import asyncio
 from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
+from itertools import islice
 
 from ddmq.proxy.engine.job import UpstreamJob
+from ddmq.proxy.engine.tenants import TenantShares
 
 __all__ = ["HELD_PER_QUEUE", "HeldKeys"]
 
@@ -85,6 +87,10 @@ class HeldKeys:
     def __init__(self, on_hold: Callable[[UpstreamJob], None], per_queue: int = HELD_PER_QUEUE) -> None:
         #: Per key: per qid, its held offsets. The key gate asks ``key in keys`` only while it is not empty.
         self.keys: dict[Hashable, dict[int, _Offsets]] = {}
+        #: The topic's tenants (``fair_key``), told which keys are held for whom; None without tenants.
+        self.tenants: TenantShares | None = None
+        #: With tenants: per held key, the tenant of the message that began its hold.
+        self.tenant_of: dict[Hashable, str] = {}
         #: Held offsets per qid.
         self.per_queue: Counter[int] = Counter()
         self.per_queue_limit = per_queue
@@ -101,12 +107,19 @@ class HeldKeys:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def hold(self, job: UpstreamJob) -> None:
-        """Leave ``job``'s message in Redis (its key is at its cap or has held messages already)."""
-        key = job.order_key
+    def hold(self, job: UpstreamJob, key: Hashable | None = None) -> None:
+        """Leave ``job``'s message in Redis (its key is at its cap or has held messages already, or its
+        tenant holds its share), remembered under its order key or ``key``."""
+        if key is None:
+            key = job.order_key
         queues = self.keys.get(key)
         if queues is None:
             queues = self.keys[key] = {}
+            tenants = self.tenants
+            if tenants is not None:
+                tenant = job.tenant or ""
+                self.tenant_of[key] = tenant
+                tenants.held_key(tenant, key)
         offsets = queues.get(job.qid)
         if offsets is None:
             offsets = queues[job.qid] = _Offsets()
@@ -116,19 +129,21 @@ class HeldKeys:
         self._on_hold(job)
 
     def want(self, key: Hashable) -> None:
-        """``key`` drained far enough: read its held messages again (:meth:`next_wanted` gives it)."""
+        """``key`` drained far enough: read its held messages again (:meth:`next_wanted` gives it out)."""
         if key in self.keys and key not in self._wanted:
             self._wanted[key] = None
             self._want.set()
 
-    async def next_wanted(self) -> Hashable:
-        """The key wanted longest (waits for one)."""
+    async def next_wanted(self, most: int) -> list[Hashable]:
+        """Up to ``most`` of the keys wanted longest, oldest want first (waits for one)."""
         while not self._wanted:
             self._want.clear()
             await self._want.wait()
-        key = next(iter(self._wanted))
-        del self._wanted[key]
-        return key
+        wanted = self._wanted
+        keys = list(islice(wanted, most))
+        for key in keys:
+            del wanted[key]
+        return keys
 
     def oldest(self, key: Hashable, n: int) -> tuple[int, list[int]] | None:
         """Up to ``n`` of ``key``'s oldest held offsets in one of its queues, or None when it has none."""
@@ -149,7 +164,7 @@ class HeldKeys:
             queues = self.keys[key]
             del queues[qid]
             if not queues:
-                del self.keys[key]
+                self._gone(key)
         self._counted_out(qid, len(offsets))
         self.resumed_total += len(offsets)
         return True
@@ -162,11 +177,17 @@ class HeldKeys:
             queues = self.keys[key]
             del queues[qid]
             if not queues:
-                del self.keys[key]
+                self._gone(key)
                 self._wanted.pop(key, None)
             else:
                 self.want(key)  # held in another queue too: read those (its resume may have stopped at this one)
         self._counted_out(qid, self.per_queue[qid])
+
+    def _gone(self, key: Hashable) -> None:
+        """``key`` has no held offsets left."""
+        del self.keys[key]
+        if self.tenants is not None:
+            self.tenants.unheld_key(self.tenant_of.pop(key, ""), key)
 
     def _counted_out(self, qid: int, n: int) -> None:
         left = self.per_queue[qid] - n

@@ -8,7 +8,7 @@ key's chain, its delivery deadline and extensions.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ddmq.actions.job import INVALID_JSON as INVALID_JSON
@@ -44,6 +44,9 @@ class RetrySettings(Protocol):
 
     @property
     def on_exhausted(self) -> str: ...
+
+    @property
+    def fair_weights(self) -> Mapping[str, float]: ...
 
     def retry_delay_ms(self, retry: int) -> int: ...
 
@@ -127,6 +130,7 @@ class UpstreamJob(Job):
         self.state = _NEW
         self.data: Any = NOT_PARSED
         self.order_key: Hashable | None = None
+        self.tenant: str | None = None
         self.next: UpstreamJob | None = None
         self.attempts = 0
         self.deadline = 0  # timing-wheel tick while in flight

@@ -21,6 +21,7 @@ from typing import Final
 
 from ddmq.proxy.engine.held_keys import HeldKeys
 from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.tenants import TenantShares, Unkeyed
 
 # Enum members read through their class cost ~5x a plain global on Python 3.11; the hot path uses these.
 # Final: the compiled build keeps them in C statics, where a plain global is a dict lookup per use.
@@ -59,9 +60,10 @@ class _Signal:
 class UpstreamJobBlockingQueue:
     """The key gate of one group's topic (see the module's docstring). With ``held`` (the topic's
     :class:`~ddmq.proxy.engine.held_keys.HeldKeys`), a key holds at most ``key_cap`` jobs: a job past
-    it, or of a key with held messages, is held (left in Redis) instead of linked."""
+    it, or of a key with held messages, is held (left in Redis) instead of linked; with ``tenants``
+    (:class:`~ddmq.proxy.engine.tenants.TenantShares`) so is a job of a tenant at its share."""
 
-    def __init__(self, held: HeldKeys | None = None, key_cap: int = 0) -> None:
+    def __init__(self, held: HeldKeys | None = None, key_cap: int = 0, tenants: TenantShares | None = None) -> None:
         self._heads: dict[Hashable, UpstreamJob] = {}
         self._tails: dict[Hashable, UpstreamJob] = {}
         #: Unfinished jobs linked per key (heads and successors).
@@ -71,6 +73,8 @@ class UpstreamJobBlockingQueue:
         self.key_cap = key_cap
         #: The key whose held messages the chain's resumer runs now: linked whatever its length.
         self.resuming: Hashable | None = None
+        #: The topic's tenants (``fair_key``; needs ``held``): a job of a tenant at its share is held.
+        self.tenants = tenants
         self._main: deque[UpstreamJob] = deque()
         self._reactivated: deque[UpstreamJob] = deque()
         self._nonempty = _Signal()
@@ -101,16 +105,27 @@ class UpstreamJobBlockingQueue:
     def _link(self, job: UpstreamJob) -> bool:
         """Link ``job`` at its key's tail: True (RUNNABLE) when it is the key's head, else WAITING; or
         hold it (False, and the job is gone from the engine) when its key is at its cap or has held
-        messages: those go first, so nothing read later may overtake them."""
+        messages (those go first, so nothing read later may overtake them), or its tenant holds its
+        share of the window."""
         key = job.order_key
+        tenants = self.tenants
+        tenant = ""
+        if tenants is not None:
+            if job.tenant is None:  # named by Order; "" is the tenant of what names none
+                job.tenant = ""
+            else:
+                tenant = job.tenant
         if key is not None:
             held = self.held
             length = self._lengths.get(key, 0)
-            if held is not None and (length >= self.key_cap or (held.keys and key in held.keys)) and (
-                key != self.resuming
-            ):
+            if held is not None and (
+                length >= self.key_cap or (held.keys and key in held.keys)
+                or (tenants is not None and tenants.full(tenant))
+            ) and key != self.resuming:
                 held.hold(job)
                 return False
+            if tenants is not None:
+                tenants.linked_one(tenant)
             self._lengths[key] = length + 1
             tail = self._tails.get(key)
             self._tails[key] = job
@@ -119,12 +134,20 @@ class UpstreamJobBlockingQueue:
                 job.state = _WAITING
                 return False
             self._heads[key] = job
+        elif tenants is not None and self.held is not None:
+            if tenants.full(tenant) and self.resuming != (unkeyed := Unkeyed(tenant)):
+                self.held.hold(job, unkeyed)
+                return False
+            tenants.linked_one(tenant)
         job.state = _RUNNABLE
         return True
 
     def release(self, job: UpstreamJob) -> UpstreamJob | None:
         """The head ``job`` finished: make its successor runnable. Returns the successor."""
         key = job.order_key
+        tenants = self.tenants
+        if tenants is not None and job.tenant is not None:
+            tenants.released(job.tenant)
         if key is None:
             return None
         successor = job.next

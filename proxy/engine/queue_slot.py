@@ -14,12 +14,12 @@ to the heads once it is its key's head, putting a run back in its keys' chains (
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import JobState, UpstreamJob
-from ddmq.proxy.engine.ready_line import ReadyLine
+from ddmq.proxy.engine.ready_line import FairReadyLine, ReadyLine
 from ddmq.proxy.engine.redelivery import Redelivery
 
 if TYPE_CHECKING:
@@ -60,11 +60,18 @@ class QueueSlot:
         #: Run members in flight behind their keys' heads, by offset. Acks and fails look at the heads
         #: first, so clients without runs never look here.
         self.members: dict[int, UpstreamJob] = {}
-        #: The ready heads, oldest offset first.
+        #: The ready heads, oldest offset first (with tenants, in the tenants' turns).
         self.ready = ReadyLine()
         #: Offsets finished elsewhere (a replay lease acked at another proxy) that were read here but wait
         #: behind their key: finished instead of made ready when they get here (``finish_elsewhere``).
         self.finished_elsewhere: set[int] = set()
+
+    def make_fair(self, weights: Mapping[str, float]) -> None:
+        """Its jobs have tenants: serve them in turns (:class:`~ddmq.proxy.engine.ready_line.FairReadyLine`)."""
+        fair = FairReadyLine(weights)
+        for job in self.ready:
+            fair.append(job)
+        self.ready = fair
 
     def job(self, offset: int) -> UpstreamJob | None:
         """The unfinished job at ``offset``, if the slot holds it."""

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from ddmq.proxy.engine.job import UpstreamJob
 
-__all__ = ["ReadyLine"]
+__all__ = ["FairReadyLine", "ReadyLine"]
 
 
 class ReadyLine:
@@ -105,3 +105,104 @@ class ReadyLine:
         yield from self._sorted
         yield from self._late_jobs.values()
         yield from self._twins
+
+
+class FairReadyLine(ReadyLine):
+    """A queue's ready heads with tenants (``fair_key``): a :class:`ReadyLine` per tenant, served in
+    turns, each tenant's oldest first, ``weight`` messages per turn (deficit round-robin: a weight of
+    0.5 is served every other turn, one of 3 three in a row). Oldest first across tenants would hand a
+    big tenant's messages out before the others' every time, as its backlog is older; in turns, while
+    several tenants have ready messages each gets its weighted share of every pull.
+
+    :meth:`first` gives a job of the line (the next tenant's oldest), which is what the buffer asks it
+    for: the consumer its jobs share."""
+
+    __slots__ = ("_count", "_credit", "_lines", "_turns", "_weights")
+
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        super().__init__()
+        self._weights = weights
+        self._lines: dict[str | None, ReadyLine] = {}
+        #: Tenants with ready jobs, the one whose turn it is first.
+        self._turns: deque[str | None] = deque()
+        #: What each tenant in turn may still take (messages; fractions carry to its next turn).
+        self._credit: dict[str | None, float] = {}
+        self._count = 0
+
+    def _weight(self, tenant: str | None) -> float:
+        return self._weights.get(tenant, 1.0) if tenant is not None else 1.0
+
+    def append(self, job: UpstreamJob) -> None:
+        tenant = job.tenant
+        line = self._lines.get(tenant)
+        if line is None:
+            line = self._lines[tenant] = ReadyLine()
+            self._turns.append(tenant)
+        line.append(job)
+        self._count += 1
+
+    def put_front(self, job: UpstreamJob) -> None:
+        """Put back the job :meth:`popleft` just returned: its tenant's turn again, its credit back."""
+        tenant = job.tenant
+        turns = self._turns
+        line = self._lines.get(tenant)
+        if line is None:
+            line = self._lines[tenant] = ReadyLine()
+            turns.appendleft(tenant)
+        elif turns[0] != tenant:
+            turns.remove(tenant)  # O(tenants), on a reply full by bytes only
+            turns.appendleft(tenant)
+        line.put_front(job)
+        self._credit[tenant] = self._credit.get(tenant, 0.0) + 1.0
+        self._count += 1
+
+    def popleft(self) -> UpstreamJob:
+        turns = self._turns
+        credits = self._credit
+        while True:
+            tenant = turns[0]
+            credit = credits.get(tenant, 0.0)
+            if credit < 1.0:
+                credit += self._weight(tenant)  # its turn begins
+                if credit < 1.0:
+                    credits[tenant] = credit
+                    turns.rotate(-1)
+                    continue
+            line = self._lines[tenant]
+            job = line.popleft()
+            self._count -= 1
+            credit -= 1.0
+            if not line:  # nothing ready left: its turn ends, and so does its credit
+                del self._lines[tenant]
+                credits.pop(tenant, None)
+                turns.popleft()
+            else:
+                credits[tenant] = credit
+                if credit < 1.0:
+                    turns.rotate(-1)
+            return job
+
+    def first(self) -> UpstreamJob:
+        return self._lines[self._turns[0]].first()
+
+    def remove(self, job: UpstreamJob) -> bool:
+        tenant = job.tenant
+        line = self._lines.get(tenant)
+        if line is None or not line.remove(job):
+            return False
+        self._count -= 1
+        if not line:
+            del self._lines[tenant]
+            self._credit.pop(tenant, None)
+            self._turns.remove(tenant)
+        return True
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __iter__(self) -> Iterator[UpstreamJob]:
+        for line in self._lines.values():
+            yield from line

@@ -30,6 +30,7 @@ from ddmq.proxy.engine.job import UpstreamJob
 from ddmq.proxy.engine.ordering import UpstreamJobBlockingQueue
 from ddmq.proxy.engine.parking import KeyParking
 from ddmq.proxy.engine.pull_buffer import PullBuffer
+from ddmq.proxy.engine.tenants import RESERVE, TenantShares
 from ddmq.proxy.store.broker import Broker
 from ddmq.proxy.store.key_commands import ParkStore
 
@@ -59,7 +60,13 @@ class TopicJobs:
         self._confirmed = confirmed
         #: Messages of keys at their cap, left in Redis by offset (docs/design/engine.md, "Held keys").
         self.held = HeldKeys(self._set_aside, _held_per_queue(config))
-        self.blocking_queue = UpstreamJobBlockingQueue(self.held, config.key_buffer)
+        #: Each tenant's share of ``concurrency`` (``fair_key``; docs/design/engine.md, "Tenants"), or None.
+        self.tenants = (
+            TenantShares(lambda: self.config.concurrency, config.fair_weights, self.held.want)
+            if config.fair_key is not None else None
+        )
+        self.held.tenants = self.tenants
+        self.blocking_queue = UpstreamJobBlockingQueue(self.held, config.key_buffer, self.tenants)
         self.counters: Counter[str] = Counter()
         self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         #: Only these tags are read into the chain (empty: all).
@@ -75,7 +82,7 @@ class TopicJobs:
         self._room.set()
         #: True while a reader waits for room: finish() reads a plain attribute, not Event.is_set().
         self._short_of_room = False
-        self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
+        self._refill = _refill(config)
         #: False once the consumer is retiring (its topic left the config): nothing more is handed out.
         self.serving = True
 
@@ -92,7 +99,7 @@ class TopicJobs:
         if config.max_tps != old.max_tps:
             self.limiter = TokenBucket(config.max_tps) if config.max_tps else None
         self.tags = frozenset(config.tags)
-        self._refill = max(1, min(config.read_batch_size, config.concurrency // 4))
+        self._refill = _refill(config)
         self.blocking_queue.key_cap = config.key_buffer
         self.held.per_queue_limit = _held_per_queue(config)
         if self.unfinished < config.concurrency:
@@ -159,6 +166,17 @@ class TopicJobs:
     def in_flight(self) -> int:
         """Jobs of the topic handed to clients and not acked or failed yet."""
         return self._buffer.in_flight_of(self.topic)
+
+
+def _refill(config: TopicGroupConfig) -> int:
+    """How far under ``concurrency`` the unfinished jobs fall before a reader waiting for room reads
+    again (a read's worth, so it does not read one message at a time). With tenants no more than the
+    window's reserve: held tenants read again keep the window at their shares, 7/8 of it, and a reader
+    waiting for more room than that would never read on to the next tenant."""
+    refill = min(config.read_batch_size, config.concurrency // 4)
+    if config.fair_key is not None:
+        refill = min(refill, int(config.concurrency * RESERVE))
+    return max(1, refill)
 
 
 def _held_per_queue(config: TopicGroupConfig) -> int:

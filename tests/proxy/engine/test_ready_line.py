@@ -9,7 +9,7 @@ import pytest
 from ddmq.proxy.core.types import QueueId, StoredMessage
 from ddmq.proxy.engine.job import UpstreamJob
 from ddmq.proxy.engine.offsets import OffsetTracker
-from ddmq.proxy.engine.ready_line import ReadyLine
+from ddmq.proxy.engine.ready_line import FairReadyLine, ReadyLine
 
 from ..engine_fakes import Owner
 
@@ -68,3 +68,42 @@ def test_a_job_sharing_its_offset_can_be_taken_out_alone() -> None:
     assert line.first() is twin_of_second
     assert line.remove(twin_of_second) and not line.remove(twin_of_second)
     assert [line.popleft().offset for _ in range(len(line))] == [3, 4]
+
+
+def tenant_job(offset: int, tenant: str) -> UpstreamJob:
+    one = job(offset)
+    one.tenant = tenant
+    return one
+
+
+def test_tenants_are_served_in_turns_each_its_oldest_first_by_weight() -> None:
+    line = FairReadyLine({"big": 3.0, "half": 0.5})
+    # "big" has the oldest backlog; turns give the others their share of every pull all the same.
+    for offset in range(100):
+        line.append(tenant_job(offset, "big"))
+    for offset in range(100, 130):
+        line.append(tenant_job(offset, "small" if offset % 2 else "half"))
+    taken = [(j.tenant, j.offset) for j in (line.popleft() for _ in range(18))]
+    # "half" (weight 0.5) is served every other turn; the turns began big, half, small
+    assert [t for t, _ in taken] == (["big"] * 3 + ["small"] + ["big"] * 3 + ["half", "small"]) * 2
+    for tenant in ("big", "small", "half"):
+        offsets = [o for t, o in taken if t == tenant]
+        assert offsets == sorted(offsets)
+    assert len(line) == 130 - 18
+    assert sorted(j.offset for j in line) == sorted(set(range(130)) - {o for _, o in taken})
+
+
+def test_a_tenant_put_back_keeps_its_turn_and_removed_ones_leave_the_turns() -> None:
+    line = FairReadyLine({})
+    a0, a1, b0 = tenant_job(1, "a"), tenant_job(2, "a"), tenant_job(3, "b")
+    for one in (a0, a1, b0):
+        line.append(one)
+    first = line.popleft()
+    assert first is a0
+    line.put_front(first)  # did not fit the reply: still a's turn, a0 first
+    assert line.first() is a0 and line.popleft() is a0
+    assert line.popleft() is b0  # then b's turn, and a's again
+    assert line.remove(a1) and not line and len(line) == 0
+    assert not line.remove(a1)
+    line.append(b0)
+    assert line.popleft() is b0 and not line
