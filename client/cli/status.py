@@ -152,8 +152,29 @@ def format_held(topics: list[dict[str, Any]], queues: list[dict[str, Any]]) -> l
             continue
         per_queue = ", ".join(f"#{q['qid']}: {q['held_in_redis']:,}" for q in queues
                               if q["topic"] == topic["topic"] and q.get("held_in_redis"))
-        lines.append(f"  {topic['topic']}: {topic['keys_at_cap']:,} key(s) at their key_buffer cap, "
+        why = "at their key_buffer cap" if topic.get("tenants") is None else "at their key_buffer cap or behind " \
+            "their tenant's share"
+        lines.append(f"  {topic['topic']}: {topic['keys_at_cap']:,} key(s) {why}, "
                      f"{topic['held_in_redis']:,} message(s) held in Redis to read again ({per_queue})")
+    return lines
+
+
+def format_tenants(topics: list[dict[str, Any]], shown: int = 5) -> list[str]:
+    """A line per topic with tenants (``fair_key``) on the proxy asked: the ``shown`` with the most
+    messages there, each with its messages in memory, its share of the window and its held keys."""
+    lines = []
+    for topic in topics:
+        tenants = topic.get("tenants")
+        if not tenants:
+            continue
+        listed = "; ".join(
+            f"{row['tenant'] or '(none)'}: {row['in_memory']:,} in memory of a share of {row['share']:,}"
+            + (f", {row['held_keys']:,} key(s) held in Redis" if row["held_keys"] else "")
+            + (f", weight {row['weight']:g}" if row["weight"] != 1 else "")
+            for row in tenants[:shown]
+        )
+        more = f" (and {len(tenants) - shown} more)" if len(tenants) > shown else ""
+        lines.append(f"  {topic['topic']}: {listed}{more}")
     return lines
 
 
@@ -211,6 +232,7 @@ def _status_command(args: argparse.Namespace) -> int:
                 "per_queue": {str(q["qid"]): q["held_in_redis"] for q in queues
                               if q["topic"] == t["topic"] and q.get("held_in_redis")},
             } for t in topics},
+            "tenants": {t["topic"]: t["tenants"] for t in topics if t.get("tenants") is not None},
         } if args.http else {}
         print(json.dumps({**asdict(status), "paused": pause_rows, "breakers": held, **proxy}, indent=2))
     else:
@@ -220,5 +242,8 @@ def _status_command(args: argparse.Namespace) -> int:
             at_cap = format_held(topics, queues)
             if at_cap:
                 proxy_lines += [f"keys at their key_buffer cap at {client.base_url} (the queues it reads):", *at_cap]
+            tenant_lines = format_tenants(topics)
+            if tenant_lines:
+                proxy_lines += [f"tenants with the most messages at {client.base_url}:", *tenant_lines]
         print("\n".join([*notes, format_status(status), *proxy_lines]))
     return 0

@@ -126,8 +126,12 @@ def _local(
     if entry["topic_hold"] is not None:
         entry["next"] += f"; the topic is held ({entry['topic_hold']}): nothing of it goes out until that ends"
     if entry["held_in_redis"]:
-        entry["next"] += (f"; held: {entry['held_in_redis']} messages wait in Redis behind the key's cap "
-                          f"(key_buffer {consumer.config.key_buffer})")
+        tenants, tenant = consumer.jobs.tenants, consumer.jobs.held.tenant_of.get(job.order_key)
+        behind = f"the key's cap (key_buffer {consumer.config.key_buffer})"
+        if tenants is not None and tenant is not None:
+            behind += (f" or its tenant's share ({tenant or '(none)'}: {tenants.linked.get(tenant, 0)} in memory "
+                       f"of {tenants.share(tenant)})")
+        entry["next"] += f"; held: {entry['held_in_redis']} messages wait in Redis behind {behind}"
     return entry
 
 

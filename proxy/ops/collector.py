@@ -42,6 +42,7 @@ from ddmq.proxy.ops.families import (
     TopicFigures,
     chain_lengths,
     end_to_end_families,
+    tenant_families,
 )
 from ddmq.proxy.ops.lag import now_ms
 from ddmq.proxy.ops.latency import LatencyHistogram, add_latencies
@@ -138,7 +139,7 @@ class EngineCollector(Collector):
             proxy_events.add_metric((event,), count)
         engine = self._per_queue_families(groups) if per_queue else self._default_families(groups)
         return [*_buffer_counters(groups, per_queue), *engine, parked, paused, *_breakers(groups), proxy_events,
-                *self._latencies(per_queue), *end_to_end_families(groups, per_queue),
+                *self._latencies(per_queue), *end_to_end_families(groups, per_queue), *tenant_families(groups),
                 *_server_metrics(self._server_stats())]
 
     def _per_queue_families(self, groups: dict[str, ConsumerGroup]) -> list[Family]:

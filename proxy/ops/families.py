@@ -222,3 +222,36 @@ def _add(family: Family, labels: tuple[str, ...], parts: list[Distribution]) -> 
     # Each part in the exported unit first: the same figure as the finer series' sum, to the last bit.
     total = sum(part.total / part.divisor for part in parts)
     family.add_histogram(labels, list(zip(first.les, accumulate(counts), strict=True)), total)
+
+
+#: Tenants exported per (group, topic): those with the most messages here (tenant values are the
+#: producers', unbounded; the console and ``ddmq status --http`` list as many).
+TOP_TENANTS: Final = 20
+
+
+def tenant_families(groups: dict[str, ConsumerGroup]) -> list[Family]:
+    """Per (group, topic) with ``fair_key``: how many tenants have messages here, and for the
+    :data:`TOP_TENANTS` with the most, their messages in memory, keys held in Redis for them and share
+    of the window now (``tenant`` label, per topic in both modes: a tenant's share is of one topic's
+    window). None of the families while no topic has tenants, so a proxy without them exports what it did."""
+    labels = (*TOPIC_LABELS, "tenant")
+    count = Family("ddmq_tenants", GAUGE, "Tenants (fair_key) with messages here, in memory or held in Redis.",
+                   TOPIC_LABELS)
+    in_memory = Family("ddmq_tenant_messages", GAUGE,
+                       "A tenant's unfinished messages in memory (the top tenants by backlog).", labels)
+    held = Family("ddmq_tenant_held_keys", GAUGE,
+                  "Order keys whose messages wait in Redis behind the tenant's share.", labels)
+    share = Family("ddmq_tenant_share", GAUGE,
+                   "Most messages the tenant may hold in memory now: its weighted share of concurrency.", labels)
+    for name, group in sorted(groups.items()):
+        for topic, consumer in sorted(group.consumers.items()):
+            tenants = consumer.jobs.tenants
+            if tenants is None:
+                continue
+            count.add_metric((name, topic), len(tenants))
+            for view in tenants.views(TOP_TENANTS):
+                row = (name, topic, view.tenant)
+                in_memory.add_metric(row, view.in_memory)
+                held.add_metric(row, view.held_keys)
+                share.add_metric(row, view.share)
+    return [count, in_memory, held, share] if count.rows else []

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from ddmq.proxy.engine.end_to_end import Distribution, EndToEnd
 from ddmq.proxy.engine.job import JobState, UpstreamJob
+from ddmq.proxy.engine.tenants import TenantView
 from ddmq.proxy.groups.group import ConsumerGroup
+from ddmq.proxy.ops.families import TOP_TENANTS
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class TopicView:
     #: read again by offset when the key drains), over the queues this proxy reads.
     keys_at_cap: int
     held_in_redis: int
+    #: With ``fair_key``: the tenants with the most messages here (in memory, keys held for them in
+    #: Redis, weight, share of ``concurrency`` now), most first; None without tenants.
+    tenants: list[TenantView] | None
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,7 @@ def group_view(group: ConsumerGroup) -> GroupView:
             breaker=group.breakers.state(topic),
             keys_at_cap=len(consumer.jobs.held),
             held_in_redis=sum(consumer.jobs.held.per_queue.values()),
+            tenants=consumer.jobs.tenants.views(TOP_TENANTS) if consumer.jobs.tenants is not None else None,
         )
         for topic, consumer in sorted(group.consumers.items())
         for figures in (group.buffer.end_to_end.get(topic) or EndToEnd(),)

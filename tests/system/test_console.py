@@ -552,10 +552,44 @@ async def test_console_shows_keys_at_their_cap_and_the_messages_they_left_in_red
         page = watched.page
         await page.goto(f"http://127.0.0.1:{service.http_port}/")
         await expect(page.locator("#topics tr[data-topic=t] td.at-cap")).to_have_text("1 / 45")
+        await expect(page.locator("#tenants-section")).to_be_hidden()  # no fair_key
         await expect(page.locator(f'#queues tr[data-qid="{qid}"] td.at-cap')).to_have_text("1 / 45")
         for other in {0, 1, 2, 3} - {qid}:
             await expect(page.locator(f'#queues tr[data-qid="{other}"] td.at-cap')).to_have_text("0 / 0")
         await screenshot(page, "console-keys-at-cap")
+        assert not watched.errors, watched.errors
+
+
+async def test_console_shows_each_tenants_share_and_its_keys_held_in_redis(
+    redis_url: str, browser: BrowserContext
+) -> None:
+    """Tenants by message key, a window of 10, nobody pulling: "a" (5 messages) holds its share of 4 with
+    its key held in Redis, "b" its one message; the Tenants table says so as /admin does. Without
+    ``fair_key`` the table is not shown (the other console tests' pages)."""
+    http = {"enabled": True, "port": 0}
+    config = {"order_key": "KEY", "fair_key": "KEY", "concurrency": 10}
+    async with (
+        running_proxy(redis_url, config, queues=1, http=http) as service,
+        aiohttp.ClientSession() as session,
+    ):
+        api = ApiClient(session, f"http://127.0.0.1:{service.http_port}", OpenApiChecker())
+        async with AsyncProducer(redis_url) as producer:  # one queue: read in this order
+            await producer.send_batch("t", [{"key": key, "value": key} for key in ["b"] + ["a"] * 5])
+
+        async def shared() -> bool:
+            topics = (await admin(api, "/admin/groups/g"))["topics"]
+            rows = {row["tenant"]: row for row in topics[0]["tenants"] or ()}
+            return bool(rows.get("a", {}).get("held_keys") == 1 and "b" in rows)
+
+        await eventually(shared)
+        watched = Watched(await browser.new_page())
+        page = watched.page
+        await page.goto(f"http://127.0.0.1:{service.http_port}/")
+        await expect(page.locator("#tenants-section")).to_be_visible()
+        row = page.locator("#tenants tr[data-tenant=a] td")
+        await expect(row).to_have_text(["t", "a", "4", "4", "1", "1"])
+        await expect(page.locator("#tenants tr[data-tenant=b] td")).to_have_text(["t", "b", "1", "4", "0", "1"])
+        await screenshot(page, "console-tenants")
         assert not watched.errors, watched.errors
 
 

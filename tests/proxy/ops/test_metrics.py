@@ -31,6 +31,8 @@ TOPIC = {"group": "g", "topic": "t"}
 GROUP = {"group": "g"}
 #: Families that only exist per queue: an offset has no sum.
 PER_QUEUE_ONLY = {"ddmq_consume_offset", "ddmq_produce_offset"}
+#: Exported only while a topic has tenants (``fair_key``).
+TENANTS_ONLY = {"ddmq_tenants", "ddmq_tenant_messages", "ddmq_tenant_held_keys", "ddmq_tenant_share"}
 #: The queue-level families: a ``qid`` label with ``per_queue``.
 QUEUE_LEVEL = {
     *(f"ddmq_messages_{name}" for name in ("delivered", "acked", "failed", "timed_out", "retried", "dead_lettered",
@@ -211,6 +213,24 @@ async def test_order_chains_and_parked_pulls(redis_url: str, per_queue: bool) ->
         assert of(samples, per_queue, "ddmq_keys", state="in_flight") == 2
 
 
+@MODES
+async def test_tenant_series(redis_url: str, per_queue: bool) -> None:
+    # Tenants by message key, each key its own order key: "a" holds 4 messages in memory, its share of a
+    # window of 10 with "b" beside it being 10 * 7/8 * 1 / 2 = 4; its fifth waits in Redis.
+    config = {"order_key": "KEY", "fair_key": "KEY", "concurrency": 10, "timeout_ms": 60_000}
+    async with http_proxy(redis_url, config, queues=1, metrics={"per_queue": per_queue}) as (service, api):
+        async with AsyncProducer(redis_url) as producer:
+            await producer.send_batch("t", [{"key": key, "value": key} for key in ["b"] + ["a"] * 5])
+        samples = await until_at(api, "ddmq_held_messages", 1, **at("ddmq_held_messages", per_queue))
+        assert value(samples, "ddmq_tenants", group="g", topic="t") == 2
+        assert value(samples, "ddmq_tenant_messages", group="g", topic="t", tenant="a") == 4
+        assert value(samples, "ddmq_tenant_held_keys", group="g", topic="t", tenant="a") == 1
+        assert value(samples, "ddmq_tenant_share", group="g", topic="t", tenant="a") == 4
+        assert value(samples, "ddmq_tenant_held_keys", group="g", topic="t", tenant="b") == 0
+        exported = {family.name for family in service.metrics.registry.collect()}
+    assert TENANTS_ONLY <= exported and TENANTS_ONLY <= _documented_metrics()
+
+
 def test_latency_histogram_buckets_are_cumulative_and_inclusive() -> None:
     histogram = LatencyHistogram([0.001, 0.01])
     for seconds in (0.0005, 0.001, 0.002, 0.5):
@@ -245,6 +265,7 @@ async def test_the_docs_name_every_exported_metric_and_no_other(redis_url: str, 
     documented = {name.removesuffix("_total").removesuffix("_bucket") for name in _documented_metrics()}
     if not per_queue:
         documented -= PER_QUEUE_ONLY
+    documented -= TENANTS_ONLY  # (test_tenant_series)
     ours = {name for name in exported if name.startswith("ddmq_")}
     assert ours == documented, (sorted(ours - documented), sorted(documented - ours))
     # prometheus-client's process and platform collectors, on the service's own registry

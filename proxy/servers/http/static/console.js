@@ -266,6 +266,28 @@
       : `Redis memory: ${mib(memory.used_bytes)} (no maxmemory)`;
   }
 
+  function renderTenants(detail) {
+    // Only topics with fair_key have tenants (null otherwise): the section shows when one does.
+    const rows = [];
+    for (const t of detail.topics) {
+      for (const row of t.tenants || []) {
+        rows.push(el(
+          "tr",
+          { dataset: { topic: t.topic, tenant: row.tenant } },
+          cell(t.topic),
+          row.tenant === "" ? cell("(none)", "muted") : cell(row.tenant),
+          cell(num(row.in_memory), "num" + (row.in_memory >= row.share ? " behind" : "")),
+          cell(num(row.share), "num"),
+          cell(num(row.held_keys), "num" + (row.held_keys > 0 ? " behind" : "")),
+          cell(String(row.weight), "num"),
+        ));
+      }
+    }
+    $("tenants-section").hidden = !detail.topics.some((t) => t.tenants !== null);
+    if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "6", className: "muted" }, "no tenant has messages here")));
+    $("tenants").tBodies[0].replaceChildren(...rows);
+  }
+
   function renderQueues(detail) {
     const rows = detail.queues.map((q) =>
       el(
@@ -671,6 +693,7 @@
         page = await api(`${lettersPath()}?limit=${PAGE}` + (after ? `&after=${enc(after)}` : ""));
       }
       renderTopics(detail, history);
+      renderTenants(detail);
       renderCharts(detail, history);
       renderQueues(detail);
       renderMembers(detail);
