@@ -83,6 +83,18 @@ async def pull_until(client: AsyncProxyClient, checker: OrderChecker, epoch: int
         await client.submit(wire.link_results(pending))
 
 
+async def until_committed(redis_client: aioredis.Redis, ends: list[int], timeout_s: float = 30) -> None:
+    """Until group g's committed offsets of topic t are one past each queue's last offset in ``ends``."""
+    async def committed() -> list[int]:
+        return [int(raw or 0) for raw in await redis_client.mget([keys.committed("g", "t", q)
+                                                                   for q in range(len(ends))])]
+
+    deadline = time.monotonic() + timeout_s
+    while await committed() != [end + 1 for end in ends]:
+        assert time.monotonic() < deadline, f"committed {await committed()}, produced up to {ends}"
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("order_key", ["KEY", "$.k"])
 async def test_a_burst_of_one_key_through_a_kill_9_holds_back_no_other_key_and_loses_nothing(
@@ -112,14 +124,7 @@ async def test_a_burst_of_one_key_through_a_kill_9_holds_back_no_other_key_and_l
             await pull_until(client, checker, 2, produced, lambda: False, 180)
         assert checker.violations == [], checker.violations[:5]
         assert checker.missing(produced) == {}
-
-        async def committed() -> list[int]:
-            return [int(raw or 0) for raw in await redis_client.mget([keys.committed("g", "t", q) for q in (0, 1)])]
-
-        deadline = time.monotonic() + 30
-        while await committed() != [end + 1 for end in ends]:
-            assert time.monotonic() < deadline, f"committed {await committed()}, produced up to {ends}"
-            await asyncio.sleep(0.05)
+        await until_committed(redis_client, ends)
         assert proxy.stop() == 0
     finally:
         proxy.stop()

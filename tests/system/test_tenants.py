@@ -25,10 +25,9 @@ import redis.asyncio as aioredis
 from ddmq.client import Producer
 from ddmq.client.thrift_client import AsyncProxyClient
 from ddmq.protocol.net import free_port
-from ddmq.protocol.redis import keys
 
 from ..support import OrderChecker, ProxyProcess
-from .test_hot_key import pull_until
+from .test_hot_key import pull_until, until_committed
 
 BIG = "A"
 SMALL = [f"t{i}" for i in range(9)]
@@ -141,14 +140,7 @@ async def test_a_big_tenant_through_a_kill_9_holds_back_no_small_one_and_loses_n
         await pull_over_http(http_url, checker, 2, produced, 180)
         assert checker.violations == [], checker.violations[:5]
         assert checker.missing(produced) == {}
-
-        async def committed() -> list[int]:
-            return [int(raw or 0) for raw in await redis_client.mget([keys.committed("g", "t", q) for q in (0, 1)])]
-
-        deadline = time.monotonic() + 30
-        while await committed() != [end + 1 for end in ends]:
-            assert time.monotonic() < deadline, f"committed {await committed()}, produced up to {ends}"
-            await asyncio.sleep(0.05)
+        await until_committed(redis_client, ends)
         assert proxy.stop() == 0
     finally:
         proxy.stop()
