@@ -74,8 +74,6 @@ class TenantShares:
         self.held: dict[str, dict[Hashable, None]] = {}
         #: Sum of the weights of the tenants with linked jobs or held keys.
         self.active_weight = 0.0
-        #: Messages whose expression found no tenant (counted under ``""``).
-        self.missing = 0
 
     # shares ----------------------------------------------------------------------------------------
 
@@ -118,7 +116,7 @@ class TenantShares:
         """A job of ``tenant`` in the key gate finished."""
         count = self.linked.get(tenant, 0) - 1
         if count < 0:
-            return  # linked before the topic had tenants
+            return  # never linked here (so never counted): nothing to give back
         if count:
             self.linked[tenant] = count
         else:
@@ -159,9 +157,8 @@ class TenantShares:
 
     def _left(self, tenant: str) -> None:
         """``tenant`` has nothing here any more: the others' shares grow, so their held keys may be read."""
-        self.active_weight = max(0.0, self.active_weight - self.weight(tenant))
-        if not self.active_weight:
-            self.active_weight = 0.0  # no float dust left behind once every tenant is gone
+        # Summed and taken back as floats: once no tenant is left, no rounding is left over either.
+        self.active_weight = self.active_weight - self.weight(tenant) if self.linked or self.held else 0.0
         for other, keys in self.held.items():
             room = self.room(other)
             if room > 0:
