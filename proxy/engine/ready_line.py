@@ -115,7 +115,8 @@ class FairReadyLine(ReadyLine):
     several tenants have ready messages each gets its weighted share of every pull.
 
     :meth:`first` gives a job of the line (the next tenant's oldest), which is what the buffer asks it
-    for: the consumer its jobs share."""
+    for: the consumer its jobs share. A subclass, its own storage unused, so that the compiled buffer
+    calls either line through the same native methods rather than a union's generic calls."""
 
     __slots__ = ("_count", "_credit", "_lines", "_turns", "_weights")
 

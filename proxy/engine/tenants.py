@@ -27,7 +27,7 @@ What the hot path calls is O(1); a tenant leaving looks at the tenants with held
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["RESERVE", "TenantShares", "TenantView", "Unkeyed"]
@@ -182,9 +182,6 @@ class TenantShares:
             TenantView(str(t), self.linked.get(t, 0), len(self.held.get(t, ())), self.weight(t), self.share(t))
             for t in ranked[:top]
         ]
-
-    def __iter__(self) -> Iterator[str]:
-        yield from set(self.linked) | set(self.held)
 
     def __len__(self) -> int:
         return len(set(self.linked) | set(self.held))
