@@ -25,6 +25,7 @@ from ddmq.proxy.core.errors import BadRequestError
 from ddmq.proxy.engine.job import JobState, UpstreamJob
 from ddmq.proxy.engine.parking import KEY_STATES, SEQUENCED, key_text
 from ddmq.proxy.engine.redelivery import TICK_S
+from ddmq.proxy.engine.tenants import shown_name
 from ddmq.proxy.groups.group import ConsumerGroup, TopicConsumer
 from ddmq.proxy.store.key_commands import ParkRecord, ParkStore
 
@@ -129,8 +130,8 @@ def _local(
         tenants, tenant = consumer.jobs.tenants, consumer.jobs.held.tenant_of.get(job.order_key)
         behind = f"the key's cap (key_buffer {consumer.config.key_buffer})"
         if tenants is not None and tenant is not None:
-            behind += (f" or its tenant's share ({tenant or '(none)'}: {tenants.linked.get(tenant, 0)} in memory "
-                       f"of {tenants.share(tenant)})")
+            behind += (f" or its tenant's share ({shown_name(tenant) or '(none)'}: "
+                       f"{tenants.linked.get(tenant, 0)} in memory of {tenants.share(tenant)})")
         entry["next"] += f"; held: {entry['held_in_redis']} messages wait in Redis behind {behind}"
     return entry
 

@@ -27,16 +27,31 @@ What the hot path calls is O(1); a tenant leaving looks at the tenants with held
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["RESERVE", "TenantShares", "TenantView", "Unkeyed"]
+__all__ = ["NAME_CHARS", "RESERVE", "TenantShares", "TenantView", "Unkeyed", "shown_name"]
 
 #: The part of the window kept for tenants not seen yet. A tenant alone takes all but this, not the whole
 #: window: a reader that had filled the window with one tenant would wait for room, and never read on to
 #: find the others behind its backlog. Small, because a tenant's throughput follows its share (what its
 #: consumers can have in flight): an eighth costs a tenant alone an eighth of its window, no more.
 RESERVE = 0.125
+
+
+#: Longest tenant name shown (admin API, status, console, metric labels): a tenant is whatever a
+#: producer's message says, so one of megabytes must not make every answer about it that large.
+NAME_CHARS = 200
+
+
+def shown_name(tenant: str) -> str:
+    """``tenant`` as operators see it: cut past :data:`NAME_CHARS`, with a digest of the whole so that
+    two long names cut alike stay two (two series with one label set would break a scrape)."""
+    if len(tenant) <= NAME_CHARS:
+        return tenant
+    digest = hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{tenant[:NAME_CHARS]}...{digest}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +194,8 @@ class TenantShares:
         tenants = set(self.linked) | set(self.held)
         ranked = sorted(tenants, key=lambda t: (-(self.linked.get(t, 0) + len(self.held.get(t, ()))), str(t)))
         return [
-            TenantView(str(t), self.linked.get(t, 0), len(self.held.get(t, ())), self.weight(t), self.share(t))
+            TenantView(shown_name(t), self.linked.get(t, 0), len(self.held.get(t, ())), self.weight(t),
+                       self.share(t))
             for t in ranked[:top]
         ]
 

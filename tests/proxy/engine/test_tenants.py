@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from ddmq.config.schema import TopicGroupConfig
 from ddmq.protocol.produce.producer import AsyncProducer, OutgoingMessage
 from ddmq.protocol.redis.queues import ensure_topic
+from ddmq.proxy.engine.tenants import NAME_CHARS, TenantShares
 
 from ...support import OrderChecker
 from ..consumers import Proxy, deliver
@@ -263,3 +264,15 @@ async def test_random_shapes_of_tenants_and_keys_lose_nothing_and_keep_every_key
             assert jobs.counters["resume_deferred"] > 0
         assert jobs.tenants is None or (not jobs.tenants.linked and not jobs.tenants.held)
     assert checker.violations == [] and checker.missing(produced) == {} and checker.duplicates == 0
+
+
+def test_long_tenant_names_are_shown_cut_and_stay_apart() -> None:
+    """A tenant is whatever a producer's message names: operators' views show at most NAME_CHARS of it
+    (with a digest), and two long names alike to there stay two rows (two metric series)."""
+    tenants = TenantShares(lambda: 1_000, {}, lambda key: None)
+    first, second = "x" * 10_000 + "a", "x" * 10_000 + "b"
+    for tenant in (first, second, "short"):
+        tenants.linked_one(tenant)
+    names = [view.tenant for view in tenants.views()]
+    assert "short" in names and len(set(names)) == 3
+    assert all(len(name) <= NAME_CHARS + 20 for name in names)
