@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
@@ -126,3 +127,82 @@ def test_a_tracker_held_back_by_one_offset_commits_a_bounded_record_that_reads_b
     finished = decode_ranges(text)  # what a next owner reads back: no more than it can
     assert finished and all(offset % 2 == 0 for offset in finished)
     assert sorted(finished) == list(range(2, 2 * len(finished) + 1, 2))
+
+
+class _Model:
+    """The tracker's contract, the plain way: sets of offsets read, finished, and to skip."""
+
+    def __init__(self, start: int, skip: set[int]) -> None:
+        self.next = start
+        self.read: list[int] = []
+        self.open: set[int] = set()
+        self.skip = set(skip)
+
+    def track(self, offset: int) -> bool:
+        self.next = offset + 1
+        self.read.append(offset)
+        if offset in self.skip:
+            self.skip.discard(offset)
+            return True
+        self.open.add(offset)
+        return False
+
+    def commit_point(self) -> int:
+        return min(self.open) if self.open else self.next
+
+    def finished_beyond(self) -> str:
+        point = self.commit_point()
+        finished = [offset for offset in self.read if offset > point and offset not in self.open] if self.open else []
+        return bounded_ranges(sorted({*finished, *self.skip}), FINISHED_RECORD_BYTES, 0)[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_long_window_with_gaps_skips_and_late_finishes_matches_the_model(seed: int) -> None:
+    # Windows of thousands of offsets held open by a few (a hot key's head) while the rest finish, with
+    # offsets missing from the stream, a previous owner's finished ones, finishes twice and after the
+    # window moved on: the commit point, the count and the record agree with the plain model throughout.
+    rng = random.Random(seed)
+    skip = {offset for offset in range(1, 60_000) if rng.random() < 0.01}
+    tracker, model = OffsetTracker(1, set(skip)), _Model(1, skip)
+    finished: list[int] = []
+    offset = 0
+    for step in range(40_000):
+        roll = rng.random()
+        if roll < 0.5:
+            missing = rng.choice((0, 0, 0, 0, 1, 5)) if rng.random() < 0.2 else 0  # entries not in the stream
+            offset = max(offset + 1, tracker.next_offset) + missing
+            assert tracker.track(offset) == model.track(offset)
+        elif roll < 0.52:
+            jump = tracker.next_offset + rng.randrange(1, 20)
+            tracker.skip_to(jump)
+            model.next = jump
+            offset = jump - 1
+        elif model.open:
+            # Mostly the newest offsets finish; the oldest open ones (a held-back key) rarely, then in
+            # turns often (the key drains, and the window's bits below the commit point are dropped).
+            ordered = sorted(model.open)
+            oldest = 0.002 if (step // 8_000) % 2 == 0 else 0.4
+            chosen = ordered[0] if rng.random() < oldest else ordered[-rng.randrange(1, min(len(ordered), 50) + 1)]
+            model.open.discard(chosen)
+            tracker.finish(chosen)
+            finished.append(chosen)
+            if rng.random() < 0.05:
+                tracker.finish(rng.choice(finished))  # again, or long after: nothing changes
+        assert tracker.commit_point == model.commit_point()
+        assert tracker.unfinished == len(model.open)
+        if step % 997 == 0:
+            assert tracker.finished_beyond() == model.finished_beyond(), step
+    assert tracker.finished_beyond() == model.finished_beyond()
+
+
+def test_a_window_held_open_by_one_offset_costs_bits_not_entries() -> None:
+    tracker = OffsetTracker(1)
+    for offset in range(1, 1_000_001):
+        tracker.track(offset)
+        if offset > 1:
+            tracker.finish(offset)
+    assert tracker.commit_point == 1 and tracker.unfinished == 1
+    assert tracker.finished_beyond() == "2-1000000"
+    assert sys.getsizeof(tracker._bits) < 200_000  # a million offsets: 125 KB of bits
+    tracker.finish(1)
+    assert (tracker.commit_point, tracker.unfinished, tracker.finished_beyond()) == (1_000_001, 0, "")
