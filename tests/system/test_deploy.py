@@ -21,11 +21,15 @@ from ddmq.protocol.produce.producer import AsyncProducer
 
 from ..http_support import ApiClient, OpenApiChecker
 from ..proxy.conftest import running_proxy
+from ..proxy.ops.test_metrics import TENANTS_ONLY
 from ..proxy.servers.test_http_api import eventually, pull
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 #: Series Prometheus makes itself for every target, and the labels it adds to every series.
 PROMETHEUS_OWN = {"up"}
+#: Exported only by topics with ``fair_key`` (``tests/proxy/ops/test_metrics.py::test_tenant_series``
+#: checks them), with these labels.
+TENANT_LABELS = {"group", "topic", "tenant"}
 TARGET_LABELS = {"instance", "job"}
 _LABEL_VALUES = re.compile(r"^label_values\((.+),\s*[a-zA-Z_]+\)$")
 
@@ -104,7 +108,7 @@ def test_the_alerts_cover_lag_time_lag_dead_letters_owners_and_parked_keys() -> 
     used = set().union(*(selected_metrics(rule["expr"]) for rule in rules))
     assert {"ddmq_lag_messages", "ddmq_lag_seconds", "ddmq_messages_dead_lettered_total",
             "ddmq_queues_without_owner", "ddmq_messages_expired_total", "ddmq_redis_used_memory_bytes",
-            "ddmq_redis_maxmemory_bytes", "ddmq_keys"} <= used
+            "ddmq_redis_maxmemory_bytes", "ddmq_keys", "ddmq_held_messages", "ddmq_tenant_held_keys"} <= used
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     assert config["rule_files"] == ["ddmq-alerts.yml"]
 
@@ -148,9 +152,13 @@ async def test_every_metric_the_dashboard_and_alerts_use_is_exported(redis_url: 
     assert per_queue == ("qid" in exported["ddmq_lag_messages"])
     expressions = dashboard_expressions() + [rule["expr"] for rule in alert_rules()]
     used = set().union(*(selected_metrics(expression) for expression in expressions))
-    assert used - PROMETHEUS_OWN <= exported.keys(), sorted(used - PROMETHEUS_OWN - exported.keys())
+    assert used - PROMETHEUS_OWN - TENANTS_ONLY <= exported.keys(), sorted(used - PROMETHEUS_OWN - exported.keys())
+    tenants = [(expression, name, sorted(labels - TENANT_LABELS - TARGET_LABELS))
+               for expression in expressions for name, labels in label_uses(expression)
+               if name in TENANTS_ONLY and labels - TENANT_LABELS - TARGET_LABELS]
+    assert not tenants, tenants
     assert any(name.startswith("process_") for name in used) and "ddmq_pull_duration_seconds_bucket" in used
     missing = [(expression, name, sorted(labels - exported[name] - TARGET_LABELS))
                for expression in expressions for name, labels in label_uses(expression)
-               if name not in PROMETHEUS_OWN and labels - exported[name] - TARGET_LABELS]
+               if name not in PROMETHEUS_OWN | TENANTS_ONLY and labels - exported[name] - TARGET_LABELS]
     assert not missing, missing
