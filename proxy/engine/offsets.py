@@ -131,10 +131,13 @@ class OffsetTracker:
             return
         # The commit point moves to the next unfinished offset.
         if not value:
-            found = _SET_BYTE.search(bits, byte + 1)
-            assert found is not None  # _open > 0: a bit is set somewhere above
-            byte = found.start()
-            value = bits[byte]
+            byte += 1
+            value = bits[byte]  # in range: _open > 0, so a bit is set above
+            if not value:
+                found = _SET_BYTE.search(bits, byte + 1)
+                assert found is not None
+                byte = found.start()
+                value = bits[byte]
         self._first = self._base + (byte << 3) + (value & -value).bit_length() - 1
         if byte >= _GROW and byte * 2 >= len(bits):
             # Most of the window lies below the commit point now: drop it (amortised, as a deque's
