@@ -140,8 +140,8 @@ class OffsetTracker:
                 value = bits[byte]
         self._first = self._base + (byte << 3) + (value & -value).bit_length() - 1
         if byte >= _GROW and byte * 2 >= len(bits):
-            # Most of the window lies below the commit point now: drop it (amortised, as a deque's
-            # blocks are).
+            # Most of the map lies below the commit point now: drop that part (at most once per half
+            # of the map, so amortised over the finishes that moved the commit point there).
             del bits[:byte]
             base = self._base = self._base + (byte << 3)
             gaps = self._gaps
