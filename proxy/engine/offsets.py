@@ -30,8 +30,8 @@ class OffsetTracker:
         # of queues that see no message, and an empty bytearray or set still costs its header.
         #: One bit per offset from ``_base``: set while the offset is read and unfinished. A bit, not an
         #: entry per offset: a key held back (a slow head, a hot key's backlog) keeps every offset read
-        #: after it above the commit point, and with a deque of ints and a set of finished ones that cost
-        #: 40-100 bytes an offset; with bits it costs an eighth of a byte.
+        #: after it above the commit point, where an entry per offset (a deque of ints, a set of the
+        #: finished ones) would cost 40-100 bytes each and a bit costs an eighth of a byte.
         self._bits: bytearray | None = None
         #: The offset of bit 0 of ``_bits``.
         self._base = start
