@@ -7,6 +7,8 @@ import asyncio
 import json
 import random
 
+import pytest
+
 from ddmq.protocol.produce.producer import AsyncProducer
 from ddmq.proxy.core.types import PullBatch, QueueResult
 from ddmq.proxy.service import ProxyService
@@ -206,4 +208,45 @@ async def test_random_results_with_runs_keep_per_key_order_and_lose_nothing(redi
         await service.api.submit(results)
         assert not checker.violations, checker.violations[:5]
         assert not checker.missing(produced)
+        assert service.groups["g"].buffer.held == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_every_reply_shares_its_room_between_the_ready_keys(redis_url: str, seed: int) -> None:
+    # Issue 45's fair pull: while other keys have ready messages, a key gets one message plus its run's
+    # share of the reply, never more. Random backlogs (one message to a key's whole cap), random reply
+    # sizes; before each pull every key left has its head ready.
+    rng = random.Random(seed)
+    remaining = {f"k{i}": rng.choice([1, 1, 2, 3, 8, 40, 100]) for i in range(rng.randrange(3, 40))}
+    backlog = [key for key, n in remaining.items() for _ in range(n)]
+    rng.shuffle(backlog)
+    async with running_proxy(redis_url, {"order_key": "KEY", "timeout_ms": 60_000}) as service:
+        produced = await produce(redis_url, backlog)
+        checker = OrderChecker()
+        await settle(service, len(remaining), len(backlog))
+        while remaining:
+            ready = dict(remaining)
+            max_batch, per_key = rng.choice([4, 16, 64]), rng.choice([2, 8, 64])  # 64: max_pull_batch_size
+            batch = await pull(service, per_key, max_batch=max_batch, linger_ms=0)
+            got: dict[str, int] = {}
+            for key, seq in events(batch):
+                checker.delivered(key, seq)
+                checker.acked(key, seq)
+                got[key] = got.get(key, 0) + 1
+            could = {key: min(n, per_key) for key, n in ready.items()}  # what each key could take
+            assert len(batch.messages) == min(max_batch, sum(could.values())), (got, could, max_batch)
+            if len(ready) >= max_batch:
+                assert set(got.values()) == {1}, got  # one head each, no runs
+            else:
+                assert got.keys() == ready.keys(), (got, ready)  # every ready key has its head in
+                for key, n in got.items():
+                    # More than another key's count + 1 only once that other key had nothing more.
+                    assert all(n <= got[other] + 1 or got[other] == could[other] for other in got), (key, got)
+            for key, n in got.items():
+                remaining[key] -= n
+                if not remaining[key]:
+                    del remaining[key]
+            await service.api.submit(result(batch, offsets(batch, *range(len(batch.messages)))))
+            await settle(service, len(remaining))
+        assert not checker.violations and not checker.missing(produced)
         assert service.groups["g"].buffer.held == 0
