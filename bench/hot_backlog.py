@@ -103,14 +103,15 @@ class Load:
 async def consume(port: int, group: str, load: Load, seconds: float, work_ms: float) -> dict[str, Any]:
     latencies: list[float] = []
     hot_times: list[float] = []
-    hot_handled = [0]  # warm-up included: what the backlog at the end counts
+    hot_handled = 0  # warm-up included: what the backlog at the end counts
     started = time.time()
 
     async def handle(message: ConsumedMessage) -> bool:
+        nonlocal hot_handled
         await asyncio.sleep(work_ms / 1000)
         now = time.time()
         if message.key == HOT:
-            hot_handled[0] += 1
+            hot_handled += 1
         if now - started < WARMUP_S:
             return True
         if message.key == HOT:
@@ -135,7 +136,7 @@ async def consume(port: int, group: str, load: Load, seconds: float, work_ms: fl
         "others_p50_s": round(_percentile(latencies, 0.5), 4), "others_p99_s": round(_percentile(latencies, 0.99), 4),
         "hot_msg_s": round(len(hot_times) / window, 1),
         "hot_msg_s_by_quarter": [round(n / quarter, 1) for n in by_quarter],
-        "hot_backlog_end": load.hot_produced - hot_handled[0],
+        "hot_backlog_end": load.hot_produced - hot_handled,
     }
 
 

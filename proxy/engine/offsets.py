@@ -223,11 +223,10 @@ class OffsetTracker:
                     elif start < 0:
                         start = offset + bit
             byte += 1
-        if start >= 0:
+        if 0 <= start < end:  # the last byte's clear bits past ``end`` are no offsets
             runs.append((start, end - 1))
-        # The commit point is unfinished: runs start above it. Clear bits past ``end`` are no offsets.
-        runs = [(max(first, self._first), min(last, end - 1)) for first, last in runs if last > self._first
-                and first < end]
+        # The commit point's byte may have clear bits below it: those are below the commit point.
+        runs = [run for run in runs if run[1] > self._first]
         gaps = self._gaps
         return _without(runs, gaps) if gaps else runs
 
