@@ -34,6 +34,15 @@ __all__ = ["read_message", "read_messages"]
 _EMPTY_PROPERTIES_THEN_TIME: Final = bytes((PROPERTIES_HEADER, 0, PRODUCE_TIME_HEADER))
 
 
+#: The string map header's element types (string key, string value) in one byte.
+_STRING_PAIR: Final = CompactType.BINARY << 4 | CompactType.BINARY
+#: Most properties a message may have for the Message loop to read them (a trace context is one to
+#: three); a larger map goes the generic way, which counts its entries against the reader's limit.
+_SMALL_MAP: Final = 8
+#: Marks "no properties" inside the Message loop (each message still gets a dict of its own).
+_NO_PROPERTIES: Final[dict[str, str]] = {}
+
+
 class _OtherLayout(Exception):
     """A struct is not in the layout a fast path expects (read it the generic way)."""
 
@@ -86,8 +95,8 @@ def read_message(reader: CompactReader) -> Message:
 def read_messages(reader: CompactReader, count: int) -> list[Message]:
     """``count`` Messages laid out as the proxy writes them, in one loop without the generic field reader
     (:func:`_read_run`). A message that runs past the payload or is laid out any other way (a key or tag
-    of 128 bytes or more, properties, a missing field) is read again by :func:`read_message`, which
-    also reports what is wrong with it, and the loop goes on behind it.
+    of 128 bytes or more, more than :data:`_SMALL_MAP` properties, a missing field) is read again by
+    :func:`read_message`, which also reports what is wrong with it, and the loop goes on behind it.
     """
     messages: list[Message] = []
     data = reader.data
@@ -98,6 +107,31 @@ def read_messages(reader: CompactReader, count: int) -> list[Message]:
         pos = _read_run(data, reader.pos, count - len(messages), messages)
     reader.pos = pos
     return messages
+
+
+def _read_small_map(data: bytes, pos: int) -> tuple[dict[str, str], int]:
+    """A properties map of up to :data:`_SMALL_MAP` strings to strings from its field header at
+    ``data[pos]`` through produceTime's field header; :class:`_OtherLayout` for anything else (a larger
+    map, another type, text that is not UTF-8), IndexError past the payload."""
+    size = data[pos + 1]
+    if data[pos] != PROPERTIES_HEADER or not 0 < size <= _SMALL_MAP or data[pos + 2] != _STRING_PAIR:
+        raise _OtherLayout
+    pos += 3
+    properties: dict[str, str] = {}
+    try:
+        for _ in range(size):
+            length, pos = read_varint(data, pos)
+            end = pos + length
+            name = data[pos:end].decode("utf-8")
+            length, pos = read_varint(data, end)
+            end = pos + length
+            properties[name] = data[pos:end].decode("utf-8")
+            pos = end
+    except (UnicodeDecodeError, VarintTooLongError):
+        raise _OtherLayout from None
+    if data[pos] != PRODUCE_TIME_HEADER:  # also proves no slice above ran past the payload
+        raise _OtherLayout
+    return properties, pos + 1
 
 
 def _read_run(data: bytes, pos: int, count: int, messages: list[Message]) -> int:
@@ -137,9 +171,13 @@ def _read_run(data: bytes, pos: int, count: int, messages: list[Message]) -> int
                 shift += 7
                 pos += 1
             offset |= byte << shift
-            if shift >= max_shift or data[pos + 1 : pos + 4] != empty_tail:
+            if shift >= max_shift:
                 raise _OtherLayout
-            pos += 4
+            if data[pos + 1 : pos + 4] == empty_tail:
+                properties = _NO_PROPERTIES
+                pos += 4
+            else:
+                properties, pos = _read_small_map(data, pos + 1)
             number = shift = 0
             while (byte := data[pos]) & 0x80:
                 number |= (byte & 0x7F) << shift
@@ -156,7 +194,7 @@ def _read_run(data: bytes, pos: int, count: int, messages: list[Message]) -> int
         message.value = value
         message.tag = tag.decode("utf-8")
         message.offset = (offset >> 1) ^ -(offset & 1)
-        message.properties = {}
+        message.properties = {} if properties is _NO_PROPERTIES else properties
         message.produceTime = (number >> 1) ^ -(number & 1)
         append(message)
     return pos

@@ -15,7 +15,7 @@ from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.transport import TMemoryBuffer
 
 from ddmq.protocol import wire
-from ddmq.protocol.wire import ConsumerService, Message, PullResponse, TMessageType, layout
+from ddmq.protocol.wire import ConsumerService, Message, PullResponse, TMessageType, layout, message_reader
 from ddmq.protocol.wire.message_reader import read_messages
 from ddmq.protocol.wire.reader import CompactReader
 from ddmq.proxy.core import pull_codec
@@ -210,6 +210,27 @@ def test_the_fast_reader_takes_ten_byte_varints_and_refuses_longer_ones(which: s
     assert (read.offset, read.produceTime) == ((1 << 62, 2) if which == "offset" else (2, 1 << 62))
     with pytest.raises(wire.FrameDecodeError, match="longer than 10 bytes"):
         read_messages(CompactReader(message(b"\x04") + message(b"\x80" * 10 + b"\x01")), 2)
+
+
+def test_the_message_loop_reads_a_trace_context_and_leaves_larger_maps_to_the_generic_reader() -> None:
+    """A traced producer's every message carries properties: the loop reads up to eight of them itself
+    (a tracestate past 127 bytes too); a ninth, or text that is not UTF-8, goes the generic way."""
+    traced = StoredMessage(1, b"v", "k", "", {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+                                              "tracestate": "vendor=" + "x" * 300}, 7)
+    crowded = StoredMessage(2, b"w", "k", "", {f"p{i}": "é" for i in range(9)}, 8)
+    payload = pull_codec.encode_message(traced) + pull_codec.encode_message(crowded)
+    found: list[Message] = []
+    end = message_reader._read_run(payload, 0, 2, found)
+    assert end == len(pull_codec.encode_message(traced))
+    assert [(m.offset, m.properties, m.produceTime) for m in found] == [(1, traced.properties, 7)]
+    [first, second] = read_messages(CompactReader(payload), 2)
+    assert (first.properties, second.properties) == (traced.properties, crowded.properties)
+
+    broken = StoredMessage(3, b"v", "k", "", {"p": "é"}, 9)
+    frame = encode_pull_reply(1, "g", "t", "0", [broken]).replace("é".encode(), b"\xff\xfe")
+    assert message_reader._read_run(pull_codec.encode_message(broken).replace("é".encode(), b"\xff\xfe"), 0, 1, []) == 0
+    with pytest.raises(wire.FrameDecodeError, match="UTF-8"):
+        wire.decode(frame[4:], lambda name, mtype: ConsumerService.pull_result())
 
 
 @pytest.mark.parametrize("seed", range(20))
