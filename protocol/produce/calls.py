@@ -194,9 +194,12 @@ class Planner:
         self._next_rr[topic] = (rr + 1) % queues
         return rr % queues
 
-    def encode(self, message: OutgoingMessage, now_ms: int, what: str = "a message") -> list[bytes]:
+    def encode(
+        self, message: OutgoingMessage, now_ms: int, what: str = "a message",
+        memo: stream_entry.PropertiesMemo | None = None,
+    ) -> list[bytes]:
         """The entry's items; TypeError/ValueError for a bad field, MessageTooLargeError past the limit."""
-        items = stream_entry.encode_entry(message.value, message.key, message.tag, message.properties, now_ms)
+        items = stream_entry.encode_entry(message.value, message.key, message.tag, message.properties, now_ms, memo)
         if message.dedup_id is not None:
             _check_dedup_id(message.dedup_id)
         if self.max_message_bytes is not None:
@@ -209,13 +212,14 @@ class Planner:
         return items
 
     def _encode(self, messages: Sequence[OutgoingMessage], now_ms: int) -> list[list[bytes]]:
+        memo: stream_entry.PropertiesMemo = {}
         if self.max_message_bytes is None and all(m.dedup_id is None for m in messages):
             encode = stream_entry.encode_entry  # the common case, without a check per message
-            return [encode(m.value, m.key, m.tag, m.properties, now_ms) for m in messages]
+            return [encode(m.value, m.key, m.tag, m.properties, now_ms, memo) for m in messages]
         entries = []
         for position, message in enumerate(messages):
             try:
-                entries.append(self.encode(message, now_ms, f"message {position}"))
+                entries.append(self.encode(message, now_ms, f"message {position}", memo))
             except MessageTooLargeError as exc:
                 raise MessageTooLargeError(f"{exc}; nothing of this batch was written") from None
         return entries

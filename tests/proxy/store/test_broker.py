@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import redis.asyncio as aioredis
 
 from ddmq.protocol.produce.producer import AsyncProducer
-from ddmq.protocol.redis import keys
+from ddmq.protocol.redis import keys, stream_entry
 from ddmq.proxy.core.types import StoredMessage
 from ddmq.proxy.store.broker import Broker, decode_entry, decode_fields
 
@@ -44,6 +47,25 @@ def test_unreadable_entries_are_value_errors(entry_id: bytes, fields: list[bytes
         decode_fields(entry_id, fields)
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","tracestate":"a=b"}',
+        '{"h":"\u00fc\u65e5","e":""}'.encode(),
+        b'{"big":123456789012345678901234567890}',  # orjson would give a float: json's exact int is kept
+        b'{"n":NaN}',  # orjson refuses what json accepts
+        b'{"s":"\\ud800"}',  # a lone surrogate: the same
+        b'{"a":"1","a":"2"}',
+    ],
+)
+def test_properties_decode_as_json_reads_them(raw: bytes) -> None:
+    got, expected = stream_entry.decode_properties(raw), json.loads(raw)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert got[name] == value or (math.isnan(got[name]) and math.isnan(value))
+        assert type(got[name]) is type(value)
+
+
 @pytest.mark.parametrize("text", [b"0", b"7", b"1763776220123", b"0012", b"9" * 30, b" 12", b"+5", b"-3", b"1_000"])
 def test_numbers_read_from_the_layout_are_what_int_reads(text: bytes) -> None:
     # what decode_fields reads of the layout is what int() reads
@@ -78,3 +100,12 @@ async def test_read_returns_what_the_producer_wrote(redis_url: str, redis_client
     # The client's other XREAD users still get redis-py's parsed reply.
     parsed = await redis_client.xread({keys.stream("rt", 0): "0-0"}, count=1)
     assert parsed[0][1][0][1][b"v"] == b"plain"
+
+
+def test_a_batch_that_shares_one_properties_dict_encodes_it_once_and_each_message_as_alone() -> None:
+    shared, own = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, {"app": "ü"}
+    memo: stream_entry.PropertiesMemo = {}
+    batch = [stream_entry.encode_entry(f"v{i}", "k", "", shared if i % 2 else own, 7, memo) for i in range(6)]
+    assert batch == [stream_entry.encode_entry(f"v{i}", "k", "", shared if i % 2 else own, 7) for i in range(6)]
+    assert len(memo) == 2 and batch[1][7] is batch[3][7]
+    assert [decode_fields(b"0-1", items).properties for items in batch[:2]] == [own, shared]
