@@ -21,6 +21,7 @@ delivery is its own span, so a failed attempt and its retry are two spans of the
 
 from __future__ import annotations
 
+import re
 import time
 from types import TracebackType
 from typing import Any, Final
@@ -40,6 +41,82 @@ KEY: Final = "ddmq.message.key"
 BODY_SIZE: Final = "messaging.message.body.size"
 
 
+#: A W3C ``traceparent`` of version 00 whose trace is not sampled: trace id and parent span id (neither all
+#: zeros), flags with the sampled bit clear (lower-case hex, as the standard writes it).
+_UNSAMPLED: Final = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f][02468ace]")
+#: The properties that name a context beside ``traceparent``: a message with one takes the propagator's way.
+_MORE_CONTEXT: Final = ("tracestate", "baggage")
+#: Whether an unsampled producer's message may skip its span (:func:`_drops_unsampled`), and until when.
+_DROPS: list[Any] = [False, float("-inf")]
+
+
+def _drops_unsampled() -> bool:
+    """True when the SDK's tracer provider would make a message whose producer did not sample its trace a
+    non-recording span, with nothing else to show for it: its sampler is the SDK's ``ParentBased`` (the
+    default) with ``remote_parent_not_sampled`` left at ``ALWAYS_OFF``, and the propagator reads W3C trace
+    context. Such a message then pays a match of its ``traceparent``, not the propagator, the sampler and
+    a span (more than its handling's own cost in ``bench/tracing.py``). Renewed as
+    :func:`~ddmq.protocol.produce.tracing.recording_possible` is; any other set-up takes the general way."""
+    now = time.monotonic()
+    if now >= _DROPS[1]:
+        _DROPS[:] = [_parent_decides(), now + shared.PROVIDER_CHECK_S]
+    return bool(_DROPS[0])
+
+
+def _parent_decides() -> bool:
+    assert _OTEL is not None
+    trace, propagate, _ = _OTEL
+    try:
+        from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+    except ImportError:  # the API without the SDK: no span records anyway
+        return False
+    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
+    fields = propagate.get_global_textmap().fields
+    return (isinstance(sampler, ParentBased) and getattr(sampler, "_remote_parent_not_sampled", None) is ALWAYS_OFF
+            and "traceparent" in fields and fields <= {"traceparent", *_MORE_CONTEXT})
+
+
+def _unsampled_parent(properties: dict[str, str]) -> str | None:
+    """The ``traceparent`` of ``properties`` when it is all the context they carry and its trace is not
+    sampled; None otherwise (no context, a sampled one, or one the propagator must read)."""
+    parent = properties.get("traceparent")
+    if parent is None or _UNSAMPLED.fullmatch(parent) is None or any(name in properties for name in _MORE_CONTEXT):
+        return None
+    return parent
+
+
+def _parent_span_class() -> Any:
+    assert _OTEL is not None
+    trace = _OTEL[0]
+
+    base: Any = trace.NonRecordingSpan
+
+    class UnsampledParent(base):  # type: ignore[misc]  # (the API's class, loaded at run time)
+        """The producer's span as the current one while its message is handled: not sampled, so nothing
+        records; its context is read from the ``traceparent`` only when asked (a span the processor
+        starts, a message it sends on), as most processors never ask."""
+
+        def __init__(self, traceparent: str) -> None:
+            super().__init__(None)
+            self.traceparent = traceparent
+
+        def get_span_context(self) -> Any:
+            context: Any = self._context  # type: ignore[has-type]
+            if context is None:
+                parent = self.traceparent
+                context = self._context = trace.SpanContext(
+                    int(parent[3:35], 16), int(parent[36:52], 16), is_remote=True,
+                    trace_flags=trace.TraceFlags(int(parent[53:55], 16)),
+                )
+            return context
+
+    return UnsampledParent
+
+
+#: The current span of a message whose producer did not sample its trace (None where tracing is off).
+_UNSAMPLED_PARENT: Final = _parent_span_class() if _OTEL is not None else None
+
+
 class ProcessSpan:
     """The span of one message's handling, current from ``__enter__`` to ``__exit__`` (a plain class,
     not a generator: this runs once per message); :meth:`finish` says how it ended."""
@@ -56,8 +133,16 @@ class ProcessSpan:
         assert _OTEL is not None
         trace, propagate, context = _OTEL
         message = self.message
+        properties = message.properties
+        if properties and (unsampled := _unsampled_parent(properties)) is not None and _drops_unsampled():
+            # The span would not record: the producer's span is made current as it is, so what the
+            # processor sends goes on in the same (unsampled) trace.
+            assert _UNSAMPLED_PARENT is not None
+            self.span = _UNSAMPLED_PARENT(unsampled)
+            self.token = context.attach(trace.set_span_in_context(self.span))
+            return self
         started_ms = time.time() * 1000
-        parent = propagate.extract(message.properties) if message.properties else None
+        parent = propagate.extract(properties) if properties else None
         span = shared.TRACER.start_span(
             f"process {message.topic}", context=parent, kind=trace.SpanKind.CONSUMER,
             attributes={shared.SYSTEM_ATTR: shared.SYSTEM, shared.DESTINATION: message.topic,

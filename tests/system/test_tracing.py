@@ -26,6 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 TOPIC = "traced"
 KEYS = 4
 PER_KEY = 10
@@ -159,7 +161,59 @@ def _active(module: str) -> bool:
     return bool(sys.modules[module].ACTIVE)
 
 
+def _unsampled_parent(key: str, seq: int) -> str:
+    """A producer's context whose trace it did not sample (flags 00), one trace per message."""
+    return f"00-{int(key[1:]) + 1:016x}{seq + 1:016x}-{seq + 1:016x}-00"
+
+
+def _unsampled_child(redis_url: str, port: int, sampler_name: str) -> None:
+    """Messages whose producer did not sample their trace, consumed under ``sampler_name``: the SDK's
+    default ``ParentBased`` (their spans would not record) or ``ALWAYS_ON`` (every span records)."""
+    from opentelemetry import propagate, trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+
+    exporter = InMemorySpanExporter()
+    sampler = ParentBased(ALWAYS_ON) if sampler_name == "parent" else ALWAYS_ON
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    from ddmq.client import OutgoingMessage, Producer, PullConsumer
+
+    with Producer(redis_url) as producer:
+        producer.ensure_topic(TOPIC, 4)
+        producer.send_batch(TOPIC, [
+            OutgoingMessage(_body(k, s), key=k, properties={"traceparent": _unsampled_parent(k, s)})
+            for s in range(PER_KEY) for k in (f"k{i}" for i in range(KEYS))
+        ])
+    log = _Log(("none", -1))
+    current: list[list[Any]] = []
+
+    def handle(message: Any) -> bool:
+        context = trace.get_current_span().get_span_context()
+        sent_on: dict[str, str] = {}
+        propagate.inject(sent_on)  # what a message the processor sends on would carry
+        event = json.loads(message.value)
+        with log.lock:
+            current.append([message.properties["traceparent"], f"{context.trace_id:032x}", context.trace_flags.sampled,
+                            trace.get_current_span().is_recording(), event["k"], event["seq"], sent_on["traceparent"]])
+        return log.see(message)
+
+    with PullConsumer(f"127.0.0.1:{port}", GROUPS["sync"], handle, topic=TOPIC, threads=2, linger_ms=100):
+        deadline = time.monotonic() + 60
+        while not log.done():
+            assert time.monotonic() < deadline, "every message acked within 60 s"
+            time.sleep(0.05)
+    print(json.dumps({"deliveries": log.deliveries, "current": current,
+                      "spans": [_span_record(span) for span in exporter.get_finished_spans()]}))
+
+
 def _child(redis_url: str, port: int, mode: str) -> None:
+    if mode.startswith("unsampled-"):
+        _unsampled_child(redis_url, port, mode.removeprefix("unsampled-"))
+        return
     exporter = None
     if mode == "absent":
         sys.meta_path.insert(0, _NoOpenTelemetry())
@@ -311,6 +365,35 @@ def test_trace_context_from_producer_to_consumers(redis_url: str, tmp_path: Path
             assert _traceparent(message["properties"])[0] in {s["trace_id"] for s in report["spans"]}
     finally:
         assert proxy.stop() == 0, proxy.log()
+
+
+@pytest.mark.parametrize("sampler", ["parent", "always"])
+def test_a_message_whose_producer_did_not_sample_its_trace(redis_url: str, tmp_path: Path, sampler: str) -> None:
+    """Under the SDK's default ``ParentBased`` sampler the message's span would not record: none is made,
+    and the processor runs in the producer's (unsampled) context, so what it sends on stays in that trace.
+    Under ``ALWAYS_ON`` every message still gets its recorded span, the producer's as its parent."""
+    from ddmq.protocol.net import free_port
+
+    proxy = _proxy(tmp_path, redis_url, free_port()).start()
+    try:
+        report = _run_child(redis_url, proxy.port, f"unsampled-{sampler}")
+    finally:
+        assert proxy.stop() == 0, proxy.log()
+    _check_order(report["deliveries"])
+    assert len(report["current"]) == KEYS * PER_KEY
+    for traceparent, trace_id, sampled, recording, key, seq, sent_on in report["current"]:
+        assert traceparent == _unsampled_parent(key, seq)
+        assert trace_id == traceparent.split("-")[1], "the processor runs in the producer's trace"
+        assert sent_on.split("-")[1] == trace_id and sent_on.endswith("-01" if sampler == "always" else "-00")
+        assert sampled == recording == (sampler == "always"), "its own span only where the sampler records it"
+    process = [span for span in report["spans"] if span["kind"] == "CONSUMER"]
+    if sampler == "parent":
+        assert process == []
+        return
+    assert len(process) == KEYS * PER_KEY
+    parents = {(span["parent_trace"], span["parent"]) for span in process}
+    assert parents == {tuple(_unsampled_parent(k, s).split("-")[1:3])
+                       for k in (f"k{i}" for i in range(KEYS)) for s in range(PER_KEY)}
 
 
 def test_without_opentelemetry_nothing_is_imported(redis_url: str, tmp_path: Path) -> None:
