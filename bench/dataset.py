@@ -88,8 +88,10 @@ def produce_backlog(
     extra_keys: tuple[str, ...] = (),
     work_ms: tuple[float, float] | None = None,
     seed: int = DEFAULT_SEED,
+    pad: int = 0,
 ) -> Backlog:
-    """Produce :func:`draw`'s messages: bodies as :func:`body`, with ``w`` when there is work."""
+    """Produce :func:`draw`'s messages: bodies as :func:`body`, with ``w`` when there is work and
+    ``pad`` spaces after the JSON (bigger messages, the same content)."""
     backlog = Backlog()
     with Producer(redis_url) as producer:
         producer.ensure_topic(TOPIC, QUEUES)
@@ -101,7 +103,7 @@ def produce_backlog(
             else:
                 backlog.work_ms.append(work)
                 value = body(key, seq, w=work)
-            batch.append({"key": key, "value": value})
+            batch.append({"key": key, "value": value + " " * pad if pad else value})
             if len(batch) == _BATCH:
                 producer.send_batch(TOPIC, batch)
                 batch = []

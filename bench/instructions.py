@@ -64,18 +64,21 @@ BATCH = 64
 # The traced side (everything down to _traced) imports ddmq lazily and only what every release has.
 
 
-async def produce_engine_backlog(url: str, messages: int, topic: str = "t") -> None:
-    """The engine figures' backlog: ``messages`` JSON bodies over 1,000 keys."""
+async def produce_engine_backlog(url: str, messages: int, topic: str = "t", traced: bool = False) -> None:
+    """The engine figures' backlog: ``messages`` JSON bodies over 1,000 keys; ``traced``: each with a
+    ``traceparent`` of its own (an unsampled trace), as a traced producer sends them."""
     from ddmq.protocol.produce.producer import AsyncProducer
 
     producer = AsyncProducer(url)
     rng = random.Random(1)
     try:
         for start in range(0, messages, 1000):
-            batch = []
+            batch: list[dict[str, Any]] = []
             for seq in range(start, min(start + 1000, messages)):
                 key = f"k{rng.randrange(1000):04d}"
                 batch.append({"value": f'{{"k":"{key}","seq":{seq}}}', "key": key})
+                if traced:
+                    batch[-1]["properties"] = {"traceparent": f"00-{rng.getrandbits(128):032x}-{seq + 1:016x}-00"}
             await producer.send_batch(topic, batch)
     finally:
         await producer.close()

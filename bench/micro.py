@@ -12,7 +12,9 @@
   ``Order, PullServer`` by KEY, drained through ``ProxyService.api.pull`` by 8 pullers acking on their next
   pull (no Thrift, no sockets to clients): reading, the chain, the key gate, the buffer and acks;
   ``engine_runs``: the same with the pulls asking for ordered runs (``max_per_key`` 64);
-  ``engine_request_ids``: the same with a fresh request id on every pull, as the project's SDK sends.
+  ``engine_request_ids``: the same with a fresh request id on every pull, as the project's SDK sends;
+  ``engine_traced``: the same backlog with a ``traceparent`` in every message's properties, as a
+  traced producer sends it.
 """
 
 from __future__ import annotations
@@ -125,8 +127,10 @@ def codec(repeat: int = 300) -> dict[str, float]:
     }
 
 
-async def _engine(url: str, messages: int, max_per_key: int | None = None, request_ids: bool = False) -> float:
-    await produce_engine_backlog(url, messages)
+async def _engine(
+    url: str, messages: int, max_per_key: int | None = None, request_ids: bool = False, traced: bool = False
+) -> float:
+    await produce_engine_backlog(url, messages, traced=traced)
     async with ProxyService(engine_config(url)) as service:
         began = time.process_time()
         await drain_engine(service.api, messages, max_per_key, request_ids=request_ids)
@@ -136,13 +140,14 @@ async def _engine(url: str, messages: int, max_per_key: int | None = None, reque
 def engine(messages: int) -> dict[str, float]:
     figures = {}
     runs = (
-        ("engine_cpu_us", None, False), ("engine_runs_cpu_us", 64, False), ("engine_request_ids_cpu_us", None, True),
+        ("engine_cpu_us", None, False, False), ("engine_runs_cpu_us", 64, False, False),
+        ("engine_request_ids_cpu_us", None, True, False), ("engine_traced_cpu_us", None, False, True),
     )
-    for name, max_per_key, request_ids in runs:
+    for name, max_per_key, request_ids, traced in runs:
         with tempfile.TemporaryDirectory() as data_dir:
             redis_server = EmbeddedRedis(data_dir).start()
             try:
-                figures[name] = asyncio.run(_engine(redis_server.url, messages, max_per_key, request_ids))
+                figures[name] = asyncio.run(_engine(redis_server.url, messages, max_per_key, request_ids, traced))
             finally:
                 redis_server.stop()
     return figures
