@@ -135,10 +135,9 @@ def _read_small_map(data: bytes, pos: int) -> tuple[dict[str, str], int]:
 
 
 def _read_run(data: bytes, pos: int, count: int, messages: list[Message]) -> int:
-    """Up to ``count`` Messages in the proxy's layout from ``data`` at ``pos``, appended to ``messages``;
-    returns where they end: where the first one in another layout starts, if one does. Every index read
-    is checked by Python (``IndexError``), every slice ends before the next index read, and a length read
-    from the payload moves the reading on only until its field's check rejects it."""
+    """Up to ``count`` Messages in the proxy's layout from ``data`` at ``pos``, appended to ``messages``; returns
+    where they end (where the first one in another layout starts). Every index read is checked (``IndexError``),
+    every slice ends before the next index read, and a length from the payload moves on only until checked."""
     new, append = object.__new__, messages.append
     # the layout's field headers as locals: this loop runs for every message of a reply
     key_header, value_header, tag_header, offset_header = KEY_HEADER, VALUE_HEADER, TAG_HEADER, OFFSET_HEADER
@@ -158,13 +157,11 @@ def _read_run(data: bytes, pos: int, count: int, messages: list[Message]) -> int
                 pos = end + 2
             end = pos + size
             value = data[pos:end]
-            pos = end + 2 + data[end + 1]
-            if data[end] != tag_header or data[end + 1] & 0x80 or data[pos] != offset_header:
+            pos = end + 3 + data[end + 1]
+            if data[end] != tag_header or data[end + 1] & 0x80 or data[pos - 1] != offset_header:
                 raise _OtherLayout
-            tag = data[end + 2 : pos]
-            # offset and, after an empty properties map, produceTime: zigzag varints. read_varint's
-            # loop is written out here (twice) because a call per varint costs a tenth of this loop.
-            pos += 1
+            tag = data[end + 2 : pos - 1]
+            # offset and produceTime, zigzag varints: read_varint's loop written out (a call costs a tenth of this loop)
             offset = shift = 0
             while (byte := data[pos]) & 0x80:
                 offset |= (byte & 0x7F) << shift
@@ -174,8 +171,7 @@ def _read_run(data: bytes, pos: int, count: int, messages: list[Message]) -> int
             if shift >= max_shift:
                 raise _OtherLayout
             if data[pos + 1 : pos + 4] == empty_tail:
-                properties = _NO_PROPERTIES
-                pos += 4
+                properties, pos = _NO_PROPERTIES, pos + 4
             else:
                 properties, pos = _read_small_map(data, pos + 1)
             number = shift = 0
